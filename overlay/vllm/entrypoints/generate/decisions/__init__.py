@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Typed decisions for vLLM: ``/v1/decisions`` (OpenAI's format) and ``/v1/systemone`` (Jev's).
+
+The plugin API: register a backend with :func:`register_backend` (a :class:`DecisionBackend`
+subclass that reaches the engine through its :class:`BackendHost`) and a question type with
+:func:`register_question_type` (a :class:`QuestionType`). See backends/README.md.
+"""
+
+from .backends import DecisionBackend, Reading, register_backend
+from .errors import DecisionError
+from .host import BackendHost, TokenRead
+from .questions import CompiledQuestion, Option, QuestionModel, QuestionType, register_question_type
+
+__all__ = [
+    "BackendHost",
+    "CompiledQuestion",
+    "DecisionBackend",
+    "DecisionError",
+    "Option",
+    "QuestionModel",
+    "QuestionType",
+    "Reading",
+    "TokenRead",
+    "register_backend",
+    "register_question_type",
+]

@@ -1,0 +1,35 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One exception for every refusal, carrying the HTTP status the wire layers report."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+
+class DecisionError(Exception):
+    """A question or request that can't be answered, and why.
+
+    ``status`` is the HTTP status for the failure: 400 for a request that breaks a rule (the Jev
+    wire reports those as 422), 503 while the server can't answer decisions, 500 for a fault.
+    """
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    @property
+    def is_invalid_input(self) -> bool:
+        return self.status == HTTPStatus.BAD_REQUEST
+
+
+class NotReadyError(DecisionError):
+    """Startup work (self-check, calibration) has not finished; the client should retry."""
+
+    RETRY_AFTER_S = 5
+
+    def __init__(self) -> None:
+        super().__init__(
+            "decision server is starting (self-check / calibration in progress); retry shortly",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )

@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Question types: each one validates its own JSON, lists a closed option set and turns a
+probability vector over those options into its answer fields.
+
+Every backend reads a distribution over options, so a type never sees a backend and a backend
+never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; plugins register
+more with :func:`register_question_type`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+# Names OpenAI's format gives a meaning of its own; no plugin may take them.
+RESERVED_TYPE_NAMES = frozenset({"predicate", "refusal"})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One member of a question's closed option set.
+
+    ``key`` identifies the option in ``option_logits`` (a choice value as JSON text, ``true`` or
+    ``false`` for yes/no, ``"0"``... for score levels); ``value`` is what the answer reports;
+    ``text`` is what the prompt shows after the option's label; ``label`` is the short name a score
+    level carries.
+    """
+
+    key: str
+    value: Any
+    text: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class CompiledQuestion:
+    """A validated question reduced to what every backend reads: a criterion and options."""
+
+    qtype: QuestionType
+    instructions: str
+    options: tuple[Option, ...]
+    model: BaseModel | None = None
+
+
+class QuestionModel(BaseModel):
+    """Base for question JSON models: unknown fields are refused (a typo could change an answer)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+Instructions = str | dict[str, Any] | list[Any] | None
+
+
+def instructions_text(instructions: Instructions) -> str:
+    """A criterion as prompt text: strings as they are, JSON values as indented JSON."""
+    if instructions is None:
+        return ""
+    if isinstance(instructions, str):
+        return instructions
+    return json.dumps(instructions, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+class QuestionType(ABC):
+    """A kind of question. Subclasses set ``name`` and ``model`` and implement the two methods."""
+
+    name: ClassVar[str]
+    model: ClassVar[type[BaseModel]]
+    # Jev's own types: /v1/systemone keeps only ``jev_fields`` of their answers.
+    jev: ClassVar[bool] = False
+    jev_fields: ClassVar[tuple[str, ...]] = ()
+
+    def instructions(self, question: Any) -> str:
+        return instructions_text(getattr(question, "instructions", None))
+
+    @abstractmethod
+    def options(self, question: Any) -> Sequence[Option]:
+        """The closed option set, in the order the prompt lists it."""
+
+    @abstractmethod
+    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+        """The type's own answer fields for calibrated probabilities over ``options``."""
+
+    def compile(self, question: BaseModel) -> CompiledQuestion:
+        return CompiledQuestion(self, self.instructions(question), tuple(self.options(question)), question)
+
+
+def top_index(probabilities: Sequence[float]) -> int:
+    """Index of the most probable option (the first one on a tie)."""
+    return max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
+
+
+# --- yes/no -----------------------------------------------------------------------------------
+
+
+class NoulCriteria(QuestionModel):
+    true: str | None = None
+    false: str | None = None
+
+
+class NoulQuestion(QuestionModel):
+    type: Literal["noul"] = "noul"
+    instructions: Instructions = None
+    criteria: NoulCriteria | None = None
+
+
+def yes_no_options(when_yes: str | None = None, when_no: str | None = None) -> tuple[Option, Option]:
+    def text(word: str, when: str | None) -> str:
+        return f"{word}: {when}" if when else word
+
+    return (Option("true", True, text("Yes", when_yes), "yes"), Option("false", False, text("No", when_no), "no"))
+
+
+class NoulType(QuestionType):
+    name = "noul"
+    model = NoulQuestion
+    jev = True
+    jev_fields = ("noul",)
+
+    def options(self, question: NoulQuestion) -> Sequence[Option]:
+        criteria = question.criteria or NoulCriteria()
+        return yes_no_options(criteria.true, criteria.false)
+
+    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+        return {"noul": probabilities[0]}
+
+
+# --- one of several ---------------------------------------------------------------------------
+
+
+class ChoiceQuestion(QuestionModel):
+    type: Literal["choice"] = "choice"
+    instructions: Instructions = None
+    criteria: dict[str, str | None]
+
+
+def choice_options(items: Sequence[tuple[StrictStr | StrictBool, str | None]]) -> tuple[Option, ...]:
+    """Options for choice values (strings or booleans, kept typed), described or not."""
+    options = []
+    for value, description in items:
+        shown = value if isinstance(value, str) else json.dumps(value)
+        text = f"{shown}: {description}" if description else shown
+        options.append(Option(json.dumps(value, ensure_ascii=False), value, text, shown))
+    return tuple(options)
+
+
+class ChoiceType(QuestionType):
+    name = "choice"
+    model = ChoiceQuestion
+    jev = True
+    jev_fields = ("choice", "probabilities", "confidence")
+
+    def options(self, question: ChoiceQuestion) -> Sequence[Option]:
+        return choice_options(list(question.criteria.items()))
+
+    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+        return {
+            "choice": options[top_index(probabilities)].value,
+            "probabilities": {str(o.value): p for o, p in zip(options, probabilities)},
+        }
+
+
+# --- ordered levels ---------------------------------------------------------------------------
+
+
+class ScoreQuestion(QuestionModel):
+    type: Literal["score"] = "score"
+    instructions: Instructions = None
+    criteria: list[str] = Field(min_length=1)
+
+
+def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...]:
+    """Options for ordered levels, lowest first; a level shows as ``label`` or ``label: description``."""
+    return tuple(
+        Option(str(i), i, f"{label}: {description}" if description else label, label)
+        for i, (label, description) in enumerate(levels)
+    )
+
+
+class ScoreType(QuestionType):
+    name = "score"
+    model = ScoreQuestion
+    jev = True
+    jev_fields = ("score", "confidence", "legend", "probabilities")
+
+    def options(self, question: ScoreQuestion) -> Sequence[Option]:
+        return level_options([(text, None) for text in question.criteria])
+
+    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+        return {
+            "score": sum(i * p for i, p in enumerate(probabilities)),
+            "legend": {o.key: o.label for o in options},
+            "probabilities": {o.key: p for o, p in zip(options, probabilities)},
+        }
+
+
+# --- the registry -----------------------------------------------------------------------------
+
+_QUESTION_TYPES: dict[str, QuestionType] = {}
+
+
+def register_question_type(qtype: QuestionType | type[QuestionType]) -> QuestionType:
+    """Make a question type available on both endpoints. Usable as a class decorator."""
+    instance = qtype() if isinstance(qtype, type) else qtype
+    if instance.name in RESERVED_TYPE_NAMES:
+        raise ValueError(f"question type name {instance.name!r} is reserved by OpenAI's format")
+    _QUESTION_TYPES[instance.name] = instance
+    return instance
+
+
+def get_question_type(name: str) -> QuestionType | None:
+    return _QUESTION_TYPES.get(name)
+
+
+def question_type_names() -> list[str]:
+    return sorted(_QUESTION_TYPES)
+
+
+NOUL = register_question_type(NoulType)
+CHOICE = register_question_type(ChoiceType)
+SCORE = register_question_type(ScoreType)

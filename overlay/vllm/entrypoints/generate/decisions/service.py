@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one decision path both endpoints call: limits -> backend read -> temperature -> answer -> audit.
+
+Wire modules only translate JSON to compiled questions and answers back to JSON; everything that
+decides a number happens here or in a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from vllm.logger import init_logger
+
+from .backends import DecisionBackend
+from .errors import DecisionError, NotReadyError
+from .questions import CHOICE, SCORE, CompiledQuestion
+from .scoring import CONFIDENCE_FORMULA, confidence, softmax
+from .settings import PREFIX, Settings
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class Answer:
+    question: CompiledQuestion
+    probabilities: list[float]
+    confidence: float
+    fields: dict[str, Any]
+    backend: dict[str, Any]
+    audit: dict[str, Any]
+    input_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class Failure:
+    question: CompiledQuestion
+    error: DecisionError
+
+
+@dataclass
+class Decision:
+    served_model: str
+    results: list[Answer | Failure] = field(default_factory=list)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(r.input_tokens for r in self.results if isinstance(r, Answer))
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(r.cached_tokens for r in self.results if isinstance(r, Answer))
+
+    def first_failure(self) -> DecisionError | None:
+        """The first failure in question order, when no question was answered."""
+        if any(isinstance(r, Answer) for r in self.results):
+            return None
+        return next(r.error for r in self.results if isinstance(r, Failure))
+
+
+class DecisionService:
+    def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.served_model = served_model
+        self.ready = False
+        # Why startup failed, when it did: requests then get 503 with this reason.
+        self.unavailable: str | None = None
+        self.temperature, self.temperature_source = (
+            (settings.temperature, "configured") if settings.temperature else (1.0, "default")
+        )
+
+    async def start(self) -> None:
+        try:
+            await self.backend.start()
+        except Exception as exc:
+            self.unavailable = str(exc) or type(exc).__name__
+            raise
+        self.ready = True
+        logger.info(
+            "decisions ready: backend=%s, T=%s (%s)", self.backend.name, self.temperature, self.temperature_source
+        )
+
+    def check_limits(self, questions: Sequence[CompiledQuestion]) -> None:
+        """Refuse, before any model work, a request over a configured limit, naming the setting."""
+        s = self.settings
+        if not questions:
+            raise DecisionError("a request needs at least one question")
+        if len(questions) > s.max_questions:
+            raise DecisionError(
+                f"{len(questions)} questions in one request; the limit is {s.max_questions} "
+                f"(set {PREFIX}MAX_QUESTIONS to raise it)"
+            )
+        for index, q in enumerate(questions):
+            limit, what, variable = {
+                CHOICE.name: (s.max_choices, "choices", "MAX_CHOICES"),
+                SCORE.name: (s.max_levels, "levels", "MAX_LEVELS"),
+            }.get(q.qtype.name, (None, "", ""))
+            if limit is not None and len(q.options) > limit:
+                raise DecisionError(
+                    f"question {index} has {len(q.options)} {what}; the limit is {limit} "
+                    f"(set {PREFIX}{variable} to raise it)"
+                )
+
+    async def decide(
+        self,
+        state: str,
+        questions: Sequence[CompiledQuestion],
+        request_id: str,
+        temperature: float | None = None,
+    ) -> Decision:
+        """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
+
+        ``temperature`` is a per-request override of the server's calibration temperature.
+        """
+        if self.unavailable is not None:
+            raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
+        if not self.ready:
+            raise NotReadyError()
+        self.check_limits(questions)
+        applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
+        state_sha256 = hashlib.sha256(state.encode()).hexdigest()
+        reads = [
+            self._answer(state, state_sha256, q, f"{request_id}-{i}", applied) for i, q in enumerate(questions)
+        ]
+        return Decision(self.served_model, list(await asyncio.gather(*reads)))
+
+    async def _answer(
+        self,
+        state: str,
+        state_sha256: str,
+        question: CompiledQuestion,
+        request_id: str,
+        applied: tuple[float, str],
+    ) -> Answer | Failure:
+        try:
+            reading = await self.backend.read(state, question, request_id)
+        except DecisionError as exc:
+            return Failure(question, exc)
+        except Exception as exc:  # a fault in one question must not sink the others
+            logger.exception("decision read failed for %s", request_id)
+            return Failure(question, DecisionError(f"internal error: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
+        options = question.options
+        temperature, source = applied
+        probabilities = softmax(reading.scores, temperature)
+        audit = {
+            "served_model": self.served_model,
+            "state_sha256": state_sha256,
+            "render_version": self.backend.render_version,
+            "confidence_formula": CONFIDENCE_FORMULA,
+            "calibration_temperature": temperature,
+            "temperature_source": source,
+            "forward_passes": reading.forward_passes,
+            "input_tokens": reading.input_tokens,
+            "cached_input_tokens": reading.cached_input_tokens,
+            "option_mass": reading.option_mass,
+            "readout": reading.readout,
+            **reading.audit,
+        }
+        backend = {
+            "name": self.backend.name,
+            "option_logits": {o.key: s for o, s in zip(options, reading.scores)},
+            **reading.meta,
+        }
+        return Answer(
+            question=question,
+            probabilities=probabilities,
+            confidence=confidence(probabilities),
+            fields=question.qtype.answer(probabilities, options),
+            backend=backend,
+            audit=audit,
+            input_tokens=reading.input_tokens,
+            cached_tokens=reading.cached_input_tokens,
+        )

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every setting of the decision endpoints, read from the environment once, at startup.
+
+A bad value stops the server with a message naming the variable, so a typo never turns into a
+silently different behaviour. Limits live here too: each request check names the variable to raise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "VLLM_TYPED_DECISIONS_"
+ENABLE_VARIABLE = "VLLM_ENABLE_TYPED_DECISIONS"
+
+# Names this module reads; the router patch declares every one in vllm/envs.py so that vLLM's
+# environment validation knows them (tests/unit/test_settings.py holds the two lists together).
+VARIABLES = (
+    ENABLE_VARIABLE,
+    PREFIX + "BACKEND",
+    PREFIX + "TEMPERATURE",
+    PREFIX + "MAX_QUESTIONS",
+    PREFIX + "MAX_CHOICES",
+    PREFIX + "MAX_LEVELS",
+)
+
+
+class SettingsError(ValueError):
+    """A setting with a value the server can't use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """``name:arg=value,arg=value`` split into the backend's name and typed arguments."""
+
+    name: str | None
+    args: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: BackendSpec
+    temperature: float | None
+    max_questions: int
+    max_choices: int
+    max_levels: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        return cls(
+            backend=parse_backend_spec(env.get(PREFIX + "BACKEND", "")),
+            temperature=_positive_float(env, PREFIX + "TEMPERATURE"),
+            max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
+            max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
+            max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
+        )
+
+
+def parse_value(text: str) -> int | float | bool | str:
+    """A backend argument: int, float or bool when it reads as one, else the string itself."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_backend_spec(text: str) -> BackendSpec:
+    text = text.strip()
+    if not text:
+        return BackendSpec(None, {})
+    name, _, arg_text = text.partition(":")
+    args: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in arg_text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"{PREFIX}BACKEND: argument {item!r} is not key=value")
+        args[key.strip()] = parse_value(value.strip())
+    return BackendSpec(name.strip(), args)
+
+
+def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value}: must be at least {minimum}")
+    return value
+
+
+def _positive_float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a number") from None
+    if not value > 0 or value == float("inf"):
+        raise SettingsError(f"{name}={raw!r}: must be a positive finite number")
+    return value

@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Server startup: settings -> backend -> decision service -> startup work in the background.
+
+Bad settings stop the server here, with a message naming the variable. Startup work (the backend's
+own checks) runs as a task, so vLLM's ``/health`` comes up while decision requests get 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from argparse import Namespace
+
+from starlette.datastructures import State
+
+from vllm.engine.protocol import EngineClient
+from vllm.logger import init_logger
+
+from .backends import backend_options, choose_backend
+from .host import VllmHost
+from .service import DecisionService
+from .settings import Settings
+
+logger = init_logger(__name__)
+
+
+def served_model_name(args: Namespace) -> str:
+    names = getattr(args, "served_model_name", None)
+    return names[0] if names else args.model
+
+
+async def init_decisions_state(engine_client: EngineClient, state: State, args: Namespace) -> None:
+    from vllm.entrypoints.chat_utils import load_chat_template
+    from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
+
+    settings = Settings.from_env()
+    host = VllmHost(
+        engine_client,
+        served_model_name(args),
+        chat_template=load_chat_template(args.chat_template),
+        chat_template_kwargs=resolve_default_chat_template_kwargs(args),
+    )
+    backend_cls = choose_backend(settings.backend, host.architectures)
+    backend = backend_cls(host, backend_options(backend_cls, settings.backend.args))
+    service = DecisionService(settings, backend, host.served_model)
+    state.decision_service = service
+    state.decision_startup = asyncio.create_task(_start(service))
+    logger.info("typed decisions enabled: backend %s for %s", backend.name, host.architectures)
+
+
+async def _start(service: DecisionService) -> None:
+    try:
+        await service.start()
+    except Exception:
+        logger.exception("decision startup failed; decision requests will get 503")

@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pieces both wire formats share: the ``extra`` request block, detail trimming, JSON-safe numbers."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import DecisionError
+from ..service import Answer, DecisionService
+
+Detail = Literal["none", "basic", "full"]
+
+# What ``detail: basic`` keeps of an answer's extra; ``full`` keeps everything, ``none`` nothing.
+BASIC_BACKEND_FIELDS = ("name", "option_logits")
+BASIC_AUDIT_FIELDS = ("calibration_temperature", "temperature_source", "readout", "forward_passes")
+
+
+class ExtraRequest(BaseModel):
+    """Everything a decision request can ask for that neither wire format has a field for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calibration_temperature: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    backend: str | None = None
+    backend_options: dict[str, Any] | None = None
+    seed: int | None = None
+    detail: Detail = "full"
+
+
+def check_extra(extra: ExtraRequest, service: DecisionService) -> None:
+    """Refuse what this server can't honour rather than ignore it."""
+    if extra.backend is not None and extra.backend != service.backend.name:
+        raise DecisionError(
+            f"extra.backend={extra.backend!r}: this server has loaded only the {service.backend.name!r} backend"
+        )
+    if extra.backend_options:
+        raise DecisionError(
+            f"extra.backend_options: the {service.backend.name!r} backend takes no per-request options"
+        )
+
+
+def finite(value: float | None) -> float | None:
+    """JSON has no NaN or infinity: such a number is reported as null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def answer_extra(answer: Answer, detail: Detail) -> dict[str, Any] | None:
+    if detail == "none":
+        return None
+    backend = dict(answer.backend)
+    backend["option_logits"] = {k: finite(v) for k, v in backend["option_logits"].items()}
+    audit = dict(answer.audit)
+    if detail == "basic":
+        backend = {k: backend[k] for k in BASIC_BACKEND_FIELDS if k in backend}
+        audit = {k: audit[k] for k in BASIC_AUDIT_FIELDS if k in audit}
+    return {"backend": backend, "audit": audit}
+
+
+def response_id(prefix: str) -> tuple[str, int]:
+    return f"{prefix}-{uuid.uuid4().hex}", int(time.time())

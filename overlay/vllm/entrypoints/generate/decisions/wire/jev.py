@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``POST /v1/systemone``: TypeSafe's Jev System One format, translated to and from the service.
+
+Jev clients send their own top-level extras, so unknown top-level fields are ignored; unknown
+fields inside a question are refused, since a misspelled field could change an answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import DecisionError
+from ..questions import CompiledQuestion, get_question_type
+from ..service import Answer, Decision, DecisionService
+from .common import ExtraRequest, answer_extra, check_extra, response_id
+from .validation import location
+
+
+class JevValidationError(DecisionError):
+    """A request Jev clients should see as a 422 with FastAPI-style ``detail`` entries."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{location(tuple(d['loc'][1:]))}: {d['msg']}" for d in detail))
+        self.detail = detail
+
+    @classmethod
+    def at(cls, loc: tuple[Any, ...], msg: str, kind: str = "value_error") -> JevValidationError:
+        return cls([{"loc": ["body", *loc], "msg": msg, "type": kind}])
+
+    @classmethod
+    def from_pydantic(cls, exc: ValidationError, loc: tuple[Any, ...] = ()) -> JevValidationError:
+        return cls(
+            [
+                {"loc": ["body", *loc, *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                for e in exc.errors(include_url=False)
+            ]
+        )
+
+
+class SystemOneRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    state: str | dict[str, Any] | list[Any]
+    questions: dict[str, dict[str, Any]] = Field(min_length=1)
+    backend: str | None = None
+    extra: ExtraRequest = Field(default_factory=ExtraRequest)
+
+
+def state_text(state: str | dict[str, Any] | list[Any]) -> str:
+    """Text as it is; a JSON object or array as indented JSON."""
+    return state if isinstance(state, str) else json.dumps(state, indent=2, ensure_ascii=False)
+
+
+def compile_question(question_id: str, raw: dict[str, Any]) -> CompiledQuestion:
+    kind = raw.get("type")
+    qtype = get_question_type(kind) if isinstance(kind, str) else None
+    if qtype is None:
+        raise JevValidationError.at(("questions", question_id, "type"), f"unknown question type {kind!r}")
+    try:
+        return qtype.compile(qtype.model.model_validate(raw))
+    except ValidationError as exc:
+        raise JevValidationError.from_pydantic(exc, ("questions", question_id)) from None
+
+
+def parse_request(body: Any) -> tuple[SystemOneRequest, str, list[str], list[CompiledQuestion]]:
+    try:
+        request = SystemOneRequest.model_validate(body)
+    except ValidationError as exc:
+        raise JevValidationError.from_pydantic(exc) from None
+    if request.backend is not None:
+        if request.extra.backend is not None:
+            raise JevValidationError.at(("backend",), "send backend at the top level or under extra, not both")
+        request.extra.backend = request.backend
+    ids = list(request.questions)
+    return request, state_text(request.state), ids, [compile_question(i, request.questions[i]) for i in ids]
+
+
+def answer_json(answer: Answer, detail: str) -> dict[str, Any]:
+    qtype = answer.question.qtype
+    fields = {**answer.fields, "confidence": answer.confidence}
+    if qtype.jev:
+        result = {"type": qtype.name, **{k: fields[k] for k in qtype.jev_fields}}
+    else:
+        probabilities = {o.key: p for o, p in zip(answer.question.options, answer.probabilities)}
+        result = {"type": qtype.name, "probabilities": probabilities, **fields}
+    extra = answer_extra(answer, detail)  # type: ignore[arg-type]
+    if extra is not None:
+        result["extra"] = extra
+    return result
+
+
+def response_json(request: SystemOneRequest, ids: list[str], decision: Decision) -> dict[str, Any]:
+    answers, failures = {}, {}
+    for question_id, result in zip(ids, decision.results):
+        if isinstance(result, Answer):
+            answers[question_id] = answer_json(result, request.extra.detail)
+        else:
+            failures[question_id] = result.error.message
+    response_id_, created = response_id("systemone")
+    body: dict[str, Any] = {
+        "id": response_id_,
+        "created": created,
+        "model": decision.served_model,
+        "answers": answers,
+        "usage": {"input_tokens": decision.input_tokens, "output_tokens": len(answers)},
+    }
+    if failures:
+        body["partial_failures"] = failures
+    return body
+
+
+async def create_systemone(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
+    request, state, ids, questions = parse_request(body)
+    check_extra(request.extra, service)
+    decision = await service.decide(state, questions, request_id, request.extra.calibration_temperature)
+    if (failure := decision.first_failure()) is not None:
+        raise failure
+    return response_json(request, ids, decision)

@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``POST /v1/decisions``: OpenAI's Decisions format, translated to and from the decision service.
+
+A predicate is read as a yes/no ``noul`` without criteria, a choice as a ``choice``, a score as a
+``score``, so each renders exactly as the same Jev question does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, model_validator
+
+from ..errors import DecisionError
+from ..questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    CompiledQuestion,
+    NoulQuestion,
+    choice_options,
+    get_question_type,
+    level_options,
+)
+from ..service import Answer, Decision, DecisionService
+from .common import ExtraRequest, answer_extra, check_extra, response_id
+from .validation import validation_message
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(Strict):
+    type: Literal["input_text"]
+    text: str
+    prompt_cache_breakpoint: dict[str, Any] | None = None
+
+
+Instructions = str | list[TextPart]
+
+
+class Named(Strict):
+    # A default that is never validated: absent means unnamed, an explicit null is refused.
+    name: StrictStr = Field(default=None)  # type: ignore[assignment]
+    instructions: Instructions
+
+
+class PredicateQuestion(Named):
+    type: Literal["predicate"]
+
+
+class Choice(Strict):
+    value: StrictStr | StrictBool
+    description: str | None = None
+
+
+class ChoiceQuestion(Named):
+    type: Literal["choice"]
+    choices: list[Choice] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ChoiceQuestion:
+        seen = [(type(c.value), c.value) for c in self.choices]
+        if len(set(seen)) != len(seen):
+            raise ValueError("choice values must be distinct (a string and a boolean with the same text differ)")
+        return self
+
+
+class Level(Strict):
+    label: str
+    description: str | None = None
+
+
+class ScoreQuestion(Named):
+    type: Literal["score"]
+    levels: list[Level] = Field(min_length=2)
+
+
+BUILT_IN = {"predicate": PredicateQuestion, "choice": ChoiceQuestion, "score": ScoreQuestion}
+
+
+class DecisionsRequest(Strict):
+    model: str
+    input: str | list[dict[str, Any]]
+    questions: list[dict[str, Any]] = Field(min_length=1)
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    extra: ExtraRequest = Field(default_factory=ExtraRequest)
+
+
+def instructions_text(instructions: Instructions) -> str:
+    if isinstance(instructions, str):
+        return instructions
+    return "\n".join(part.text for part in instructions)
+
+
+def input_text(value: str | list[dict[str, Any]]) -> str:
+    """The input as one text: a string as it is, message items' text parts joined in order."""
+    if isinstance(value, str):
+        return value
+    texts = []
+    for index, item in enumerate(value):
+        if item.get("type", "message") != "message" or "content" not in item:
+            raise DecisionError(f"input[{index}]: only message items are supported")
+        content = item["content"]
+        if isinstance(content, str):
+            texts.append(content)
+            continue
+        for part_index, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "input_text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind == "input_image":
+                raise DecisionError(f"input[{index}].content[{part_index}]: text input only (this is a text model)")
+            else:
+                raise DecisionError(f"input[{index}].content[{part_index}]: unsupported content part {kind!r}")
+    return "\n".join(texts)
+
+
+def compile_question(index: int, raw: dict[str, Any]) -> tuple[str | None, CompiledQuestion]:
+    """One question of the request as (its name, the compiled question)."""
+    kind = raw.get("type")
+    model = BUILT_IN.get(kind) if isinstance(kind, str) else None
+    qtype = None if model else get_question_type(kind) if isinstance(kind, str) and kind != "noul" else None
+    if model is None and (qtype is None or qtype.jev):
+        raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}")
+    try:
+        if qtype is not None:
+            body = {k: v for k, v in raw.items() if k != "name"}
+            if "name" in raw and not isinstance(raw["name"], str):
+                raise DecisionError(f"questions[{index}].name: must be a string when given")
+            return raw.get("name"), qtype.compile(qtype.model.model_validate(body))
+        question = model.model_validate(raw)
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
+    text = instructions_text(question.instructions)
+    if isinstance(question, PredicateQuestion):
+        return question.name, NOUL.compile(NoulQuestion(instructions=text))
+    if isinstance(question, ChoiceQuestion):
+        options = choice_options([(c.value, c.description) for c in question.choices])
+        return question.name, CompiledQuestion(CHOICE, text, options)
+    options = level_options([(level.label, level.description) for level in question.levels])
+    return question.name, CompiledQuestion(SCORE, text, options)
+
+
+def parse_request(body: Any) -> tuple[DecisionsRequest, str, list[str | None], list[CompiledQuestion]]:
+    try:
+        request = DecisionsRequest.model_validate(body)
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc)) from None
+    state = input_text(request.input)
+    named = [compile_question(i, q) for i, q in enumerate(request.questions)]
+    return request, state, [n for n, _ in named], [q for _, q in named]
+
+
+def answer_json(name: str | None, answer: Answer, detail: str) -> dict[str, Any]:
+    qtype, options, probs = answer.question.qtype, answer.question.options, answer.probabilities
+    if qtype is NOUL:
+        fields: dict[str, Any] = {"type": "predicate", "probability": probs[0]}
+    elif qtype is CHOICE:
+        fields = {
+            "type": "choice",
+            "choice": answer.fields["choice"],
+            "probabilities": [{"value": o.value, "probability": p} for o, p in zip(options, probs)],
+            "confidence": answer.confidence,
+        }
+    elif qtype is SCORE:
+        fields = {
+            "type": "score",
+            "score": answer.fields["score"],
+            "probabilities": [
+                {"label": o.label, "value": o.value, "probability": p} for o, p in zip(options, probs)
+            ],
+            "confidence": answer.confidence,
+        }
+    else:
+        fields = {"type": qtype.name, **answer.fields, "confidence": answer.confidence}
+        fields.setdefault("probabilities", {o.key: p for o, p in zip(options, probs)})
+    result = {"name": name, **fields}
+    extra = answer_extra(answer, detail)  # type: ignore[arg-type]
+    if extra is not None:
+        result["extra"] = extra
+    return result
+
+
+def response_json(request: DecisionsRequest, names: list[str | None], decision: Decision) -> dict[str, Any]:
+    answers = []
+    for name, result in zip(names, decision.results):
+        if isinstance(result, Answer):
+            answers.append(answer_json(name, result, request.extra.detail))
+        else:
+            answers.append({"type": "refusal", "name": name, "extra": {"error": result.error.message}})
+    response_id_, created = response_id("decisions")
+    input_tokens = decision.input_tokens
+    return {
+        "model": decision.served_model,
+        "answers": answers,
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": decision.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens,
+        },
+        "extra": {"id": response_id_, "created": created},
+    }
+
+
+async def create_decision(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
+    request, state, names, questions = parse_request(body)
+    check_extra(request.extra, service)
+    decision = await service.decide(state, questions, request_id, request.extra.calibration_temperature)
+    if (failure := decision.first_failure()) is not None:
+        raise failure
+    return response_json(request, names, decision)
+
+
+__all__ = ["create_decision"]

