@@ -52,9 +52,7 @@ class BackendHost(ABC):
         """Ids the tokenizer never produces from plain text (template markers and the like)."""
 
     @abstractmethod
-    async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], request_id: str
-    ) -> TokenRead:
+    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
         """One forward pass over ``prompt_ids``: the next-token log-probability of each of
         ``token_ids`` over the full vocabulary. No token is kept."""
 
@@ -105,9 +103,7 @@ class VllmHost(BackendHost):
     def special_token_ids(self) -> frozenset[int]:
         return self._special_ids
 
-    async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], request_id: str
-    ) -> TokenRead:
+    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
         from vllm.inputs import tokens_input
         from vllm.sampling_params import SamplingParams
 

@@ -160,7 +160,7 @@ class ChoiceType(QuestionType):
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
         return {
             "choice": options[top_index(probabilities)].value,
-            "probabilities": {str(o.value): p for o, p in zip(options, probabilities)},
+            "probabilities": {str(o.value): p for o, p in zip(options, probabilities, strict=True)},
         }
 
 
@@ -194,7 +194,7 @@ class ScoreType(QuestionType):
         return {
             "score": sum(i * p for i, p in enumerate(probabilities)),
             "legend": {o.key: o.label for o in options},
-            "probabilities": {o.key: p for o, p in zip(options, probabilities)},
+            "probabilities": {o.key: p for o, p in zip(options, probabilities, strict=True)},
         }
 
 

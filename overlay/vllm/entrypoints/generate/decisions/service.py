@@ -125,9 +125,7 @@ class DecisionService:
         self.check_limits(questions)
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
-        reads = [
-            self._answer(state, state_sha256, q, f"{request_id}-{i}", applied) for i, q in enumerate(questions)
-        ]
+        reads = [self._answer(state, state_sha256, q, f"{request_id}-{i}", applied) for i, q in enumerate(questions)]
         return Decision(self.served_model, list(await asyncio.gather(*reads)))
 
     async def _answer(
@@ -164,7 +162,7 @@ class DecisionService:
         }
         backend = {
             "name": self.backend.name,
-            "option_logits": {o.key: s for o, s in zip(options, reading.scores)},
+            "option_logits": {o.key: s for o, s in zip(options, reading.scores, strict=True)},
             **reading.meta,
         }
         return Answer(

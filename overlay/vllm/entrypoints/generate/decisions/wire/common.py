@@ -39,9 +39,7 @@ def check_extra(extra: ExtraRequest, service: DecisionService) -> None:
             f"extra.backend={extra.backend!r}: this server has loaded only the {service.backend.name!r} backend"
         )
     if extra.backend_options:
-        raise DecisionError(
-            f"extra.backend_options: the {service.backend.name!r} backend takes no per-request options"
-        )
+        raise DecisionError(f"extra.backend_options: the {service.backend.name!r} backend takes no per-request options")
 
 
 def finite(value: float | None) -> float | None:

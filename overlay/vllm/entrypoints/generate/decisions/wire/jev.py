@@ -85,7 +85,7 @@ def answer_json(answer: Answer, detail: str) -> dict[str, Any]:
     if qtype.jev:
         result = {"type": qtype.name, **{k: fields[k] for k in qtype.jev_fields}}
     else:
-        probabilities = {o.key: p for o, p in zip(answer.question.options, answer.probabilities)}
+        probabilities = {o.key: p for o, p in zip(answer.question.options, answer.probabilities, strict=True)}
         result = {"type": qtype.name, "probabilities": probabilities, **fields}
     extra = answer_extra(answer, detail)  # type: ignore[arg-type]
     if extra is not None:
@@ -95,7 +95,7 @@ def answer_json(answer: Answer, detail: str) -> dict[str, Any]:
 
 def response_json(request: SystemOneRequest, ids: list[str], decision: Decision) -> dict[str, Any]:
     answers, failures = {}, {}
-    for question_id, result in zip(ids, decision.results):
+    for question_id, result in zip(ids, decision.results, strict=True):
         if isinstance(result, Answer):
             answers[question_id] = answer_json(result, request.extra.detail)
         else:

@@ -163,7 +163,7 @@ def answer_json(name: str | None, answer: Answer, detail: str) -> dict[str, Any]
         fields = {
             "type": "choice",
             "choice": answer.fields["choice"],
-            "probabilities": [{"value": o.value, "probability": p} for o, p in zip(options, probs)],
+            "probabilities": [{"value": o.value, "probability": p} for o, p in zip(options, probs, strict=True)],
             "confidence": answer.confidence,
         }
     elif qtype is SCORE:
@@ -171,13 +171,13 @@ def answer_json(name: str | None, answer: Answer, detail: str) -> dict[str, Any]
             "type": "score",
             "score": answer.fields["score"],
             "probabilities": [
-                {"label": o.label, "value": o.value, "probability": p} for o, p in zip(options, probs)
+                {"label": o.label, "value": o.value, "probability": p} for o, p in zip(options, probs, strict=True)
             ],
             "confidence": answer.confidence,
         }
     else:
         fields = {"type": qtype.name, **answer.fields, "confidence": answer.confidence}
-        fields.setdefault("probabilities", {o.key: p for o, p in zip(options, probs)})
+        fields.setdefault("probabilities", {o.key: p for o, p in zip(options, probs, strict=True)})
     result = {"name": name, **fields}
     extra = answer_extra(answer, detail)  # type: ignore[arg-type]
     if extra is not None:
@@ -187,7 +187,7 @@ def answer_json(name: str | None, answer: Answer, detail: str) -> dict[str, Any]
 
 def response_json(request: DecisionsRequest, names: list[str | None], decision: Decision) -> dict[str, Any]:
     answers = []
-    for name, result in zip(names, decision.results):
+    for name, result in zip(names, decision.results, strict=True):
         if isinstance(result, Answer):
             answers.append(answer_json(name, result, request.extra.detail))
         else:

@@ -29,7 +29,7 @@ def option_letters(count: int) -> list[str]:
 
 def question_text(question: CompiledQuestion, letters: Sequence[str]) -> str:
     lines = [f"Question: {question.instructions}".rstrip(), "", "Options:"]
-    lines += [f"{letter}. {option.text}" for letter, option in zip(letters, question.options)]
+    lines += [f"{letter}. {option.text}" for letter, option in zip(letters, question.options, strict=True)]
     lines += ["", f"Answer with one letter ({letters[0]}-{letters[-1]})."]
     return "\n".join(lines)
 

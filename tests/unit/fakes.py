@@ -1,0 +1,75 @@
+"""Fakes for pure-logic tests: a host over a real tokenizer with scripted log-probabilities, and a
+backend with scripted scores. Neither runs a model."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+
+from vllm.entrypoints.generate.decisions.backends import DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions.errors import DecisionError
+from vllm.entrypoints.generate.decisions.host import BackendHost, TokenRead
+from vllm.entrypoints.generate.decisions.questions import CompiledQuestion
+
+
+class TokenizerHost(BackendHost):
+    """A host that renders and tokenizes with a real Hugging Face tokenizer; reads are scripted."""
+
+    def __init__(self, tokenizer, max_model_len: int = 4096, logprob: Callable[[int], float] | None = None):
+        self.tokenizer = tokenizer
+        self.served_model = "fake-model"
+        self.max_model_len = max_model_len
+        self.architectures = ("FakeForCausalLM",)
+        self.logprob = logprob or (lambda token: -1.0 - (token % 7) / 10)
+        self.reads: list[tuple[list[int], list[int]]] = []
+
+    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
+
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.all_special_ids) | frozenset(self.tokenizer.added_tokens_decoder)
+
+    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
+        self.reads.append((prompt_ids, token_ids))
+        return TokenRead({t: self.logprob(t) for t in token_ids}, len(prompt_ids), 0)
+
+
+class ScriptedBackend(DecisionBackend):
+    """Scores each question by a function of the question; counts concurrent reads."""
+
+    name = "scripted"
+    render_version = "scripted-1"
+
+    def __init__(self, score: Callable[[CompiledQuestion], list[float]], delay: float = 0.0) -> None:
+        super().__init__(host=None)  # type: ignore[arg-type]
+        self.score = score
+        self.delay = delay
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def read(self, state: str, question: CompiledQuestion, request_id: str) -> Reading:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            scores = self.score(question)
+        finally:
+            self.in_flight -= 1
+        if scores is None:
+            raise DecisionError(f"scripted refusal of {question.instructions!r}")
+        return Reading(
+            scores=scores,
+            forward_passes=1,
+            input_tokens=10,
+            cached_input_tokens=4,
+            readout="direct",
+            option_mass=sum(math.exp(s) for s in scores),
+        )

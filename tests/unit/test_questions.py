@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    ChoiceQuestion,
+    NoulQuestion,
+    Option,
+    QuestionType,
+    ScoreQuestion,
+    choice_options,
+    get_question_type,
+    instructions_text,
+    register_question_type,
+)
+
+
+def test_noul_options_are_yes_then_no_with_criteria():
+    q = NOUL.compile(NoulQuestion(instructions="Urgent?", criteria={"true": "time-sensitive"}))
+    assert [o.key for o in q.options] == ["true", "false"]
+    assert [o.text for o in q.options] == ["Yes: time-sensitive", "No"]
+    assert NOUL.answer([0.8, 0.2], q.options) == {"noul": 0.8}
+
+
+def test_choice_keys_are_json_text_and_values_stay_typed():
+    options = choice_options([("billing", "Payments"), (True, None), ("true", None)])
+    assert [o.key for o in options] == ['"billing"', "true", '"true"']
+    assert [o.value for o in options] == ["billing", True, "true"]
+    assert [o.text for o in options] == ["billing: Payments", "true", "true"]
+    assert CHOICE.answer([0.1, 0.7, 0.2], options)["choice"] is True
+
+
+def test_choice_answer_takes_first_option_on_a_tie():
+    options = CHOICE.compile(ChoiceQuestion(criteria={"a": None, "b": None})).options
+    assert CHOICE.answer([0.5, 0.5], options)["choice"] == "a"
+
+
+def test_score_is_probability_weighted_level_index():
+    q = SCORE.compile(ScoreQuestion(instructions="How?", criteria=["Calm", "Frustrated", "Angry"]))
+    answer = SCORE.answer([0.2, 0.3, 0.5], q.options)
+    assert answer["score"] == pytest.approx(0.3 + 1.0)
+    assert answer["legend"] == {"0": "Calm", "1": "Frustrated", "2": "Angry"}
+    assert answer["probabilities"] == {"0": 0.2, "1": 0.3, "2": 0.5}
+
+
+def test_unknown_question_fields_are_refused():
+    with pytest.raises(ValidationError):
+        NoulQuestion.model_validate({"type": "noul", "instructions": "x", "critera": {}})
+
+
+def test_json_instructions_render_as_indented_json():
+    assert instructions_text({"ask": "urgent?"}) == '{\n  "ask": "urgent?"\n}'
+    assert instructions_text(None) == ""
+
+
+def test_reserved_names_cannot_be_registered():
+    class Predicate(QuestionType):
+        name = "predicate"
+        model = NoulQuestion
+
+        def options(self, question):
+            return [Option("a", "a", "a")]
+
+        def answer(self, probabilities, options):
+            return {}
+
+    with pytest.raises(ValueError, match="reserved"):
+        register_question_type(Predicate)
+    assert get_question_type("predicate") is None

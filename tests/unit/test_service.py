@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import math
+from http import HTTPStatus
+
+import pytest
+
+from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    ChoiceQuestion,
+    NoulQuestion,
+    ScoreQuestion,
+)
+from vllm.entrypoints.generate.decisions.service import Answer, DecisionService, Failure
+from vllm.entrypoints.generate.decisions.settings import Settings
+
+from .fakes import ScriptedBackend
+
+
+def noul(text="Urgent?"):
+    return NOUL.compile(NoulQuestion(instructions=text))
+
+
+def choice(n):
+    return CHOICE.compile(ChoiceQuestion(instructions="Which?", criteria={f"o{i}": None for i in range(n)}))
+
+
+async def started(backend, **env):
+    service = DecisionService(Settings.from_env(env), backend, "served")
+    await service.start()
+    return service
+
+
+async def test_answers_carry_probabilities_confidence_and_audit():
+    service = await started(ScriptedBackend(lambda q: [math.log(0.6), math.log(0.2)]))
+    decision = await service.decide("state", [noul()], "r")
+    (answer,) = decision.results
+    assert isinstance(answer, Answer)
+    assert answer.probabilities == pytest.approx([0.75, 0.25])
+    assert answer.fields == {"noul": pytest.approx(0.75)}
+    assert answer.confidence == pytest.approx(0.5)
+    assert answer.backend["option_logits"] == {"true": math.log(0.6), "false": math.log(0.2)}
+    audit = answer.audit
+    assert audit["temperature_source"] == "default" and audit["calibration_temperature"] == 1.0
+    assert audit["option_mass"] == pytest.approx(0.8)
+    assert audit["render_version"] == "scripted-1" and audit["served_model"] == "served"
+    assert len(audit["state_sha256"]) == 64
+
+
+async def test_questions_are_read_concurrently():
+    backend = ScriptedBackend(lambda q: [0.0, -1.0], delay=0.05)
+    service = await started(backend)
+    await service.decide("s", [noul(f"q{i}") for i in range(4)], "r")
+    assert backend.most_in_flight == 4
+
+
+async def test_a_failed_question_does_not_stop_the_others():
+    service = await started(ScriptedBackend(lambda q: None if q.instructions == "bad" else [0.0, -1.0]))
+    decision = await service.decide("s", [noul("good"), noul("bad")], "r")
+    assert isinstance(decision.results[0], Answer) and isinstance(decision.results[1], Failure)
+    assert decision.first_failure() is None
+
+
+async def test_when_every_question_fails_the_first_failure_is_reported():
+    service = await started(ScriptedBackend(lambda q: None))
+    decision = await service.decide("s", [noul("first"), noul("second")], "r")
+    assert "first" in decision.first_failure().message
+
+
+async def test_an_unexpected_fault_becomes_a_500_failure():
+    def explode(q):
+        raise RuntimeError("boom")
+
+    service = await started(ScriptedBackend(explode))
+    (failure,) = (await service.decide("s", [noul()], "r")).results
+    assert failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+async def test_configured_and_per_request_temperatures():
+    scores = [math.log(0.9), math.log(0.1)]
+    service = await started(ScriptedBackend(lambda q: scores), VLLM_TYPED_DECISIONS_TEMPERATURE="2.0")
+    (a,) = (await service.decide("s", [noul()], "r")).results
+    assert a.audit["temperature_source"] == "configured"
+    assert a.probabilities[0] == pytest.approx(3 / 4)
+    (b,) = (await service.decide("s", [noul()], "r", temperature=1.0)).results
+    assert b.audit["temperature_source"] == "request" and b.probabilities[0] == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    ("env", "questions", "variable"),
+    [
+        ({"VLLM_TYPED_DECISIONS_MAX_QUESTIONS": "2"}, [noul()] * 3, "VLLM_TYPED_DECISIONS_MAX_QUESTIONS"),
+        ({"VLLM_TYPED_DECISIONS_MAX_CHOICES": "3"}, [choice(4)], "VLLM_TYPED_DECISIONS_MAX_CHOICES"),
+        (
+            {"VLLM_TYPED_DECISIONS_MAX_LEVELS": "2"},
+            [SCORE.compile(ScoreQuestion(criteria=["a", "b", "c"]))],
+            "VLLM_TYPED_DECISIONS_MAX_LEVELS",
+        ),
+    ],
+)
+async def test_limits_refuse_before_any_read_and_name_the_setting(env, questions, variable):
+    backend = ScriptedBackend(lambda q: pytest.fail("no read may happen over a limit"))
+    service = await started(backend, **env)
+    with pytest.raises(DecisionError, match=variable) as caught:
+        await service.decide("s", questions, "r")
+    assert caught.value.status == HTTPStatus.BAD_REQUEST
+
+
+async def test_not_ready_then_unavailable():
+    backend = ScriptedBackend(lambda q: [0.0, 0.0])
+    service = DecisionService(Settings.from_env({}), backend, "served")
+    with pytest.raises(NotReadyError):
+        await service.decide("s", [noul()], "r")
+
+    async def broken_start():
+        raise RuntimeError("the model never answers with a letter")
+
+    backend.start = broken_start  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await service.start()
+    with pytest.raises(DecisionError, match="never answers") as caught:
+        await service.decide("s", [noul()], "r")
+    assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The main job from a fresh machine: set-up, install the overlay, serve the default model with
+# decisions enabled, and answer a sample decision once the server is ready.
+# usage: tools/serve.sh [--once] [extra vllm serve args...]
+#   --once   stop the server after the sample answer (a smoke test)
+# env: MODEL (default: the SmolLM2-135M-Instruct built by set-up), PORT (default 8000)
+set -euo pipefail
+ONCE=0; [ "${1:-}" = --once ] && { ONCE=1; shift; }
+source "$(dirname "$0")/env/common.sh"
+MODEL=${MODEL:-$MODELS/smollm2-135m-instruct}
+PORT=${PORT:-8000}
+ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enable-prefix-caching)
+if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then ARGS+=(--enforce-eager --block-size 32 --dtype bfloat16); fi
+VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+echo "waiting for decisions on port $PORT (pid $SERVER)" >&2
+"$PY" "$ROOT/tools/sample_decision.py" --port "$PORT" --wait 300
+if [ "$ONCE" = 1 ]; then exit 0; fi
+echo "serving on http://127.0.0.1:$PORT (Ctrl-C stops)" >&2
+wait $SERVER
