@@ -39,11 +39,11 @@ TARGET="$SITE/vllm/entrypoints/generate/decisions"
 [ -w "$SITE/vllm" ] || fail "$SITE/vllm is not writable"
 
 patch_state() {  # prints applied | stock | conflict
-  if (cd "$SITE" && patch -p1 -R --dry-run -s -f <"$PATCH" >/dev/null 2>&1); then echo applied
-  elif (cd "$SITE" && patch -p1 --dry-run -s -f <"$PATCH" >/dev/null 2>&1); then echo stock
+  if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$PATCH" >/dev/null 2>&1); then echo applied
+  elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$PATCH" >/dev/null 2>&1); then echo stock
   else echo conflict; fi
 }
-run_patch() { (cd "$SITE" && patch -p1 -s -f --no-backup-if-mismatch "$@" <"$PATCH"); }
+run_patch() { (cd "$SITE" && patch -p1 -s -f --fuzz=0 --no-backup-if-mismatch "$@" <"$PATCH"); }
 
 STATE=$(patch_state)
 if [ "$MODE" = uninstall ]; then
@@ -55,12 +55,13 @@ if [ "$MODE" = uninstall ]; then
 fi
 
 [ "$STATE" = conflict ] && fail "the router patch does not apply to vLLM $VERSION at $SITE (files modified?)"
-PATCHED_NOW=0 STAGE= ASIDE=
+PATCHED_NOW=0 STAGE= ASIDE= PLACED=0
 cleanup() {  # on failure, undo what this run did
   local rc=$?
   if [ $rc -ne 0 ]; then
     [ -n "$STAGE" ] && rm -rf "$STAGE"
-    if [ -n "$ASIDE" ]; then rm -rf "$TARGET"; mv "$ASIDE" "$TARGET"; fi
+    [ "$PLACED" = 1 ] && rm -rf "$TARGET"
+    [ -n "$ASIDE" ] && mv "$ASIDE" "$TARGET"
     [ "$PATCHED_NOW" = 1 ] && run_patch -R
   fi
   exit $rc
@@ -72,7 +73,7 @@ replace_target() {  # move the old package aside (restored on failure), put $1 i
   if [ -e "$TARGET" ] || [ -L "$TARGET" ]; then
     ASIDE=$(mktemp -u "$SITE/vllm/entrypoints/generate/.decisions-old.XXXXXX"); mv "$TARGET" "$ASIDE"
   fi
-  mv "$1" "$TARGET"
+  mv "$1" "$TARGET"; PLACED=1
 }
 if [ "$MODE" = dev ]; then
   if [ "$(readlink "$TARGET" 2>/dev/null)" != "$PACKAGE" ]; then

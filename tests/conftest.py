@@ -36,4 +36,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     stale = _differences(filecmp.dircmp(OVERLAY, installed, ignore=["__pycache__"])) if installed.exists() else ["all"]
     if stale:
-        raise pytest.UsageError(f"the overlay installed in vLLM differs from the checkout ({stale[:5]}): run ./install.sh")
+        raise pytest.UsageError(
+            f"the overlay installed in vLLM differs from the checkout ({stale[:5]}): run ./install.sh"
+        )

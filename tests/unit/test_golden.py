@@ -27,7 +27,9 @@ GOLDEN = ROOT / "tests" / "golden" / f"{RENDER_VERSION}.json"
 STATE = "Ticket: My payouts have been failing for 3 days."
 QUESTIONS = {
     "noul": NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})),
-    "choice": CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
+    "choice": CHOICE.compile(
+        ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})
+    ),
     "typed_choice": CompiledQuestion(CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])),
     "score": SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry"])),
 }

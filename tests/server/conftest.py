@@ -1,0 +1,107 @@
+"""One real ``vllm serve`` per test session, with the overlay as installed by install.sh."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import model_path
+
+START_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """A ``vllm serve`` child process on CPU, stopped by its own PID."""
+
+    def __init__(self, model: Path, log: Path, env: dict[str, str], *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.model = str(model)
+        command = [
+            str(Path(sys.executable).parent / "vllm"), "serve", self.model,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
+            "--max-model-len", "2048", "--enable-prefix-caching", *args,
+        ]  # fmt: skip
+        full_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))},
+            "HF_HUB_OFFLINE": "1",
+            "TORCH_COMPILE_DISABLE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            **env,
+        }
+        self.handle = log.open("w")
+        self.process = subprocess.Popen(command, env=full_env, stdout=self.handle, stderr=subprocess.STDOUT)
+
+    def wait(self, ready: callable) -> None:  # type: ignore[valid-type]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if ready(self):
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        self.stop()
+        pytest.fail(f"vllm serve was not ready in {START_TIMEOUT_S} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.handle.close()
+
+
+def decisions_answer(server: VllmServer) -> bool:
+    probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]}
+    return httpx.post(f"{server.url}/v1/decisions", json=probe, timeout=30).status_code == 200
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> VllmServer:
+    """SmolLM2-135M-Instruct with decisions on. Strict environment validation proves that every
+    VLLM_TYPED_DECISIONS_* variable we read is declared to vLLM."""
+    env = {
+        "VLLM_ENABLE_TYPED_DECISIONS": "1",
+        "VLLM_TYPED_DECISIONS_MAX_QUESTIONS": "16",
+        "VLLM_TYPED_DECISIONS_MAX_CHOICES": "255",
+        "VLLM_TYPED_DECISIONS_MAX_LEVELS": "10",
+    }
+    log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
+    instance = VllmServer(model_path("smollm2-135m-instruct"), log, env, "--fail-on-environ-validation")
+    try:
+        instance.wait(decisions_answer)
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def client(server: VllmServer):
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        yield http

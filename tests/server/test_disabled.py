@@ -1,0 +1,33 @@
+"""Without VLLM_ENABLE_TYPED_DECISIONS the server is stock vLLM: no decision routes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from ..conftest import model_path
+from .conftest import VllmServer
+
+
+def health(server: VllmServer) -> bool:
+    return httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def stock_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("stock") / "vllm-serve.log"
+    instance = VllmServer(model_path("tiny-llama-localtok"), log, {}, "--dtype", "float32")
+    try:
+        instance.wait(health)
+        yield instance
+    finally:
+        instance.stop()
+
+
+def test_no_decision_routes_without_the_variable(stock_server):
+    for path in ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions"):
+        response = httpx.post(f"{stock_server.url}{path}", json={"model": "m"}, timeout=30)
+        assert response.status_code == 404, path
+    routes = httpx.get(f"{stock_server.url}/openapi.json", timeout=30).json()["paths"]
+    assert not [p for p in routes if "decision" in p or "systemone" in p]
+    assert "typed decisions" not in stock_server.log.read_text()

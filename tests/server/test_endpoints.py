@@ -1,0 +1,143 @@
+"""Both endpoints over HTTP against a real vllm serve with SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+
+STATE = "Ticket: My payouts have been failing for 3 days and I need the money today. " * 12
+
+OPENAI_QUESTIONS = [
+    {"type": "predicate", "name": "urgent", "instructions": "Does this ticket convey urgency?"},
+    {"type": "choice", "name": "team", "instructions": "Which team should handle this?",
+     "choices": [{"value": "billing", "description": "Payments, refunds"}, {"value": "technical"}, {"value": False}]},
+    {"type": "score", "instructions": "How frustrated is the customer?",
+     "levels": [{"label": "Calm"}, {"label": "Frustrated"}, {"label": "Very angry", "description": "leaving"}]},
+]  # fmt: skip
+JEV_QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Does this ticket convey urgency?"},
+    "team": {"type": "choice", "instructions": "Which team should handle this?",
+             "criteria": {"billing": "Payments, refunds", "technical": None}},
+    "frustration ✨": {"type": "score", "instructions": "How frustrated is the customer?",
+                      "criteria": ["Calm", "Frustrated", "Very angry: leaving"]},
+}  # fmt: skip
+
+
+def decide(client, questions, **extra):
+    response = client.post("/v1/decisions", json={"model": "any", "input": STATE, "questions": questions, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_openai_endpoint_answers_every_type(client, server):
+    body = decide(client, OPENAI_QUESTIONS)
+    urgent, team, score = body["answers"]
+    assert body["model"] == server.model
+    assert urgent["type"] == "predicate" and 0 < urgent["probability"] < 1
+    assert team["type"] == "choice" and team["choice"] in ("billing", "technical", False)
+    assert sum(p["probability"] for p in team["probabilities"]) == pytest.approx(1)
+    assert [p["value"] for p in team["probabilities"]] == ["billing", "technical", False]
+    assert score["name"] is None and 0 <= score["score"] <= 2
+    for answer in body["answers"]:
+        audit = answer["extra"]["audit"]
+        assert audit["forward_passes"] == 1 and audit["readout"] == "direct"
+        assert audit["option_mass"] > 0.5, "the answer slot should put most next-token mass on the letters"
+        assert answer["extra"]["backend"]["name"] == "logit"
+    assert body["usage"]["input_tokens"] == sum(a["extra"]["audit"]["input_tokens"] for a in body["answers"])
+
+
+def test_systemone_endpoint_answers_every_type(client, server):
+    response = client.post("/v1/systemone", json={"model": "jev-latest", "state": STATE, "questions": JEV_QUESTIONS})
+    assert response.status_code == 200, response.text
+    assert float(response.headers["x-decision-latency-ms"]) > 0
+    body = response.json()
+    assert body["model"] == server.model and body["id"].startswith("systemone-")
+    assert list(body["answers"]) == list(JEV_QUESTIONS)
+    urgent, team, frustration = body["answers"].values()
+    assert 0 < urgent["noul"] < 1
+    assert team["choice"] in ("billing", "technical") and set(team["probabilities"]) == {"billing", "technical"}
+    assert frustration["legend"] == {"0": "Calm", "1": "Frustrated", "2": "Very angry: leaving"}
+    assert body["usage"]["output_tokens"] == 3 and "partial_failures" not in body
+
+
+def test_later_questions_about_one_state_read_it_from_the_prefix_cache(client):
+    questions = [{"type": "predicate", "instructions": f"Question {i}: is the customer {w}?"}
+                 for i, w in enumerate(["angry", "polite", "a business", "new"])]  # fmt: skip
+    body = decide(client, questions, extra={"detail": "full"})
+    audits = [a["extra"]["audit"] for a in body["answers"]]
+    state_tokens = min(a["input_tokens"] for a in audits) - 80
+    assert any(a["cached_input_tokens"] >= state_tokens for a in audits[1:]), audits
+    usage = body["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] == sum(a["cached_input_tokens"] for a in audits) > 0
+
+
+def test_same_question_same_probabilities_on_both_endpoints(client):
+    openai_body = decide(client, OPENAI_QUESTIONS[:2] + [{**OPENAI_QUESTIONS[2], "levels": [
+        {"label": "Calm"}, {"label": "Frustrated"}, {"label": "Very angry: leaving"}]}])  # fmt: skip
+    jev_body = client.post(
+        "/v1/systemone",
+        json={"state": STATE, "questions": {
+            "urgent": JEV_QUESTIONS["urgent"],
+            "team": {**JEV_QUESTIONS["team"], "criteria": {"billing": "Payments, refunds", "technical": None,
+                                                           "false": None}},
+            "frustration": JEV_QUESTIONS["frustration ✨"]}},
+    ).json()  # fmt: skip
+    urgent, team, score = openai_body["answers"]
+    jev = jev_body["answers"]
+    assert urgent["probability"] == pytest.approx(jev["urgent"]["noul"], abs=1e-6)
+    # A boolean false and the string "false" render alike, so the model sees the same prompt.
+    assert [p["probability"] for p in team["probabilities"]] == pytest.approx(
+        list(jev["team"]["probabilities"].values()), abs=1e-6
+    )
+    assert score["score"] == pytest.approx(jev["frustration"]["score"], abs=1e-6)
+
+
+def test_a_refusal_sits_beside_good_answers(client):
+    too_many = {"type": "choice", "name": "wide", "instructions": "Pick",
+                "choices": [{"value": f"option {i}"} for i in range(30)]}  # fmt: skip
+    body = decide(client, [OPENAI_QUESTIONS[0], too_many])
+    assert body["answers"][0]["type"] == "predicate"
+    assert body["answers"][1] == {
+        "type": "refusal",
+        "name": "wide",
+        "extra": {"error": body["answers"][1]["extra"]["error"]},
+    }
+    assert "at most 26" in body["answers"][1]["extra"]["error"]
+
+
+def test_when_every_question_fails_the_request_fails(client):
+    too_many = {"type": "choice", "instructions": "Pick", "choices": [{"value": f"o{i}"} for i in range(30)]}
+    response = client.post("/v1/decisions", json={"model": "m", "input": "x", "questions": [too_many]})
+    assert response.status_code == 400
+    assert "at most 26" in response.json()["error"]["message"]
+    jev = client.post("/v1/systemone", json={"state": "x", "questions": {"q": {
+        "type": "choice", "criteria": {f"o{i}": None for i in range(30)}}}})  # fmt: skip
+    assert jev.status_code == 422 and "at most 26" in jev.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"),
+    [
+        ("/v1/decisions", b"{not json", 400, "JSON"),
+        ("/v1/decisions", {"model": "m", "input": "x"}, 400, "questions"),
+        ("/v1/decisions", {"model": "m", "input": "x", "questions": [{"type": "predicate"}]}, 400, "instructions"),
+        ("/v1/decisions", {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x"}] * 17},
+         400, "VLLM_TYPED_DECISIONS_MAX_QUESTIONS"),
+        ("/v1/systemone", b"[1, 2", 422, "JSON"),
+        ("/v1/systemone", {"state": "x", "questions": {"q": {"type": "noul", "instrucions": "x"}}}, 422, "instrucions"),
+        ("/v1/systemone", {"state": "x", "questions": {}}, 422, "questions"),
+        ("/api/alpha/decisions", {"state": "x"}, 422, "questions"),
+    ],
+)  # fmt: skip
+def test_malformed_requests_get_a_clear_4xx(client, path, body, status, needle):
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
+    response = client.post(path, **kwargs)
+    assert response.status_code == status, response.text
+    assert needle in response.text
+    if status == 422:
+        assert all({"loc", "msg", "type"} <= set(d) for d in response.json()["detail"])
+    else:
+        assert response.json()["error"]["code"] == 400
