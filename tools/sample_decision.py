@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -36,6 +37,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--wait", type=float, default=0, help="seconds to wait for the server")
+    parser.add_argument("--server-pid", type=int, help="stop waiting if this process exits")
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}/v1/decisions"
     deadline = time.monotonic() + args.wait
@@ -46,6 +48,9 @@ def main() -> int:
                 break
         except httpx.TransportError:
             pass
+        if args.server_pid and not os.path.exists(f"/proc/{args.server_pid}"):
+            print("the server exited before answering", file=sys.stderr)
+            return 1
         if time.monotonic() > deadline:
             print(f"no decision answer from {url} within {args.wait:.0f} s", file=sys.stderr)
             return 1

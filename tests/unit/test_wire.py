@@ -82,6 +82,8 @@ async def test_detail_levels_trim_extra(service):
         ({"questions": [{"type": "noul", "instructions": "x"}]}, "questions[0].type"),
         ({"questions": []}, "questions"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text input only"),
+        ({"input": [{"role": "user", "content": 5}]}, "input[0].content"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}, "input[0]"),
         ({"extra": {"detail": "everything"}}, "extra.detail"),
         ({"extra": {"backend": "canvas"}}, "extra.backend"),
     ],

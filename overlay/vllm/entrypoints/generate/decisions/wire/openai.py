@@ -23,7 +23,7 @@ from ..questions import (
     level_options,
 )
 from ..service import Answer, Decision, DecisionService
-from .common import ExtraRequest, answer_extra, check_extra, response_id
+from .common import ExtraRequest, answer_extra, decide, response_id
 from .validation import validation_message
 
 
@@ -108,7 +108,9 @@ def input_text(value: str | list[dict[str, Any]]) -> str:
         if isinstance(content, str):
             texts.append(content)
             continue
-        for part_index, part in enumerate(content if isinstance(content, list) else []):
+        if not isinstance(content, list):
+            raise DecisionError(f"input[{index}].content: must be a string or a list of content parts")
+        for part_index, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "input_text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
@@ -223,10 +225,7 @@ def response_json(request: DecisionsRequest, names: list[str | None], decision: 
 
 async def create_decision(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
     request, state, names, questions = parse_request(body)
-    check_extra(request.extra, service)
-    decision = await service.decide(state, questions, request_id, request.extra.calibration_temperature)
-    if (failure := decision.first_failure()) is not None:
-        raise failure
+    decision = await decide(service, request.extra, state, questions, request_id)
     return response_json(request, names, decision)
 
 
