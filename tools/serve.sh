@@ -11,7 +11,7 @@ MODEL=${MODEL:-$MODELS/smollm2-135m-instruct}
 PORT=${PORT:-8000}
 ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enable-prefix-caching)
 if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then ARGS+=(--enforce-eager --block-size 32 --dtype bfloat16); fi
-VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" &
+VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" >&2 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
 echo "waiting for decisions on port $PORT (pid $SERVER)" >&2
