@@ -13,8 +13,8 @@ from vllm.entrypoints.generate.decisions.questions import (
     QuestionType,
     ScoreQuestion,
     choice_options,
+    content_text,
     get_question_type,
-    instructions_text,
     register_question_type,
 )
 
@@ -52,9 +52,9 @@ def test_unknown_question_fields_are_refused():
         NoulQuestion.model_validate({"type": "noul", "instructions": "x", "critera": {}})
 
 
-def test_json_instructions_render_as_indented_json():
-    assert instructions_text({"ask": "urgent?"}) == '{\n  "ask": "urgent?"\n}'
-    assert instructions_text(None) == ""
+def test_json_content_renders_as_indented_json():
+    assert content_text({"ask": "urgent?"}) == '{\n  "ask": "urgent?"\n}'
+    assert content_text(None) == ""
 
 
 def test_reserved_names_cannot_be_registered():

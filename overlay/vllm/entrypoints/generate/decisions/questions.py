@@ -53,16 +53,18 @@ class QuestionModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Instructions = str | dict[str, Any] | list[Any] | None
+# Jev lets instructions and criteria be text or any JSON value.
+Content = str | int | float | bool | dict[str, Any] | list[Any]
+Instructions = Content | None
 
 
-def instructions_text(instructions: Instructions) -> str:
-    """A criterion as prompt text: strings as they are, JSON values as indented JSON."""
-    if instructions is None:
+def content_text(content: Content | None) -> str:
+    """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept)."""
+    if content is None:
         return ""
-    if isinstance(instructions, str):
-        return instructions
-    return json.dumps(instructions, indent=2, ensure_ascii=False, sort_keys=False)
+    if isinstance(content, str):
+        return content
+    return json.dumps(content, indent=2, ensure_ascii=False)
 
 
 class QuestionType(ABC):
@@ -75,7 +77,7 @@ class QuestionType(ABC):
     jev_fields: ClassVar[tuple[str, ...]] = ()
 
     def instructions(self, question: Any) -> str:
-        return instructions_text(getattr(question, "instructions", None))
+        return content_text(getattr(question, "instructions", None))
 
     @abstractmethod
     def options(self, question: Any) -> Sequence[Option]:
@@ -98,8 +100,8 @@ def top_index(probabilities: Sequence[float]) -> int:
 
 
 class NoulCriteria(QuestionModel):
-    true: str | None = None
-    false: str | None = None
+    true: Content | None = None
+    false: Content | None = None
 
 
 class NoulQuestion(QuestionModel):
@@ -108,9 +110,9 @@ class NoulQuestion(QuestionModel):
     criteria: NoulCriteria | None = None
 
 
-def yes_no_options(when_yes: str | None = None, when_no: str | None = None) -> tuple[Option, Option]:
-    def text(word: str, when: str | None) -> str:
-        return f"{word}: {when}" if when else word
+def yes_no_options(when_yes: Content | None = None, when_no: Content | None = None) -> tuple[Option, Option]:
+    def text(word: str, when: Content | None) -> str:
+        return f"{word}: {content_text(when)}" if content_text(when) else word
 
     return (Option("true", True, text("Yes", when_yes), "yes"), Option("false", False, text("No", when_no), "no"))
 
@@ -135,15 +137,15 @@ class NoulType(QuestionType):
 class ChoiceQuestion(QuestionModel):
     type: Literal["choice"] = "choice"
     instructions: Instructions = None
-    criteria: dict[str, str | None]
+    criteria: dict[str, Content | None] = Field(min_length=2)
 
 
-def choice_options(items: Sequence[tuple[StrictStr | StrictBool, str | None]]) -> tuple[Option, ...]:
+def choice_options(items: Sequence[tuple[StrictStr | StrictBool, Content | None]]) -> tuple[Option, ...]:
     """Options for choice values (strings or booleans, kept typed), described or not."""
     options = []
     for value, description in items:
         shown = value if isinstance(value, str) else json.dumps(value)
-        text = f"{shown}: {description}" if description else shown
+        text = f"{shown}: {content_text(description)}" if content_text(description) else shown
         options.append(Option(json.dumps(value, ensure_ascii=False), value, text, shown))
     return tuple(options)
 
@@ -170,7 +172,8 @@ class ChoiceType(QuestionType):
 class ScoreQuestion(QuestionModel):
     type: Literal["score"] = "score"
     instructions: Instructions = None
-    criteria: list[str] = Field(min_length=1)
+    # Levels, lowest first; the map form some clients send is refused (its order is not a scale).
+    criteria: list[Content] = Field(min_length=2)
 
 
 def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...]:
@@ -188,7 +191,7 @@ class ScoreType(QuestionType):
     jev_fields = ("score", "confidence", "legend", "probabilities")
 
     def options(self, question: ScoreQuestion) -> Sequence[Option]:
-        return level_options([(text, None) for text in question.criteria])
+        return level_options([(content_text(level), None) for level in question.criteria])
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
         return {

@@ -86,8 +86,11 @@ class DecisionService:
             "decisions ready: backend=%s, T=%s (%s)", self.backend.name, self.temperature, self.temperature_source
         )
 
-    def check_limits(self, questions: Sequence[CompiledQuestion]) -> None:
-        """Refuse, before any model work, a request over a configured limit, naming the setting."""
+    def check_limits(self, questions: Sequence[CompiledQuestion], where: Sequence[str] | None = None) -> None:
+        """Refuse, before any model work, a request over a configured limit, naming the setting.
+
+        ``where`` names each question as its wire format does (``questions[0]``, ``questions.urgent``).
+        """
         s = self.settings
         if not questions:
             raise DecisionError("a request needs at least one question")
@@ -102,9 +105,9 @@ class DecisionService:
                 SCORE.name: (s.max_levels, "levels", "MAX_LEVELS"),
             }.get(q.qtype.name, (None, "", ""))
             if limit is not None and len(q.options) > limit:
+                name = where[index] if where else f"question {index}"
                 raise DecisionError(
-                    f"question {index} has {len(q.options)} {what}; the limit is {limit} "
-                    f"(set {PREFIX}{variable} to raise it)"
+                    f"{name} has {len(q.options)} {what}; the limit is {limit} (set {PREFIX}{variable} to raise it)"
                 )
 
     async def decide(
@@ -113,6 +116,7 @@ class DecisionService:
         questions: Sequence[CompiledQuestion],
         request_id: str,
         temperature: float | None = None,
+        where: Sequence[str] | None = None,
     ) -> Decision:
         """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
 
@@ -122,7 +126,7 @@ class DecisionService:
             raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
         if not self.ready:
             raise NotReadyError()
-        self.check_limits(questions)
+        self.check_limits(questions, where)
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
         reads = [self._answer(state, state_sha256, q, f"{request_id}-{i}", applied) for i, q in enumerate(questions)]

@@ -44,11 +44,17 @@ def check_extra(extra: ExtraRequest, service: DecisionService) -> None:
 
 
 async def decide(
-    service: DecisionService, extra: ExtraRequest, state: str, questions: list[CompiledQuestion], request_id: str
+    service: DecisionService,
+    extra: ExtraRequest,
+    state: str,
+    questions: list[CompiledQuestion],
+    where: list[str],
+    request_id: str,
 ) -> Decision:
-    """The decision for a parsed request; when no question could be answered, its first failure."""
+    """The decision for a parsed request; when no question could be answered, its first failure.
+    ``where`` names each question in the request, for error messages."""
     check_extra(extra, service)
-    decision = await service.decide(state, questions, request_id, extra.calibration_temperature)
+    decision = await service.decide(state, questions, request_id, extra.calibration_temperature, where)
     if (failure := decision.first_failure()) is not None:
         raise failure
     return decision

@@ -7,16 +7,15 @@ fields inside a question are refused, since a misspelled field could change an a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DecisionError
-from ..questions import CompiledQuestion, get_question_type
+from ..questions import CompiledQuestion, content_text, get_question_type
 from ..service import Answer, Decision, DecisionService
 from .common import ExtraRequest, answer_extra, decide, response_id
-from .validation import location
+from .validation import is_field_name, location
 
 
 class JevValidationError(DecisionError):
@@ -32,31 +31,38 @@ class JevValidationError(DecisionError):
 
     @classmethod
     def from_pydantic(cls, exc: ValidationError, loc: tuple[Any, ...] = ()) -> JevValidationError:
-        return cls(
-            [
-                {"loc": ["body", *loc, *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                for e in exc.errors(include_url=False)
-            ]
-        )
+        detail: list[dict[str, Any]] = []
+        for e in exc.errors(include_url=False):
+            entry = {
+                "loc": ["body", *loc, *(p for p in e["loc"] if is_field_name(p))],
+                "msg": e["msg"],
+                "type": e["type"],
+            }
+            if entry not in detail:
+                detail.append(entry)
+        return cls(detail)
 
 
 class SystemOneRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
+    model: Any = None  # Jev clients name their own models (jev-latest); the served model answers
     state: str | dict[str, Any] | list[Any]
-    questions: dict[str, dict[str, Any]] = Field(min_length=1)
+    questions: dict[str, Any] = Field(min_length=1)
     backend: str | None = None
     extra: ExtraRequest = Field(default_factory=ExtraRequest)
 
 
-def state_text(state: str | dict[str, Any] | list[Any]) -> str:
-    """Text as it is; a JSON object or array as indented JSON."""
-    return state if isinstance(state, str) else json.dumps(state, indent=2, ensure_ascii=False)
+# Jev's image-only question type: known, but not answerable by a text model.
+IMAGE_ONLY_TYPES = {"box": "box questions locate a region in an image; this server's model reads text only"}
 
 
-def compile_question(question_id: str, raw: dict[str, Any]) -> CompiledQuestion:
+def compile_question(question_id: str, raw: Any) -> CompiledQuestion:
+    if not isinstance(raw, dict):
+        raise JevValidationError.at(("questions", question_id), "a question must be an object")
     kind = raw.get("type")
+    if isinstance(kind, str) and kind in IMAGE_ONLY_TYPES:
+        raise JevValidationError.at(("questions", question_id, "type"), IMAGE_ONLY_TYPES[kind])
     qtype = get_question_type(kind) if isinstance(kind, str) else None
     if qtype is None:
         raise JevValidationError.at(("questions", question_id, "type"), f"unknown question type {kind!r}")
@@ -76,7 +82,7 @@ def parse_request(body: Any) -> tuple[SystemOneRequest, str, list[str], list[Com
             raise JevValidationError.at(("backend",), "send backend at the top level or under extra, not both")
         request.extra.backend = request.backend
     ids = list(request.questions)
-    return request, state_text(request.state), ids, [compile_question(i, request.questions[i]) for i in ids]
+    return request, content_text(request.state), ids, [compile_question(i, request.questions[i]) for i in ids]
 
 
 def answer_json(answer: Answer, detail: str) -> dict[str, Any]:
@@ -115,5 +121,6 @@ def response_json(request: SystemOneRequest, ids: list[str], decision: Decision)
 
 async def create_systemone(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
     request, state, ids, questions = parse_request(body)
-    decision = await decide(service, request.extra, state, questions, request_id)
+    where = [f"questions.{question_id}" for question_id in ids]
+    decision = await decide(service, request.extra, state, questions, where, request_id)
     return response_json(request, ids, decision)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, model_validator
+from pydantic import Field, StrictBool, StrictStr, ValidationError, field_validator
 
 from ..errors import DecisionError
 from ..questions import (
@@ -24,20 +24,10 @@ from ..questions import (
 )
 from ..service import Answer, Decision, DecisionService
 from .common import ExtraRequest, answer_extra, decide, response_id
+from .openai_input import QuestionPart, Strict, parse_items, parts_text, render_input
 from .validation import validation_message
 
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(Strict):
-    type: Literal["input_text"]
-    text: str
-    prompt_cache_breakpoint: dict[str, Any] | None = None
-
-
-Instructions = str | list[TextPart]
+Instructions = str | list[QuestionPart]
 
 
 class Named(Strict):
@@ -59,12 +49,13 @@ class ChoiceQuestion(Named):
     type: Literal["choice"]
     choices: list[Choice] = Field(min_length=2)
 
-    @model_validator(mode="after")
-    def _distinct(self) -> ChoiceQuestion:
-        seen = [(type(c.value), c.value) for c in self.choices]
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, choices: list[Choice]) -> list[Choice]:
+        seen = [(type(c.value), c.value) for c in choices]
         if len(set(seen)) != len(seen):
             raise ValueError("choice values must be distinct (a string and a boolean with the same text differ)")
-        return self
+        return choices
 
 
 class Level(Strict):
@@ -80,61 +71,42 @@ class ScoreQuestion(Named):
 BUILT_IN: dict[str, type[Named]] = {"predicate": PredicateQuestion, "choice": ChoiceQuestion, "score": ScoreQuestion}
 
 
+class PromptCacheOptions(Strict):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
 class DecisionsRequest(Strict):
     model: str
-    input: str | list[dict[str, Any]]
-    questions: list[dict[str, Any]] = Field(min_length=1)
+    input: str | list[Any]
+    questions: list[Any] = Field(min_length=1)
+    # OpenAI's caching and safety fields: accepted, with no effect here (vLLM's prefix cache is
+    # automatic and this server keeps no per-user state).
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     extra: ExtraRequest = Field(default_factory=ExtraRequest)
 
 
-def instructions_text(instructions: Instructions) -> str:
-    if isinstance(instructions, str):
-        return instructions
-    return "\n".join(part.text for part in instructions)
+def input_text(value: str | list[Any]) -> str:
+    """The input as one text: a string as it is, input items rendered in order."""
+    return value if isinstance(value, str) else render_input(parse_items(value))
 
 
-def input_text(value: str | list[dict[str, Any]]) -> str:
-    """The input as one text: a string as it is, message items' text parts joined in order."""
-    if isinstance(value, str):
-        return value
-    texts = []
-    for index, item in enumerate(value):
-        if item.get("type", "message") != "message" or "content" not in item:
-            raise DecisionError(f"input[{index}]: only message items are supported")
-        content = item["content"]
-        if isinstance(content, str):
-            texts.append(content)
-            continue
-        if not isinstance(content, list):
-            raise DecisionError(f"input[{index}].content: must be a string or a list of content parts")
-        for part_index, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "input_text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif kind == "input_image":
-                raise DecisionError(f"input[{index}].content[{part_index}]: text input only (this is a text model)")
-            else:
-                raise DecisionError(f"input[{index}].content[{part_index}]: unsupported content part {kind!r}")
-    return "\n".join(texts)
-
-
-def compile_question(index: int, raw: dict[str, Any]) -> tuple[str | None, CompiledQuestion]:
+def compile_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion]:
     """One question of the request as (its name, the compiled question).
 
     OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
     types are not: ``predicate`` is the yes/no type here).
     """
-    kind = raw.get("type")
-    if kind not in BUILT_IN:
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or kind not in BUILT_IN:
         return compile_plugin_question(index, raw)
     try:
         question = BUILT_IN[kind].model_validate(raw)
     except ValidationError as exc:
         raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
-    text = instructions_text(question.instructions)
+    text = parts_text(question.instructions, f"questions[{index}].instructions")
     if isinstance(question, PredicateQuestion):
         return question.name, NOUL.compile(NoulQuestion(instructions=text))
     if isinstance(question, ChoiceQuestion):
@@ -145,7 +117,9 @@ def compile_question(index: int, raw: dict[str, Any]) -> tuple[str | None, Compi
     return question.name, CompiledQuestion(SCORE, text, options)
 
 
-def compile_plugin_question(index: int, raw: dict[str, Any]) -> tuple[str | None, CompiledQuestion]:
+def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion]:
+    if not isinstance(raw, dict):
+        raise DecisionError(f"questions[{index}]: must be an object")
     kind = raw.get("type")
     qtype = get_question_type(kind) if isinstance(kind, str) else None
     if qtype is None or qtype.jev:
@@ -225,7 +199,8 @@ def response_json(request: DecisionsRequest, names: list[str | None], decision: 
 
 async def create_decision(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
     request, state, names, questions = parse_request(body)
-    decision = await decide(service, request.extra, state, questions, request_id)
+    where = [f"questions[{i}]" for i in range(len(questions))]
+    decision = await decide(service, request.extra, state, questions, where, request_id)
     return response_json(request, names, decision)
 
 

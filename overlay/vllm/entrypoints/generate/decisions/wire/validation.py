@@ -7,6 +7,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+# Error types that only say "this union branch didn't match"; a deeper error says more.
+BRANCH_MISMATCH = {"string_type", "list_type", "dict_type", "model_type", "bool_type", "int_type", "float_type"}
+
 
 def location(loc: tuple[Any, ...], prefix: str = "") -> str:
     """``("questions", 0, "choices")`` -> ``questions[0].choices``."""
@@ -16,11 +19,25 @@ def location(loc: tuple[Any, ...], prefix: str = "") -> str:
     return text or "body"
 
 
-def validation_message(exc: ValidationError, prefix: str = "") -> str:
-    """All errors of ``exc``, one ``field: message`` each, joined by ``; ``."""
-    parts = []
+def is_field_name(part: Any) -> bool:
+    """Union branches show up in locations as type names (``str``, ``list[TextPart]``...)."""
+    return isinstance(part, int) or (
+        part.isidentifier() and part not in {"str", "int", "float", "bool", "dict", "list"}
+    )
+
+
+def validation_message(exc: ValidationError, prefix: str = "", skip_first: bool = False) -> str:
+    """Each error as ``field: message``, joined by ``; ``; branch-mismatch noise left out when a
+    more specific error about the same field exists."""
+    errors = []
     for error in exc.errors(include_url=False):
-        # Tagged unions add the tag to the location; it names no field of the request.
-        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("function-", "str", "list["))))
-        parts.append(f"{location(loc, prefix)}: {error['msg']}")
-    return "; ".join(parts)
+        loc = tuple(error["loc"][1:] if skip_first else error["loc"])
+        errors.append((tuple(p for p in loc if is_field_name(p)), error["type"], error["msg"]))
+    specific = [e for e in errors if e[1] not in BRANCH_MISMATCH]
+    kept = [e for e in errors if e[1] not in BRANCH_MISMATCH or not any(s[0][: len(e[0])] == e[0] for s in specific)]
+    seen: list[str] = []
+    for loc, _, msg in kept:
+        line = f"{location(loc, prefix)}: {msg}"
+        if line not in seen:
+            seen.append(line)
+    return "; ".join(seen)
