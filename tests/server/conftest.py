@@ -77,9 +77,10 @@ class VllmServer:
         self.handle.close()
 
 
-def decisions_answer(server: VllmServer) -> bool:
+def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -> bool:
+    """Poll a decision request, not /health: decisions answer 503 until their startup work is done."""
     probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]}
-    return httpx.post(f"{server.url}/v1/decisions", json=probe, timeout=30).status_code == 200
+    return httpx.post(f"{server.url}/v1/decisions", json=probe, headers=headers, timeout=30).status_code == 200
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +96,7 @@ def server(tmp_path_factory) -> VllmServer:
     log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
     instance = VllmServer(model_path("smollm2-135m-instruct"), log, env, "--fail-on-environ-validation")
     try:
-        instance.wait(decisions_answer)
+        instance.wait(decisions_ready)
         yield instance
     finally:
         instance.stop()

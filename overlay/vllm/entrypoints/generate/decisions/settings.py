@@ -24,7 +24,11 @@ VARIABLES = (
     PREFIX + "MAX_QUESTIONS",
     PREFIX + "MAX_CHOICES",
     PREFIX + "MAX_LEVELS",
+    PREFIX + "MAX_BODY_BYTES",
 )
+
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 class SettingsError(ValueError):
@@ -46,6 +50,7 @@ class Settings:
     max_questions: int
     max_choices: int
     max_levels: int
+    max_body_bytes: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -56,6 +61,7 @@ class Settings:
             max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
+            max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
         )
 
 

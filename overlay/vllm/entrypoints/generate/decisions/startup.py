@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
+from typing import Any
 
 from starlette.datastructures import State
 
@@ -43,8 +44,18 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     backend = backend_cls(host, backend_options(backend_cls, settings.backend.args))
     service = DecisionService(settings, backend, host.served_model)
     state.decision_service = service
+    state.decision_auth = api_key_checker(args)
     state.decision_startup = asyncio.create_task(_start(service))
     logger.info("typed decisions enabled: backend %s for %s", backend.name, host.architectures)
+
+
+def api_key_checker(args: Namespace) -> Any:
+    """vLLM's own token check, for our routes outside the paths its middleware guards; None without keys."""
+    import vllm.envs as envs
+    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+    tokens = [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+    return AuthenticationMiddleware(app=None, tokens=tokens) if tokens else None
 
 
 async def _start(service: DecisionService) -> None:
