@@ -38,37 +38,46 @@ esac
 TARGET="$SITE/vllm/entrypoints/generate/decisions"
 [ -w "$SITE/vllm" ] || fail "$SITE/vllm is not writable"
 
-patch_state() {  # prints applied | stock | conflict
-  if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$PATCH" >/dev/null 2>&1); then echo applied
-  elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$PATCH" >/dev/null 2>&1); then echo stock
+# A copy of the patch as applied, so a later version of this overlay can take it back out first.
+APPLIED="$SITE/vllm/entrypoints/generate/.decisions-router.patch"
+patch_state() {  # $1: a patch file; prints applied | stock | conflict
+  if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo applied
+  elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo stock
   else echo conflict; fi
 }
-run_patch() { (cd "$SITE" && patch -p1 -s -f --fuzz=0 --no-backup-if-mismatch "$@" <"$PATCH"); }
+run_patch() { local file=$1; shift; (cd "$SITE" && patch -p1 -s -f --fuzz=0 --no-backup-if-mismatch "$@" <"$file"); }
 
-STATE=$(patch_state)
+# The patch vLLM carries now: the one recorded at install time, else (older installs) ours.
+CURRENT="$PATCH"; [ -f "$APPLIED" ] && CURRENT="$APPLIED"
+STATE=$(patch_state "$CURRENT")
 if [ "$MODE" = uninstall ]; then
   [ "$STATE" = conflict ] && fail "vLLM's patched files at $SITE differ from both stock and patched; not touching them"
   [ -e "$TARGET" ] || [ -L "$TARGET" ] && { rm -rf "$TARGET"; say "removed $TARGET"; }
-  [ "$STATE" = applied ] && { run_patch -R; say "reversed the router patch"; }
+  [ "$STATE" = applied ] && { run_patch "$CURRENT" -R; say "reversed the router patch"; }
+  rm -f "$APPLIED"
   say "vLLM $VERSION at $SITE is stock"
   exit 0
 fi
 
 [ "$STATE" = conflict ] && fail "the router patch does not apply to vLLM $VERSION at $SITE (files modified?)"
-PATCHED_NOW=0 STAGE= ASIDE= PLACED=0
+OLD_REVERSED=0 PATCHED_NOW=0 STAGE= ASIDE= PLACED=0
 cleanup() {  # on failure, undo what this run did
   local rc=$?
   if [ $rc -ne 0 ]; then
     [ -n "$STAGE" ] && rm -rf "$STAGE"
     [ "$PLACED" = 1 ] && rm -rf "$TARGET"
     [ -n "$ASIDE" ] && mv "$ASIDE" "$TARGET"
-    [ "$PATCHED_NOW" = 1 ] && run_patch -R
+    [ "$PATCHED_NOW" = 1 ] && run_patch "$PATCH" -R
+    [ "$OLD_REVERSED" = 1 ] && run_patch "$CURRENT"
   fi
   exit $rc
 }
 trap cleanup EXIT
-if [ "$STATE" = stock ]; then run_patch; PATCHED_NOW=1; say "applied the router patch"; fi
-
+if [ "$STATE" = applied ] && ! cmp -s "$CURRENT" "$PATCH"; then
+  run_patch "$CURRENT" -R; OLD_REVERSED=1; STATE=stock; say "took out the previous version's router patch"
+  [ "$(patch_state "$PATCH")" = stock ] || fail "the router patch does not apply to vLLM $VERSION at $SITE"
+fi
+if [ "$STATE" = stock ]; then run_patch "$PATCH"; PATCHED_NOW=1; say "applied the router patch"; fi
 replace_target() {  # move the old package aside (restored on failure), put $1 in its place
   if [ -e "$TARGET" ] || [ -L "$TARGET" ]; then
     ASIDE=$(mktemp -u "$SITE/vllm/entrypoints/generate/.decisions-old.XXXXXX"); mv "$TARGET" "$ASIDE"
@@ -90,6 +99,7 @@ elif [ -L "$TARGET" ] || ! diff -rq -x __pycache__ "$PACKAGE" "$TARGET" >/dev/nu
   say "copied the package to $TARGET"
 fi
 "$PY" -m compileall -q "$TARGET" >/dev/null || fail "the installed package does not compile; see above"
+cmp -s "$PATCH" "$APPLIED" 2>/dev/null || cp "$PATCH" "$APPLIED"
 [ -n "$ASIDE" ] && rm -rf "$ASIDE"
 ASIDE=
 say "typed decisions installed into vLLM $VERSION at $SITE (enable with VLLM_ENABLE_TYPED_DECISIONS=1)"

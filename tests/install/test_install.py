@@ -64,9 +64,12 @@ def site(tmp_path: Path) -> Path:
     for name in PATCHED_FILES:
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(real_site / name, site / name)
-    if subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f"], cwd=site, stdin=PATCH.open(),
+    # The test environment itself has the overlay installed: take out the patch it recorded.
+    recorded = real_site / "vllm" / "entrypoints" / "generate" / ".decisions-router.patch"
+    applied = recorded if recorded.exists() else PATCH
+    if subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f"], cwd=site, stdin=applied.open(),
                       capture_output=True).returncode == 0:  # fmt: skip
-        subprocess.run(["patch", "-p1", "-R", "-s", "-f"], cwd=site, stdin=PATCH.open(), check=True)
+        subprocess.run(["patch", "-p1", "-R", "-s", "-f"], cwd=site, stdin=applied.open(), check=True)
     hashes = record_hashes()
     assert set(hashes) == set(PATCHED_FILES)
     for name in PATCHED_FILES:
@@ -138,3 +141,26 @@ def test_a_failure_after_patching_undoes_the_patch(site, tmp_path):
                             capture_output=True)  # fmt: skip
     assert result.returncode != 0
     assert tree(site) == before
+
+
+def test_upgrading_from_an_older_patch(site, tmp_path):
+    """A newer overlay takes the older version's patch out before applying its own."""
+    stock = tree(site)
+    old = tmp_path / "old-checkout"
+    shutil.copytree(ROOT / "overlay", old / "overlay")
+    (old / "patches").mkdir()
+    shutil.copy(INSTALL, old / "install.sh")
+    old_patch = PATCH.read_text().replace('"CALIBRATION_DIR",', '"CALIBRATION_FOLDER",')
+    assert old_patch != PATCH.read_text()
+    (old / "patches" / PATCH.name).write_text(old_patch)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    subprocess.run(["bash", str(old / "install.sh"), "--python", sys.executable], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    assert "CALIBRATION_FOLDER" in (site / "vllm" / "envs.py").read_text()
+
+    upgraded = install(site)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "took out the previous version's router patch" in upgraded.stdout
+    envs = (site / "vllm" / "envs.py").read_text()
+    assert "CALIBRATION_FOLDER" not in envs and '"CALIBRATION_DIR",' in envs
+    assert install(site, "--uninstall").returncode == 0 and tree(site) == stock

@@ -150,5 +150,3 @@ def test_unreachable_is_not_a_5xx(client):
         for path in ("/v1/decisions", "/v1/systemone"):
             response = client.post(path, json=body)
             assert 400 <= response.status_code < 500, (path, body, response.text)
-
-
