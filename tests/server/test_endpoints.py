@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from openai.types import Decision
 
 STATE = "Ticket: My payouts have been failing for 3 days and I need the money today. " * 12
 
@@ -25,6 +26,7 @@ JEV_QUESTIONS = {
 def decide(client, questions, **extra):
     response = client.post("/v1/decisions", json={"model": "any", "input": STATE, "questions": questions, **extra})
     assert response.status_code == 200, response.text
+    Decision.model_validate(response.json())  # every raw body is a valid OpenAI Decision
     return response.json()
 
 

@@ -161,3 +161,21 @@ async def test_same_question_same_probabilities_on_both_wires(service):
             b.instructions,
             [(o.key, o.text) for o in b.options],
         )
+
+
+@pytest.mark.parametrize(
+    "criteria",
+    [None, {}, {"true": "time-sensitive"}, {"false": "can wait"}, {"true": "now", "false": "later"}, "absent"],
+)
+async def test_every_form_of_noul_criteria(service, criteria):
+    question = {"type": "noul", "instructions": "Urgent?"}
+    if criteria != "absent":
+        question["criteria"] = criteria
+    body = await jev.create_systemone(service, {"state": "s", "questions": {"q": question}}, "r")
+    assert set(body["answers"]["q"]) == {"type", "noul", "extra"}
+
+
+async def test_names_need_not_be_unique(service):
+    questions = [{"type": "predicate", "name": "same", "instructions": "A?"}] * 2
+    body = await openai.create_decision(service, {"model": "m", "input": "s", "questions": questions}, "r")
+    assert [a["name"] for a in body["answers"]] == ["same", "same"]
