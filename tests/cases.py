@@ -64,7 +64,8 @@ OPENAI_INVALID: list[tuple[str, Any, str]] = [
     ("bad detail", openai(extra={"detail": "everything"}), "extra.detail"),
     ("zero temperature", openai(extra={"calibration_temperature": 0}), "extra.calibration_temperature"),
     ("unknown backend", openai(extra={"backend": "canvas"}), "extra.backend"),
-    ("backend options", openai(extra={"backend_options": {"readout": "direct"}}), "extra.backend_options"),
+    ("bad backend option", openai(extra={"backend_options": {"readout": "sideways"}}), "extra.backend_options"),
+    ("unknown backend option", openai(extra={"backend_options": {"speed": 2}}), "extra.backend_options"),
 ]  # fmt: skip
 
 JEV_BASE: dict[str, Any] = {

@@ -164,3 +164,15 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     envs = (site / "vllm" / "envs.py").read_text()
     assert "CALIBRATION_FOLDER" not in envs and '"CALIBRATION_DIR",' in envs
     assert install(site, "--uninstall").returncode == 0 and tree(site) == stock
+
+
+def test_the_optional_token_id_patch_applies_to_stock_vllm(tmp_path):
+    """patches/max-logprob-token-ids-v0.30.patch (not applied by install.sh) fits stock vLLM 0.30.0."""
+    import vllm
+
+    name = "vllm/sampling_params.py"
+    (tmp_path / "vllm").mkdir()
+    shutil.copy(Path(vllm.__file__).parent / "sampling_params.py", tmp_path / name)
+    optional = ROOT / "patches" / "max-logprob-token-ids-v0.30.patch"
+    subprocess.run(["patch", "-p1", "-s", "-f", "--fuzz=0"], cwd=tmp_path, stdin=optional.open(), check=True)
+    assert "MAX_LOGPROB_TOKEN_IDS = 512" in (tmp_path / name).read_text()

@@ -106,3 +106,20 @@ def server(tmp_path_factory) -> VllmServer:
 def client(server: VllmServer):
     with httpx.Client(base_url=server.url, timeout=120) as http:
         yield http
+
+
+TINY_QWEN_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_server(tmp_path_factory) -> VllmServer:
+    """A tiny random-weight model with Qwen's real vocabulary, decisions on, behind --api-key. Its
+    answers are noise, so the answer-slot self-check is switched off (MIN_OPTION_MASS=0)."""
+    log = tmp_path_factory.mktemp("tiny-qwen") / "vllm-serve.log"
+    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
+    instance = VllmServer(model_path("tiny-qwen2-random"), log, env, "--dtype", "float32", "--api-key", TINY_QWEN_KEY)
+    try:
+        instance.wait(lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}))
+        yield instance
+    finally:
+        instance.stop()

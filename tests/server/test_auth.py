@@ -7,22 +7,14 @@ import openai
 import pytest
 import typesafe_sdk
 
-from ..conftest import model_path
-from .conftest import VllmServer, decisions_ready
+from .conftest import TINY_QWEN_KEY
 
-KEY = "test-key-123"
+KEY = TINY_QWEN_KEY
 
 
 @pytest.fixture(scope="module")
-def keyed_server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("keyed") / "vllm-serve.log"
-    instance = VllmServer(model_path("tiny-qwen2-random"), log, {"VLLM_ENABLE_TYPED_DECISIONS": "1"},
-                          "--dtype", "float32", "--api-key", KEY)  # fmt: skip
-    try:
-        instance.wait(lambda s: decisions_ready(s, {"Authorization": f"Bearer {KEY}"}))
-        yield instance
-    finally:
-        instance.stop()
+def keyed_server(tiny_qwen_server):
+    return tiny_qwen_server
 
 
 BODIES = {

@@ -93,27 +93,30 @@ def test_same_question_same_probabilities_on_both_endpoints(client):
     assert score["score"] == pytest.approx(jev["frustration"]["score"], abs=1e-6)
 
 
+# A question whose prompt is longer than the server's context (--max-model-len 2048): refused, not cut.
+TOO_LONG = "Is any of this relevant? " + "word " * 2100
+
+
 def test_a_refusal_sits_beside_good_answers(client):
-    too_many = {"type": "choice", "name": "wide", "instructions": "Pick",
-                "choices": [{"value": f"option {i}"} for i in range(30)]}  # fmt: skip
-    body = decide(client, [OPENAI_QUESTIONS[0], too_many])
+    body = decide(client, [OPENAI_QUESTIONS[0], {"type": "predicate", "name": "long", "instructions": TOO_LONG}])
     assert body["answers"][0]["type"] == "predicate"
     assert body["answers"][1] == {
         "type": "refusal",
-        "name": "wide",
+        "name": "long",
         "extra": {"error": body["answers"][1]["extra"]["error"]},
     }
-    assert "at most 26" in body["answers"][1]["extra"]["error"]
+    assert "--max-model-len 2048" in body["answers"][1]["extra"]["error"]
 
 
 def test_when_every_question_fails_the_request_fails(client):
-    too_many = {"type": "choice", "instructions": "Pick", "choices": [{"value": f"o{i}"} for i in range(30)]}
-    response = client.post("/v1/decisions", json={"model": "m", "input": "x", "questions": [too_many]})
+    long_question = {"type": "predicate", "instructions": TOO_LONG}
+    response = client.post("/v1/decisions", json={"model": "m", "input": "x", "questions": [long_question]})
     assert response.status_code == 400
-    assert "at most 26" in response.json()["error"]["message"]
-    jev = client.post("/v1/systemone", json={"state": "x", "questions": {"q": {
-        "type": "choice", "criteria": {f"o{i}": None for i in range(30)}}}})  # fmt: skip
-    assert jev.status_code == 422 and "at most 26" in jev.json()["detail"][0]["msg"]
+    assert "--max-model-len 2048" in response.json()["error"]["message"]
+    jev = client.post(
+        "/v1/systemone", json={"state": "x", "questions": {"q": {"type": "noul", "instructions": TOO_LONG}}}
+    )
+    assert jev.status_code == 422 and "--max-model-len 2048" in jev.json()["detail"][0]["msg"]
 
 
 @pytest.mark.parametrize(

@@ -137,11 +137,11 @@ def test_refusal_beside_good_answers_in_the_openai_sdk(server):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     decision = client.decisions.create(model="m", input="Ticket.", questions=[
         {"type": "predicate", "name": "ok", "instructions": "Urgent?"},
-        {"type": "choice", "name": "wide", "instructions": "Pick", "choices": [{"value": f"o{i}"} for i in range(30)]},
+        {"type": "predicate", "name": "wide", "instructions": "Relevant? " + "word " * 2100},
     ])  # fmt: skip
     ok, wide = decision.answers
     assert ok.type == "predicate" and wide.type == "refusal" and wide.name == "wide"
-    assert "at most 26" in wide.model_extra["extra"]["error"]
+    assert "--max-model-len" in wide.model_extra["extra"]["error"]
 
 
 def test_unreachable_is_not_a_5xx(client):

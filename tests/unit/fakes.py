@@ -14,18 +14,35 @@ from vllm.entrypoints.generate.decisions.questions import CompiledQuestion
 
 
 class TokenizerHost(BackendHost):
-    """A host that renders and tokenizes with a real Hugging Face tokenizer; reads are scripted."""
+    """A host that renders and tokenizes with a real Hugging Face tokenizer; reads are scripted by
+    ``logprob(prompt_ids, token)``. ``drop`` makes exact reads lose ids, as under speculative decoding."""
 
-    def __init__(self, tokenizer, max_model_len: int = 4096, logprob: Callable[[int], float] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        max_model_len: int = 4096,
+        logprob: Callable[[list[int], int], float] | None = None,
+        max_logprobs: int = 20,
+        drop: Callable[[int], bool] | None = None,
+        chat_template: str | None = None,
+    ):
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.served_model = "fake-model"
         self.max_model_len = max_model_len
         self.architectures = ("FakeForCausalLM",)
-        self.logprob = logprob or (lambda token: -1.0 - (token % 7) / 10)
+        self.max_logprobs = max_logprobs
+        self.max_logprob_token_ids = 128
+        self.logprobs_mode = "raw_logprobs"
+        self.logprob = logprob or (lambda prompt, token: -1.0 - (token % 7) / 10)
+        self.drop = drop or (lambda token: False)
         self.reads: list[tuple[list[int], list[int]]] = []
+        self.top_reads: list[tuple[list[int], int]] = []
 
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
+        )
         return self.encode(text)
 
     def encode(self, text: str) -> list[int]:
@@ -39,7 +56,13 @@ class TokenizerHost(BackendHost):
 
     async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
         self.reads.append((prompt_ids, token_ids))
-        return TokenRead({t: self.logprob(t) for t in token_ids}, len(prompt_ids), 0)
+        return TokenRead({t: self.logprob(prompt_ids, t) for t in token_ids if not self.drop(t)}, len(prompt_ids), 0)
+
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+        self.top_reads.append((prompt_ids, k))
+        scores = {t: self.logprob(prompt_ids, t) for t in range(len(self.tokenizer))}
+        top = sorted(scores, key=scores.__getitem__, reverse=True)[:k]
+        return TokenRead({t: scores[t] for t in top}, len(prompt_ids), 0)
 
 
 class ScriptedBackend(DecisionBackend):
@@ -55,7 +78,7 @@ class ScriptedBackend(DecisionBackend):
         self.in_flight = 0
         self.most_in_flight = 0
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str) -> Reading:
+    async def read(self, state: str, question: CompiledQuestion, request_id: str, options=None) -> Reading:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:

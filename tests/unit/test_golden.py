@@ -1,4 +1,5 @@
-"""The logit prompt, pinned byte for byte per render version (tests/golden/<render_version>.json).
+"""The logit prompts, pinned byte for byte per render version (tests/golden/<render_version>.json):
+every question type and readout, on two chat templates (SmolLM2's ChatML, and a Llama-3-style one).
 
 A change to the prompt text must come with a new RENDER_VERSION and a new golden file:
 regenerate it with ``python -m tests.unit.test_golden`` and review the diff.
@@ -6,10 +7,16 @@ regenerate it with ``python -m tests.unit.test_golden`` and review the diff.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import RENDER_VERSION, messages, option_letters
+from transformers import AutoTokenizer
+
+from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.backends.logit.labels import LabelCatalog
+from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
+from vllm.entrypoints.generate.decisions.backends.logit.prompt import RENDER_VERSION
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
     NOUL,
@@ -21,25 +28,48 @@ from vllm.entrypoints.generate.decisions.questions import (
     choice_options,
 )
 
-from ..conftest import ROOT
+from ..conftest import ROOT, model_path
+from .fakes import TokenizerHost
 
 GOLDEN = ROOT / "tests" / "golden" / f"{RENDER_VERSION}.json"
 STATE = "Ticket: My payouts have been failing for 3 days."
-QUESTIONS = {
-    "noul": NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})),
-    "choice": CHOICE.compile(
-        ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})
-    ),
-    "typed_choice": CompiledQuestion(CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])),
-    "score": SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry"])),
-}
+LLAMA3_STYLE = (
+    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+TEMPLATES = {"smollm2-chatml": None, "llama3-style": LLAMA3_STYLE}
+CASES = {
+    "noul": (NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})), {}),
+    "choice": (CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
+               {}),
+    "typed_choice": (CompiledQuestion(CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])), {}),
+    "score": (SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry"])), {}),
+    "wide_direct": (CHOICE.compile(ChoiceQuestion(instructions="Which city?",
+                                                  criteria={f"city {i}": None for i in range(28)})), {}),
+    "two_stage": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
+                                                criteria={"billing": "Payments", "tech": None, "sales": None})),
+                  {"readout": "two-stage", "shortlist": 2}),
+}  # fmt: skip
 
 
-def rendered() -> dict[str, list[dict[str, str]]]:
-    return {name: messages(STATE, q, option_letters(len(q.options))) for name, q in QUESTIONS.items()}
+async def prompts_for(template: str | None) -> dict[str, list[str]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_path("smollm2-135m-instruct"))
+    rendered: dict[str, list[str]] = {}
+    for name, (question, options) in CASES.items():
+        host = TokenizerHost(tokenizer, chat_template=template)
+        backend = LogitBackend(host, LogitOptions(logprobs="exact", **options))
+        backend.catalog = LabelCatalog(backend.catalog.markers, ("AA", "AB"))
+        backend.runner.catalog = backend.catalog
+        await backend.read(STATE, question, "golden")
+        rendered[name] = sorted(host.decode(prompt) for prompt, _ in host.reads)
+    return rendered
 
 
-def test_prompt_matches_the_golden_file():
+def rendered() -> dict[str, dict[str, list[str]]]:
+    return {name: asyncio.run(prompts_for(template)) for name, template in TEMPLATES.items()}
+
+
+def test_prompts_match_the_golden_file():
     assert GOLDEN.exists(), f"no golden file for {RENDER_VERSION}: run python -m tests.unit.test_golden"
     assert rendered() == json.loads(GOLDEN.read_text())
 

@@ -22,8 +22,8 @@ from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from .errors import DecisionError, NotReadyError
 from .routing import decision_route
 from .service import DecisionService
+from .validation import location
 from .wire import jev, openai
-from .wire.validation import location
 
 
 def openai_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> JSONResponse:

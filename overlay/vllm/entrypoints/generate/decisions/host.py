@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TokenRead:
-    """Log-probabilities of chosen tokens at the position after a prompt, with token accounting."""
+    """Next-token log-probabilities at the position after a prompt, with token accounting.
+
+    For an exact read, ``logprobs`` holds the requested ids the engine returned (an incomplete read,
+    as under speculative decoding, lacks some); for a top-k read, the k most likely tokens.
+    """
 
     logprobs: dict[int, float]
     prompt_tokens: int
@@ -34,6 +38,12 @@ class BackendHost(ABC):
     served_model: str
     max_model_len: int
     architectures: tuple[str, ...]
+    # --max-logprobs: the widest top-k read (-1: the whole vocabulary).
+    max_logprobs: int
+    # MAX_LOGPROB_TOKEN_IDS: the most token ids one exact read may name.
+    max_logprob_token_ids: int
+    # --logprobs-mode: only "raw_logprobs" returns true log-probabilities.
+    logprobs_mode: str
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -56,6 +66,11 @@ class BackendHost(ABC):
         """One forward pass over ``prompt_ids``: the next-token log-probability of each of
         ``token_ids`` over the full vocabulary. No token is kept."""
 
+    @abstractmethod
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+        """One forward pass over ``prompt_ids``: the ``k`` most likely next tokens and their
+        log-probabilities (``k = -1``: the whole vocabulary)."""
+
 
 class VllmHost(BackendHost):
     """:class:`BackendHost` over a running vLLM engine client."""
@@ -72,6 +87,11 @@ class VllmHost(BackendHost):
         model_config = engine_client.model_config
         self.max_model_len = model_config.max_model_len
         self.architectures = tuple(getattr(model_config.hf_config, "architectures", None) or ())
+        self.max_logprobs = model_config.max_logprobs
+        self.logprobs_mode = str(model_config.logprobs_mode)
+        from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+        self.max_logprob_token_ids = MAX_LOGPROB_TOKEN_IDS
         self.renderer = engine_client.renderer
         self.tokenizer = self.renderer.get_tokenizer()
         self._chat_template = chat_template
@@ -86,9 +106,21 @@ class VllmHost(BackendHost):
         )
 
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            return await self._render(messages, self._chat_template_kwargs)
+        except Exception:
+            # Some templates refuse the thinking-off switch; render those without it.
+            if "enable_thinking" not in self._chat_template_kwargs:
+                raise
+            kwargs = {k: v for k, v in self._chat_template_kwargs.items() if k != "enable_thinking"}
+            ids = await self._render(messages, kwargs)
+            self._chat_template_kwargs = kwargs
+            return ids
+
+    async def _render(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> list[int]:
         from vllm.renderers.params import ChatParams
 
-        params = ChatParams(chat_template=self._chat_template, chat_template_kwargs=self._chat_template_kwargs)
+        params = ChatParams(chat_template=self._chat_template, chat_template_kwargs=kwargs)
         _, prompt = await self.renderer.render_messages_async(messages, params)
         if "prompt_token_ids" in prompt:
             return list(prompt["prompt_token_ids"])
@@ -104,26 +136,33 @@ class VllmHost(BackendHost):
         return self._special_ids
 
     async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
-        from vllm.inputs import tokens_input
         from vllm.sampling_params import SamplingParams
 
         # logprob_token_ids returns full-vocabulary log-probabilities of exactly these ids.
         # prompt_logprobs stays unset: it would switch off prefix-cache reads.
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids)
+        read = await self._read(prompt_ids, params, request_id)
+        wanted = set(token_ids)
+        return TokenRead(
+            {t: v for t, v in read.logprobs.items() if t in wanted}, read.prompt_tokens, read.cached_tokens
+        )
+
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+        from vllm.sampling_params import SamplingParams
+
+        return await self._read(prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, logprobs=k), request_id)
+
+    async def _read(self, prompt_ids: list[int], params: Any, request_id: str) -> TokenRead:
+        from vllm.inputs import tokens_input
+
         final = None
         async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
             final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise DecisionError("the engine returned no log-probabilities", HTTPStatus.INTERNAL_SERVER_ERROR)
         position = final.outputs[0].logprobs[0]
-        missing = [t for t in token_ids if t not in position]
-        if missing:
-            raise DecisionError(
-                f"the engine returned no log-probability for token ids {missing}",
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-            )
         return TokenRead(
-            logprobs={t: float(position[t].logprob) for t in token_ids},
+            logprobs={int(t): float(p.logprob) for t, p in position.items()},
             prompt_tokens=len(prompt_ids),
             cached_tokens=int(final.num_cached_tokens or 0),
         )

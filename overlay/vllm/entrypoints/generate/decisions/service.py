@@ -117,6 +117,7 @@ class DecisionService:
         request_id: str,
         temperature: float | None = None,
         where: Sequence[str] | None = None,
+        backend_options: dict[str, Any] | None = None,
     ) -> Decision:
         """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
 
@@ -127,9 +128,12 @@ class DecisionService:
         if not self.ready:
             raise NotReadyError()
         self.check_limits(questions, where)
+        options = self.backend.request_options(backend_options)
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
-        reads = [self._answer(state, state_sha256, q, f"{request_id}-{i}", applied) for i, q in enumerate(questions)]
+        reads = [
+            self._answer(state, state_sha256, q, f"{request_id}-{i}", applied, options) for i, q in enumerate(questions)
+        ]
         return Decision(self.served_model, list(await asyncio.gather(*reads)))
 
     async def _answer(
@@ -139,9 +143,10 @@ class DecisionService:
         question: CompiledQuestion,
         request_id: str,
         applied: tuple[float, str],
+        options: Any,
     ) -> Answer | Failure:
         try:
-            reading = await self.backend.read(state, question, request_id)
+            reading = await self.backend.read(state, question, request_id, options)
         except DecisionError as exc:
             return Failure(question, exc)
         except Exception as exc:  # a fault in one question must not sink the others

@@ -25,6 +25,7 @@ VARIABLES = (
     PREFIX + "MAX_CHOICES",
     PREFIX + "MAX_LEVELS",
     PREFIX + "MAX_BODY_BYTES",
+    PREFIX + "MIN_OPTION_MASS",
 )
 
 
@@ -51,6 +52,7 @@ class Settings:
     max_choices: int
     max_levels: int
     max_body_bytes: int
+    min_option_mass: float
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -62,6 +64,7 @@ class Settings:
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
             max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
+            min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
         )
 
 
@@ -115,4 +118,17 @@ def _positive_float(env: Mapping[str, str], name: str) -> float | None:
         raise SettingsError(f"{name}={raw!r}: expected a number") from None
     if not value > 0 or value == float("inf"):
         raise SettingsError(f"{name}={raw!r}: must be a positive finite number")
+    return value
+
+
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(f"{name}={raw!r}: must be between 0 and 1")
     return value

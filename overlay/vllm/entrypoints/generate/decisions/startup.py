@@ -41,7 +41,7 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
         chat_template_kwargs=resolve_default_chat_template_kwargs(args),
     )
     backend_cls = choose_backend(settings.backend, host.architectures)
-    backend = backend_cls(host, backend_options(backend_cls, settings.backend.args))
+    backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
     service = DecisionService(settings, backend, host.served_model)
     state.decision_service = service
     state.decision_auth = api_key_checker(args)

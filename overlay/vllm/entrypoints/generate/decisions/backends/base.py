@@ -7,10 +7,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from ..errors import DecisionError
 from ..host import BackendHost
 from ..questions import CompiledQuestion
+from ..settings import Settings
+from ..validation import validation_message
 
 
 @dataclass
@@ -46,13 +49,27 @@ class DecisionBackend(ABC):
     # Names the prompt layout, so answers and saved calibrations can say which prompt they saw.
     render_version: ClassVar[str] = "none"
 
-    def __init__(self, host: BackendHost, options: BaseModel | None = None) -> None:
+    def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
         self.host = host
         self.options = options
+        self.settings = settings or Settings.from_env({})
+
+    def request_options(self, overrides: dict[str, Any] | None) -> Any:
+        """The startup options with a request's ``backend_options`` laid over them, validated."""
+        if not overrides:
+            return self.options
+        if self.options_model is None:
+            raise DecisionError(f"extra.backend_options: the {self.name!r} backend takes no per-request options")
+        base = self.options.model_dump() if self.options is not None else {}
+        try:
+            return self.options_model.model_validate({**base, **overrides})
+        except ValidationError as exc:
+            raise DecisionError(validation_message(exc, "extra.backend_options")) from None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Startup work done once before the first request (self-checks, caches)."""
 
     @abstractmethod
-    async def read(self, state: str, question: CompiledQuestion, request_id: str) -> Reading:
-        """Score every option of ``question`` about ``state``."""
+    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+        """Score every option of ``question`` about ``state``; ``options`` are this request's
+        (from :meth:`request_options`), or None for the startup options."""

@@ -39,8 +39,6 @@ def check_extra(extra: ExtraRequest, service: DecisionService) -> None:
         raise DecisionError(
             f"extra.backend={extra.backend!r}: this server has loaded only the {service.backend.name!r} backend"
         )
-    if extra.backend_options:
-        raise DecisionError(f"extra.backend_options: the {service.backend.name!r} backend takes no per-request options")
 
 
 async def decide(
@@ -54,7 +52,9 @@ async def decide(
     """The decision for a parsed request; when no question could be answered, its first failure.
     ``where`` names each question in the request, for error messages."""
     check_extra(extra, service)
-    decision = await service.decide(state, questions, request_id, extra.calibration_temperature, where)
+    decision = await service.decide(
+        state, questions, request_id, extra.calibration_temperature, where, backend_options=extra.backend_options
+    )
     if (failure := decision.first_failure()) is not None:
         raise failure
     return decision

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import DecisionError
 from ..questions import CompiledQuestion, content_text, get_question_type
 from ..service import Answer, Decision, DecisionService
+from ..validation import is_field_name, location
 from .common import ExtraRequest, answer_extra, decide, response_id
-from .validation import is_field_name, location
 
 
 class JevValidationError(DecisionError):

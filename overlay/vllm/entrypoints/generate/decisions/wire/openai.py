@@ -23,9 +23,9 @@ from ..questions import (
     level_options,
 )
 from ..service import Answer, Decision, DecisionService
+from ..validation import validation_message
 from .common import ExtraRequest, answer_extra, decide, response_id
 from .openai_input import QuestionPart, Strict, parse_items, parts_text, render_input
-from .validation import validation_message
 
 Instructions = str | list[QuestionPart]
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 
 from ..errors import DecisionError
 from ..questions import content_text
-from .validation import validation_message
+from ..validation import validation_message
 
 
 class Strict(BaseModel):

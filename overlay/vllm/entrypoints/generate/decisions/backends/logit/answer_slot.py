@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where the model's next token is its answer, and which token each option label is there.
 
-The rendered chat prompt ends on the assistant's turn. We add a short answer cue to the last
-plain-text run (the text after the last special token) and re-tokenize that run, so the cue joins
-the prompt exactly as the tokenizer would have produced it. A label is read at the token that
-follows the cue: it must be a single token that leaves the prompt's tokens unchanged and decodes
-back to the label, or the question is refused (reading a different token would report the wrong
-probability).
+The rendered chat prompt ends on the assistant's turn. Some templates leave something open there (a
+reasoning block, an output channel): we close it. Then comes an optional empty reasoning block (chosen
+by the startup self-check for models that start one by themselves) and a short answer cue. The last
+plain-text run (the text after the last special token) is re-tokenized with the cue, so the prompt is
+tokenized exactly as the tokenizer would have done it. A label is read at the token that follows the
+cue: it must be a single token that leaves the prompt's tokens unchanged and decodes back to the label,
+or the question is refused (reading a different token would report the wrong probability).
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from ...host import BackendHost
 
 ANSWER_CUE = "Answer:"
 
+# Endings some templates leave open whatever the thinking switch says, and what closes them.
+OPEN_ENDINGS = (
+    ("<|start|>assistant", "<|channel|>final<|message|>"),  # GPT-OSS (harmony): pick the final channel
+    ("<think>", "</think>"),  # GLM-5.x: an opened reasoning block
+    ("<think>\n", "</think>\n"),
+)
+
+# Empty reasoning blocks the self-check may prefill, for models that open one by themselves.
+EMPTY_REASONING_BLOCKS = (("<think>", "\n\n</think>\n\n"), ("[THINK]", "[/THINK]"))
+
 
 @dataclass(frozen=True)
 class AnswerSlot:
@@ -29,28 +40,64 @@ class AnswerSlot:
 class AnswerSlotPlacer:
     """Places the answer cue and finds the label tokens; label tokens are cached per prompt ending."""
 
-    def __init__(self, host: BackendHost, cue: str = ANSWER_CUE) -> None:
+    def __init__(self, host: BackendHost, cue: str = ANSWER_CUE, reasoning_block: str = "") -> None:
         self.host = host
         self.cue = cue
+        self.reasoning_block = reasoning_block
         self._labels: dict[tuple[str, str], int] = {}
 
-    def place(self, rendered_ids: Sequence[int], labels: Sequence[str]) -> AnswerSlot:
+    def ending(self, rendered_ids: Sequence[int]) -> tuple[int, str]:
+        """Where the last plain-text run starts, and the text that replaces everything from there."""
         special = self.host.special_token_ids()
         start = len(rendered_ids)
         while start > 0 and rendered_ids[start - 1] not in special:
             start -= 1
-        tail_text = self.host.decode(rendered_ids[start:]) + self.cue
+        closing = ""
+        tail_with_markers = self.host.decode(rendered_ids[max(0, start - 4) :])
+        for opener, closer in OPEN_ENDINGS:
+            if tail_with_markers.endswith(opener):
+                closing = closer
+                break
+        return start, self.host.decode(rendered_ids[start:]) + closing + self.reasoning_block + self.cue
+
+    def place(self, rendered_ids: Sequence[int], labels: Sequence[str]) -> AnswerSlot:
+        start, tail_text = self.ending(rendered_ids)
         tail_ids = self.host.encode(tail_text)
-        label_ids = [self._label_id(tail_text, tail_ids, label) for label in labels]
+        label_ids = [self.label_id(tail_text, tail_ids, label) for label in labels]
         return AnswerSlot(list(rendered_ids[:start]) + tail_ids, label_ids)
 
-    def _label_id(self, tail_text: str, tail_ids: list[int], label: str) -> int:
+    def label_id(self, tail_text: str, tail_ids: list[int], label: str) -> int:
         key = (tail_text, label)
         if key not in self._labels:
             ids = self.host.encode(f"{tail_text} {label}")
             if len(ids) != len(tail_ids) + 1 or ids[: len(tail_ids)] != tail_ids:
                 raise DecisionError(f"option label {label!r} is not a single token after the answer cue")
-            if self.host.decode(ids[-1:]).strip() != label:
+            # SentencePiece tokenizers may decode a lone token with its word marker (U+2581) for the space.
+            if self.host.decode(ids[-1:]).replace("\u2581", " ").strip() != label:
                 raise DecisionError(f"option label {label!r} does not decode back to itself")
             self._labels[key] = ids[-1]
         return self._labels[key]
+
+    def single_token_labels(self, rendered_ids: Sequence[int], candidates: Sequence[str]) -> list[str]:
+        """The candidates that are single tokens at this prompt's answer slot, in order."""
+        _, tail_text = self.ending(rendered_ids)
+        tail_ids = self.host.encode(tail_text)
+        usable = []
+        for label in candidates:
+            try:
+                self.label_id(tail_text, tail_ids, label)
+            except DecisionError:
+                continue
+            usable.append(label)
+        return usable
+
+
+def supported_reasoning_blocks(host: BackendHost) -> list[str]:
+    """The empty reasoning blocks whose markers are single special tokens of this tokenizer."""
+    blocks = []
+    special = host.special_token_ids()
+    for opener, closer in EMPTY_REASONING_BLOCKS:
+        marker_ids = [host.encode(opener), host.encode(closer.strip())]
+        if all(len(ids) == 1 and ids[0] in special for ids in marker_ids):
+            blocks.append(opener + closer)
+    return blocks

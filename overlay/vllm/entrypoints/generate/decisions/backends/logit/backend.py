@@ -1,54 +1,77 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The logit backend's read: one forward pass, log-probabilities of the option letters."""
+"""The logit backend: next-token log-probabilities over option labels, for any generative model."""
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
-from pydantic import BaseModel
+from vllm.logger import init_logger
 
-from ...errors import DecisionError
 from ...host import BackendHost
 from ...questions import CompiledQuestion
+from ...settings import PREFIX, Settings, SettingsError
 from ..base import DecisionBackend, Reading
 from .answer_slot import AnswerSlotPlacer
-from .prompt import RENDER_VERSION, messages, option_letters
+from .labels import LabelCatalog, pair_candidates
+from .options import LogitOptions
+from .prompt import RENDER_VERSION, messages
+from .readouts import ReadoutRunner, plan
+from .self_check import PROBES, self_check
 
-DIRECT_CAPACITY = 26
+logger = init_logger(__name__)
 
 
 class LogitBackend(DecisionBackend):
     name = "logit"
     render_version = RENDER_VERSION
+    options_model = LogitOptions
 
-    def __init__(self, host: BackendHost, options: BaseModel | None = None) -> None:
-        super().__init__(host, options)
-        self.slot = AnswerSlotPlacer(host)
+    def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
+        super().__init__(host, options or LogitOptions(), settings)
+        markers = self.options.markers
+        # The default 26 letters may exceed the default window (20): top-k then floors the rest. A marker
+        # set someone configured on purpose must fit, or the configuration is refused.
+        explicit = "markers" in self.options.model_fields_set
+        if explicit and host.max_logprobs != -1 and len(markers) > host.max_logprobs:
+            raise SettingsError(
+                f"{PREFIX}BACKEND: {len(markers)} markers can't all fit a top-k read of "
+                f"--max-logprobs {host.max_logprobs}; raise --max-logprobs or configure fewer markers"
+            )
+        self.placer = AnswerSlotPlacer(host)
+        self.catalog = LabelCatalog(tuple(markers), ())
+        self.runner = ReadoutRunner(host, self.placer, self.catalog)
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str) -> Reading:
-        count = len(question.options)
-        if count > DIRECT_CAPACITY:
-            raise DecisionError(
-                f"this question has {count} options; the logit backend's direct readout reads at most "
-                f"{DIRECT_CAPACITY} (one letter each)"
+    async def start(self) -> None:
+        host = self.host
+        if host.logprobs_mode != "raw_logprobs":
+            raise RuntimeError(
+                f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
+                "the logit backend needs raw_logprobs (the default)"
             )
-        letters = option_letters(count)
-        rendered = await self.host.render_chat(messages(state, question, letters))
-        slot = self.slot.place(rendered, letters)
-        limit = self.host.max_model_len
-        if len(slot.prompt_ids) >= limit:
-            raise DecisionError(
-                f"the rendered prompt has {len(slot.prompt_ids)} tokens; the model's context "
-                f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
-            )
-        read = await self.host.read_token_logprobs(slot.prompt_ids, slot.label_ids, request_id)
-        scores = [read.logprobs[token] for token in slot.label_ids]
-        return Reading(
-            scores=scores,
-            forward_passes=1,
-            input_tokens=read.prompt_tokens,
-            cached_input_tokens=read.cached_tokens,
-            readout="direct",
-            option_mass=sum(math.exp(s) for s in scores),
-            audit={"label_layout": "direct"},
+        minimum = self.settings.min_option_mass
+        check = await self_check(host, self.placer, self.catalog, minimum)
+        if not check.passed:
+            raise RuntimeError(check.failure(minimum, f"{PREFIX}MIN_OPTION_MASS"))
+        state, question = PROBES[0]
+        rendered = await host.render_chat(messages(state, question, ["A", "B"]))
+        pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
+        self.catalog = LabelCatalog(self.catalog.markers, tuple(pairs))
+        self.runner = ReadoutRunner(host, self.placer, self.catalog)
+        logger.info("decision answer slot: option mass %.3f%s", check.option_mass,
+                    f" with reasoning block {check.reasoning_block!r}" if check.reasoning_block else "")  # fmt: skip
+        logger.info(self.describe_limits())
+
+    def describe_limits(self) -> str:
+        markers, wide, cap = len(self.catalog.markers), self.catalog.wide_capacity, self.host.max_logprob_token_ids
+        window = self.host.max_logprobs
+        return (
+            f"decision readouts: direct up to {markers}, wide-direct up to {min(wide, cap)} (exact), "
+            f"top-k wide-direct up to {wide}, two-stage beyond (read limits: max_logprobs={window}, "
+            f"token-id cap={cap}); logit logprobs: {self.options.logprobs}"
+            + (f" (window {window} = --max-logprobs)" if self.options.logprobs == "top-k" else "")
         )
+
+    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+        options = options or self.options
+        chosen = plan(len(question.options), options, self.catalog, self.host.max_logprob_token_ids)
+        return await self.runner.run(chosen, state, question, options, request_id)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The logit backend's prompt: the state first, then the criterion, then lettered options.
+"""The logit backend's prompt: the state first, then the criterion, then labelled options.
 
 The state comes first so that every question about one state shares a token prefix, which vLLM's
 prefix cache then prefills once. ``RENDER_VERSION`` names this exact layout; tests/golden pins it
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...questions import CompiledQuestion
+from ...questions import NOUL, CompiledQuestion, Option, yes_no_options
 
 RENDER_VERSION = "direct-letters-2026-11-30.1"
 
@@ -20,21 +20,26 @@ SYSTEM_PROMPT = (
 )
 
 
-def option_letters(count: int) -> list[str]:
-    """A, B, C ... for up to 26 options."""
-    if count > 26:
-        raise ValueError("the direct readout has 26 letters")
-    return [chr(ord("A") + i) for i in range(count)]
+def answer_instruction(labels: Sequence[str]) -> str:
+    if all(len(label) == 1 for label in labels):
+        return f"Answer with one letter ({labels[0]}-{labels[-1]})."
+    return f"Answer with the label of one option ({labels[0]}-{labels[-1]})."
 
 
-def question_text(question: CompiledQuestion, letters: Sequence[str]) -> str:
+def question_text(question: CompiledQuestion, labels: Sequence[str]) -> str:
     lines = [f"Question: {question.instructions}".rstrip(), "", "Options:"]
-    lines += [f"{letter}. {option.text}" for letter, option in zip(letters, question.options, strict=True)]
-    lines += ["", f"Answer with one letter ({letters[0]}-{letters[-1]})."]
+    lines += [f"{label}. {option.text}" for label, option in zip(labels, question.options, strict=True)]
+    lines += ["", answer_instruction(labels)]
     return "\n".join(lines)
 
 
-def messages(state: str, question: CompiledQuestion, letters: Sequence[str]) -> list[dict[str, str]]:
+def messages(state: str, question: CompiledQuestion, labels: Sequence[str]) -> list[dict[str, str]]:
     """Chat messages for one question; everything before the question text depends only on the state."""
-    user = f"Document:\n{state}\n\n{question_text(question, letters)}"
+    user = f"Document:\n{state}\n\n{question_text(question, labels)}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion:
+    """Two-stage's first stage: does this one option fit the question? (yes/no, same state prefix)"""
+    instructions = f"{question.instructions}\nDoes this option fit: {option.text}".strip()
+    return CompiledQuestion(NOUL, instructions, yes_no_options())

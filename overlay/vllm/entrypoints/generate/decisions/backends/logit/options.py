@@ -1,0 +1,33 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The logit backend's options: set at startup (``VLLM_TYPED_DECISIONS_BACKEND=logit:readout=...``)
+and overridable per request (``extra.backend_options``)."""
+
+from __future__ import annotations
+
+import string
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Readout = Literal["auto", "direct", "wide-direct", "two-stage"]
+LogprobMode = Literal["top-k", "exact"]
+
+
+class LogitOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # auto: the first read that fits, in this order: direct, wide-direct, two-stage.
+    readout: Readout = "auto"
+    # top-k: vLLM's plain top-k list (window = --max-logprobs); exact: logprob_token_ids.
+    logprobs: LogprobMode = "top-k"
+    # How many stage-1 leaders a two-stage read sends to its final direct read.
+    shortlist: int = Field(default=8, ge=2, le=26)
+    # One option label per character; pairs of them make the wide-direct labels.
+    markers: str = string.ascii_uppercase
+
+    @field_validator("markers")
+    @classmethod
+    def _distinct_visible(cls, markers: str) -> str:
+        if len(markers) < 2 or len(set(markers)) != len(markers) or any(c.isspace() for c in markers):
+            raise ValueError("markers must be at least 2 distinct, non-space characters")
+        return markers

@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which read answers a question, and the reads themselves.
+
+- direct: one marker per option, one forward pass.
+- wide-direct: more options than markers; marker pairs that are single tokens add labels; one pass.
+- two-stage: each option scored alone as yes/no over the shared state, then the leaders through a
+  direct read; the finalists share their stage-1 mass. k + 1 passes.
+
+``auto`` takes the first that fits, in that order; an exact read past the engine's token-id cap
+becomes a top-k read rather than failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+from ...errors import DecisionError
+from ...host import BackendHost
+from ...questions import CompiledQuestion
+from ...scoring import softmax
+from ..base import Reading
+from .answer_slot import AnswerSlotPlacer
+from .labels import LabelCatalog
+from .options import LogitOptions
+from .prompt import messages, option_check
+from .reads import LabelRead, read_exact, read_top_k
+
+TOKEN_ID_CAP_HINT = (
+    "MAX_LOGPROB_TOKEN_IDS in vllm/sampling_params.py caps an exact read at {cap} labels: apply "
+    "patches/max-logprob-token-ids-v0.30.patch to raise it, or ask for logprobs=top-k"
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    readout: str
+    logprobs: str
+
+
+def plan(count: int, options: LogitOptions, catalog: LabelCatalog, token_id_cap: int) -> Plan:
+    """The read for ``count`` options under ``options``; refuses a read that can't hold them."""
+    markers, wide = len(catalog.markers), catalog.wide_capacity
+    mode = options.logprobs
+    if options.readout == "auto":
+        if count <= markers and (mode == "top-k" or count <= token_id_cap):
+            return Plan("direct", mode)
+        if count <= wide:
+            return Plan("wide-direct", mode if mode == "top-k" or count <= token_id_cap else "top-k")
+        return Plan("two-stage", mode)
+    if options.readout == "direct" and count > markers:
+        raise DecisionError(f"{count} options; the direct readout reads at most {markers} (one marker each)")
+    if options.readout == "wide-direct" and count > wide:
+        raise DecisionError(
+            f"{count} options; wide-direct reads at most {wide} on this tokenizer "
+            f"({markers} markers + {len(catalog.pairs)} single-token pairs)"
+        )
+    if options.readout != "two-stage" and mode == "exact" and count > token_id_cap:
+        raise DecisionError(f"{count} options in one exact read: " + TOKEN_ID_CAP_HINT.format(cap=token_id_cap))
+    return Plan(options.readout, mode)
+
+
+class ReadoutRunner:
+    """Runs a planned read for one question through the host."""
+
+    def __init__(self, host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog) -> None:
+        self.host = host
+        self.placer = placer
+        self.catalog = catalog
+
+    async def labelled_read(self, state: str, question: CompiledQuestion, mode: str, request_id: str,
+                            fallback: bool = True) -> tuple[LabelRead, list[str]]:  # fmt: skip
+        labels = self.catalog.labels(len(question.options))
+        rendered = await self.host.render_chat(messages(state, question, labels))
+        slot = self.placer.place(rendered, labels)
+        limit = self.host.max_model_len
+        if len(slot.prompt_ids) >= limit:
+            raise DecisionError(
+                f"the rendered prompt has {len(slot.prompt_ids)} tokens; the model's context "
+                f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
+            )
+        if mode == "exact":
+            read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fallback)
+        else:
+            read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, request_id)
+        return read, labels
+
+    async def run(self, plan: Plan, state: str, question: CompiledQuestion, options: LogitOptions,
+                  request_id: str) -> Reading:  # fmt: skip
+        if plan.readout == "two-stage":
+            return await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id)
+        read, labels = await self.labelled_read(state, question, plan.logprobs, request_id)
+        return reading(read, plan.readout, LabelCatalog.layout(labels))
+
+    async def two_stage(self, state: str, question: CompiledQuestion, mode: str, shortlist: int,
+                        request_id: str) -> Reading:  # fmt: skip
+        # Stage 1: each option alone, as yes/no. Exact reads here have no fallback.
+        checks = [
+            self.labelled_read(state, option_check(question, option), mode, f"{request_id}-s1-{i}", fallback=False)
+            for i, option in enumerate(question.options)
+        ]
+        stage1 = [read for read, _ in await asyncio.gather(*checks)]
+        p_yes = [softmax(r.scores)[0] for r in stage1]
+        total = sum(p_yes)
+        first = [p / total for p in p_yes]
+        leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[: min(shortlist, len(first))]
+        leaders.sort()
+        finals = CompiledQuestion(question.qtype, question.instructions, tuple(question.options[i] for i in leaders))
+        final, labels = await self.labelled_read(state, finals, mode, f"{request_id}-s2")
+        shared = sum(first[i] for i in leaders)
+        probabilities = list(first)
+        for i, p in zip(leaders, softmax(final.scores), strict=True):
+            probabilities[i] = shared * p
+        keys = [o.key for o in question.options]
+        reads = [*stage1, final]
+        return Reading(
+            scores=[math.log(p) if p > 0 else -math.inf for p in probabilities],
+            forward_passes=sum(r.forward_passes for r in reads),
+            input_tokens=sum(r.input_tokens for r in reads),
+            cached_input_tokens=sum(r.cached_tokens for r in reads),
+            readout="two-stage",
+            option_mass=final.option_mass,
+            meta={
+                **final.meta,
+                "stage1_scores": {keys[i]: math.log(p) if p > 0 else None for i, p in enumerate(p_yes)},
+                "shortlist": [keys[i] for i in leaders],
+            },
+            audit={"label_layout": LabelCatalog.layout(labels)},
+        )
+
+
+def reading(read: LabelRead, readout: str, layout: str) -> Reading:
+    return Reading(
+        scores=read.scores,
+        forward_passes=read.forward_passes,
+        input_tokens=read.input_tokens,
+        cached_input_tokens=read.cached_tokens,
+        readout=readout,
+        option_mass=read.option_mass,
+        meta=read.meta,
+        audit={"label_layout": layout},
+    )

