@@ -21,12 +21,12 @@ ITEMS = ["apple", "river", "candle", "violin", "harbor", "falcon", "meadow", "co
          "saddle", "orchid", "compass", "tunnel", "marble", "thistle", "beacon", "walnut", "anchor", "prism"]  # fmt: skip
 
 
-def question(size: int, rng: random.Random) -> tuple[str, dict]:
+def question(size: int, rng: random.Random) -> tuple[str, dict, str]:
     names = [f"{rng.choice(ITEMS)}-{i}" for i in range(size)]
     answer = rng.randrange(size)
     state = f"Inventory note: the only item that shipped today was {names[answer]}. Everything else is on hold."
     return state, {"type": "choice", "instructions": "Which item shipped today?",
-                   "choices": [{"value": name} for name in names]}  # fmt: skip
+                   "choices": [{"value": name} for name in names]}, names[answer]  # fmt: skip
 
 
 def ask(client: httpx.Client, state: str, q: dict, readout: str) -> tuple[float, str, int]:
@@ -51,23 +51,30 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     print(
-        "| options | wide-direct ms/question | two-stage ms/question | two-stage / wide-direct | passes (wide, two-stage) | same answer |"
+        "| options | wide-direct ms/question | two-stage ms/question | two-stage / wide-direct "
+        "| passes (wide, two-stage) | same answer | correct (wide, two-stage) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=600) as client:
         for size in args.sizes:
-            wide, two, same, passes = [], [], 0, (0, 0)
+            wide, two, same, passes, right = [], [], 0, (0, 0), [0, 0]
             for _ in range(args.questions):
-                state, q = question(size, rng)
+                state, q, expected = question(size, rng)
                 # Alternate which readout goes first, so neither always gets the warmer prefix cache.
                 order = ["wide-direct", "two-stage"] if len(wide) % 2 == 0 else ["two-stage", "wide-direct"]
                 results = {readout: ask(client, state, q, readout) for readout in order}
                 wide.append(results["wide-direct"][0])
                 two.append(results["two-stage"][0])
                 same += results["wide-direct"][1] == results["two-stage"][1]
+                right[0] += results["wide-direct"][1] == expected
+                right[1] += results["two-stage"][1] == expected
                 passes = (results["wide-direct"][2], results["two-stage"][2])
             w, t = statistics.median(wide), statistics.median(two)
-            print(f"| {size} | {w:.0f} | {t:.0f} | {t / w:.1f}x | {passes[0]}, {passes[1]} | {same}/{args.questions} |")
+            n = args.questions
+            print(
+                f"| {size} | {w:.0f} | {t:.0f} | {t / w:.1f}x | {passes[0]}, {passes[1]} | {same}/{n} "
+                f"| {right[0]}/{n}, {right[1]}/{n} |"
+            )
     return 0
 
 
