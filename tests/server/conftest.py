@@ -44,6 +44,8 @@ class VllmServer:
             "TORCH_COMPILE_DISABLE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_NO_USAGE_STATS": "1",
+            # Startup calibration is tested on its own (test_calibration.py); elsewhere it only costs time.
+            "VLLM_TYPED_DECISIONS_CALIBRATION": "off",
             **env,
         }
         self.handle = log.open("w")

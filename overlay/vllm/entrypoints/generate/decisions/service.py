@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -75,12 +75,16 @@ class DecisionService:
             (settings.temperature, "configured") if settings.temperature else (1.0, "default")
         )
 
-    async def start(self) -> None:
+    async def start(self, calibrate: Callable[[], Awaitable[tuple[float, str]]] | None = None) -> None:
+        """Startup work: the backend's own checks, then (unless a temperature is configured) calibration.
+        Requests get 503 until this finishes; if the backend's checks fail, 503 with the reason."""
         try:
             await self.backend.start()
         except Exception as exc:
             self.unavailable = str(exc) or type(exc).__name__
             raise
+        if calibrate is not None and self.temperature_source == "default":
+            self.temperature, self.temperature_source = await calibrate()
         self.ready = True
         logger.info(
             "decisions ready: backend=%s, T=%s (%s)", self.backend.name, self.temperature, self.temperature_source

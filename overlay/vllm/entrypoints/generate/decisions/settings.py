@@ -26,6 +26,8 @@ VARIABLES = (
     PREFIX + "MAX_LEVELS",
     PREFIX + "MAX_BODY_BYTES",
     PREFIX + "MIN_OPTION_MASS",
+    PREFIX + "CALIBRATION",
+    PREFIX + "CALIBRATION_DIR",
 )
 
 
@@ -53,6 +55,9 @@ class Settings:
     max_levels: int
     max_body_bytes: int
     min_option_mass: float
+    # "off", "on" (the bundled question set) or the path of an operator question file.
+    calibration: str
+    calibration_dir: str
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -65,6 +70,8 @@ class Settings:
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
             max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
+            calibration=_calibration(env),
+            calibration_dir=env.get(PREFIX + "CALIBRATION_DIR") or default_calibration_dir(env),
         )
 
 
@@ -132,3 +139,19 @@ def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise SettingsError(f"{name}={raw!r}: must be between 0 and 1")
     return value
+
+
+def default_calibration_dir(env: Mapping[str, str]) -> str:
+    """Under $HF_HOME, which survives container rebuilds when the Hugging Face cache is mounted."""
+    hf_home = env.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(hf_home, "decisions-calibration")
+
+
+def _calibration(env: Mapping[str, str]) -> str:
+    name = PREFIX + "CALIBRATION"
+    raw = (env.get(name) or "on").strip()
+    if raw.lower() in ("on", "1", "true", "bundled"):
+        return "on"
+    if raw.lower() in ("off", "0", "false"):
+        return "off"
+    return raw  # a question file; whether it can be read is checked (with a warning) at calibration time

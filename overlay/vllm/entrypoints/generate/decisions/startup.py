@@ -45,7 +45,7 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     service = DecisionService(settings, backend, host.served_model)
     state.decision_service = service
     state.decision_auth = api_key_checker(args)
-    state.decision_startup = asyncio.create_task(_start(service))
+    state.decision_startup = asyncio.create_task(_start(service, deployment(engine_client, host.served_model)))
     logger.info("typed decisions enabled: backend %s for %s", backend.name, host.architectures)
 
 
@@ -58,8 +58,26 @@ def api_key_checker(args: Namespace) -> Any:
     return AuthenticationMiddleware(app=None, tokens=tokens) if tokens else None
 
 
-async def _start(service: DecisionService) -> None:
+def deployment(engine_client: EngineClient, served_model: str) -> dict[str, Any]:
+    """What identifies the served model for saved calibrations."""
+    config = engine_client.model_config
+    return {
+        "model": served_model,
+        "model_path": config.model,
+        "revision": config.revision,
+        "quantization": config.quantization,
+        "dtype": str(config.dtype),
+    }
+
+
+async def _start(service: DecisionService, model: dict[str, Any]) -> None:
+    from .calibration.startup import startup_calibration
+
+    async def calibrate() -> tuple[float, str]:
+        result = await startup_calibration(service.backend, service.settings, model)
+        return result.value, result.source
+
     try:
-        await service.start()
+        await service.start(calibrate)
     except Exception:
         logger.exception("decision startup failed; decision requests will get 503")

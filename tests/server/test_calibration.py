@@ -1,0 +1,113 @@
+"""Startup calibration on a real server with a small question file: 503 while it runs, answers with
+the fitted T, the saved result reused on restart, a changed file measured again, failures -> default."""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+
+import httpx
+import pytest
+
+from ..conftest import model_path
+from .conftest import VllmServer
+
+QUESTION = {"model": "m", "input": "The sky is blue.", "questions": [{"type": "predicate", "instructions": "Blue?"}]}
+
+
+def bundled_lines(count: int) -> list[str]:
+    """The last ``count`` questions of the bundled set. (SmolLM2-135M is near chance on the set's first
+    questions, which puts the fitted T at the range's edge: a failure by design, tested below.)"""
+    text = resources.files("vllm.entrypoints.generate.decisions.calibration").joinpath("bundled.jsonl").read_text()
+    return text.splitlines()[-count:]
+
+
+def start(tmp_path, name: str, question_file, saved_dir) -> tuple[VllmServer, list[httpx.Response]]:
+    """Start a server and poll a decision until it answers; returns the 503s seen on the way."""
+    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION": str(question_file),
+           "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir)}  # fmt: skip
+    server = VllmServer(model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env)
+    starting: list[httpx.Response] = []
+
+    def ready(s: VllmServer) -> bool:
+        response = httpx.post(f"{s.url}/v1/decisions", json=QUESTION, timeout=30)
+        if response.status_code == 503:
+            starting.append(response)
+        return response.status_code == 200
+
+    server.wait(ready)
+    return server, starting
+
+
+def audit(server: VllmServer, **extra) -> dict:
+    response = httpx.post(f"{server.url}/v1/decisions", json={**QUESTION, "extra": extra}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["answers"][0]["extra"]["audit"]
+
+
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("calibration-results")
+
+
+def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir):
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("\n".join(bundled_lines(200)) + "\n")
+
+    first, starting = start(tmp_path, "first", questions, saved_dir)
+    try:
+        health = httpx.get(f"{first.url}/health", timeout=10)
+        assert health.status_code == 200
+        assert starting, "decision requests answer 503 while calibration runs"
+        assert all(r.headers.get("retry-after") == "5" and "starting" in r.text for r in starting)
+        (saved,) = saved_dir.glob("calibration-*.json")
+        record = json.loads(saved.read_text())
+        answer = audit(first)
+        assert answer["temperature_source"] == "calibrated"
+        assert answer["calibration_temperature"] == pytest.approx(record["applied_temperature"])
+        assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 200
+        assert "decision calibration: T=" in first.log.read_text()
+        overridden = audit(first, calibration_temperature=3.0)
+        assert (overridden["calibration_temperature"], overridden["temperature_source"]) == (3.0, "request")
+    finally:
+        first.stop()
+
+    again, _ = start(tmp_path, "again", questions, saved_dir)
+    try:
+        log = again.log.read_text()
+        assert "loaded from a saved result" in log and "decision calibration saved to" not in log
+        assert audit(again)["calibration_temperature"] == pytest.approx(record["applied_temperature"])
+    finally:
+        again.stop()
+
+    questions.write_text("\n".join(bundled_lines(199)) + "\n")
+    changed, _ = start(tmp_path, "changed", questions, saved_dir)
+    try:
+        assert "decision calibration saved to" in changed.log.read_text()
+        assert len(list(saved_dir.glob("calibration-*.json"))) == 2
+    finally:
+        changed.stop()
+
+
+@pytest.mark.parametrize(
+    ("content", "warning"),
+    [
+        ('{"state": "s", "question": {"type": "noul"}, "expected": "perhaps"}\n', "question file: line 1"),
+        ("\n".join(bundled_lines(30)) + "\n", "only 30 of 30 questions were answered (need 50)"),
+    ],
+    ids=["corrupt", "too few"],
+)
+def test_failures_give_the_default_temperature_and_a_warning(tmp_path, saved_dir, content, warning):
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(content)
+    server, _ = start(tmp_path, "failing", questions, saved_dir)
+    try:
+        deadline = time.monotonic() + 10
+        while warning not in server.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert warning in server.log.read_text()
+        answer = audit(server)
+        assert (answer["calibration_temperature"], answer["temperature_source"]) == (1.0, "default")
+    finally:
+        server.stop()
