@@ -4,6 +4,8 @@
 set -euo pipefail
 source "$(dirname "$0")/env/common.sh"
 cd "$ROOT"
+# The example plugin (tests/plugin), installed the way a third party's package would be.
+"$VENV/bin/pip" install -q --no-deps --no-build-isolation "$ROOT/tests/plugin" 2> >(grep -v '^WARNING: Location' >&2)
 echo "== ruff"; "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check .
 echo "== mypy"; "$VENV/bin/mypy"
 echo "== pytest"

@@ -118,7 +118,9 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
     """A tiny random-weight model with Qwen's real vocabulary, decisions on, behind --api-key. Its
     answers are noise, so the answer-slot self-check is switched off (MIN_OPTION_MASS=0)."""
     log = tmp_path_factory.mktemp("tiny-qwen") / "vllm-serve.log"
-    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
+    # The example plugin claims Qwen2 models; naming logit here also tests selection by variable.
+    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+           "VLLM_TYPED_DECISIONS_BACKEND": "logit"}  # fmt: skip
     instance = VllmServer(model_path("tiny-qwen2-random"), log, env, "--dtype", "float32", "--api-key", TINY_QWEN_KEY)
     try:
         instance.wait(lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}))

@@ -19,9 +19,9 @@ def decision_status(server: VllmServer) -> bool:
 @pytest.fixture(scope="module")
 def refusing_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("refusing") / "vllm-serve.log"
-    instance = VllmServer(
-        model_path("tiny-qwen2-random"), log, {"VLLM_ENABLE_TYPED_DECISIONS": "1"}, "--dtype", "float32"
-    )
+    # logit named explicitly: the example plugin (tests/plugin) would otherwise claim this Qwen2 model.
+    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_BACKEND": "logit"}
+    instance = VllmServer(model_path("tiny-qwen2-random"), log, env, "--dtype", "float32")
     try:
         instance.wait(decision_status)
         yield instance

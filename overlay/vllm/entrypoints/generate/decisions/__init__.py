@@ -2,13 +2,16 @@
 """Typed decisions for vLLM: ``/v1/decisions`` (OpenAI's format) and ``/v1/systemone`` (Jev's).
 
 The plugin API: register a backend with :func:`register_backend` (a :class:`DecisionBackend`
-subclass that reaches the engine through its :class:`BackendHost`) and a question type with
-:func:`register_question_type` (a :class:`QuestionType`). See backends/README.md.
+subclass that reaches the engine through its :class:`BackendHost`; :func:`standard_messages` renders
+the standard question prompt) and a question type with :func:`register_question_type` (a
+:class:`QuestionType`), directly or through the ``vllm.decision_backends`` /
+``vllm.decision_question_types`` entry-point groups. See backends/README.md.
 """
 
 from .backends import DecisionBackend, Reading, register_backend
+from .backends.logit.prompt import messages as standard_messages
 from .errors import DecisionError
-from .host import BackendHost, TokenRead
+from .host import BackendHost, Generation, TokenRead
 from .questions import CompiledQuestion, Option, QuestionModel, QuestionType, register_question_type
 
 __all__ = [
@@ -16,6 +19,7 @@ __all__ = [
     "CompiledQuestion",
     "DecisionBackend",
     "DecisionError",
+    "Generation",
     "Option",
     "QuestionModel",
     "QuestionType",
@@ -23,4 +27,5 @@ __all__ = [
     "TokenRead",
     "register_backend",
     "register_question_type",
+    "standard_messages",
 ]

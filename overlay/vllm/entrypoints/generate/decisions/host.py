@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import DecisionError
 
@@ -28,6 +28,16 @@ class TokenRead:
     """
 
     logprobs: dict[int, float]
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Greedy continuation of a prompt."""
+
+    text: str
+    token_ids: list[int]
     prompt_tokens: int
     cached_tokens: int
 
@@ -70,6 +80,14 @@ class BackendHost(ABC):
     async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
         """One forward pass over ``prompt_ids``: the ``k`` most likely next tokens and their
         log-probabilities (``k = -1``: the whole vocabulary)."""
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
+        """Greedy generation of up to ``max_tokens`` tokens (for backends that read generated text)."""
+        raise DecisionError("this host cannot generate", HTTPStatus.NOT_IMPLEMENTED)
+
+    async def pool(self, prompt_ids: list[int], task: str, request_id: str) -> Any:
+        """One pooling pass (for pooling models, e.g. ``token_classify``): the pooler's output as lists."""
+        raise DecisionError("this host cannot pool", HTTPStatus.NOT_IMPLEMENTED)
 
 
 class VllmHost(BackendHost):
@@ -151,6 +169,35 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         return await self._read(prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, logprobs=k), request_id)
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        final = None
+        async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
+            final = output
+        if final is None or not final.outputs:
+            raise DecisionError("the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR)
+        out = final.outputs[0]
+        return Generation(out.text, list(out.token_ids), len(prompt_ids), int(final.num_cached_tokens or 0))
+
+    async def pool(self, prompt_ids: list[int], task: str, request_id: str) -> Any:
+        from vllm.inputs import tokens_input
+        from vllm.pooling_params import PoolingParams
+
+        final = None
+        try:
+            params = PoolingParams(task=cast(Any, task))
+            async for output in self.engine_client.encode(tokens_input(prompt_ids), params, request_id):
+                final = output
+        except ValueError as exc:  # the served model doesn't support this pooling task
+            raise DecisionError(f"pooling ({task}) is not available on this model: {exc}") from None
+        if final is None:
+            raise DecisionError("the engine returned no pooling output", HTTPStatus.INTERNAL_SERVER_ERROR)
+        data = final.outputs.data
+        return data.tolist() if hasattr(data, "tolist") else data
 
     async def _read(self, prompt_ids: list[int], params: Any, request_id: str) -> TokenRead:
         from vllm.inputs import tokens_input

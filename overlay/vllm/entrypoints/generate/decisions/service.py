@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from .backends import DecisionBackend
+from .backends import DecisionBackend, backend_names, get_backend_class
 from .errors import DecisionError, NotReadyError
 from .questions import CHOICE, SCORE, CompiledQuestion
 from .scoring import CONFIDENCE_FORMULA, confidence, softmax
@@ -67,6 +67,9 @@ class DecisionService:
     def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str) -> None:
         self.settings = settings
         self.backend = backend
+        # Other registered backends, built with their defaults the first time a request names one.
+        self._others: dict[str, DecisionBackend] = {}
+        self._building = asyncio.Lock()
         self.served_model = served_model
         self.ready = False
         # Why startup failed, when it did: requests then get 503 with this reason.
@@ -122,6 +125,7 @@ class DecisionService:
         temperature: float | None = None,
         where: Sequence[str] | None = None,
         backend_options: dict[str, Any] | None = None,
+        backend: str | None = None,
     ) -> Decision:
         """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
 
@@ -132,16 +136,39 @@ class DecisionService:
         if not self.ready:
             raise NotReadyError()
         self.check_limits(questions, where)
-        options = self.backend.request_options(backend_options)
+        chosen = await self.backend_named(backend)
+        options = chosen.request_options(backend_options)
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
         reads = [
-            self._answer(state, state_sha256, q, f"{request_id}-{i}", applied, options) for i, q in enumerate(questions)
+            self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options)
+            for i, q in enumerate(questions)
         ]
         return Decision(self.served_model, list(await asyncio.gather(*reads)))
 
+    async def backend_named(self, name: str | None) -> DecisionBackend:
+        """The server's backend, or another registered one built (and started) with its defaults."""
+        if name is None or name == self.backend.name:
+            return self.backend
+        async with self._building:
+            if name not in self._others:
+                cls = get_backend_class(name)
+                if cls is None:
+                    loaded = ", ".join(backend_names())
+                    raise DecisionError(f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}")
+                try:
+                    other = cls(self.backend.host, None, self.settings)
+                    await other.start()
+                except Exception as exc:
+                    raise DecisionError(
+                        f"backend {name!r} could not start for this model: {exc}", HTTPStatus.SERVICE_UNAVAILABLE
+                    ) from exc
+                self._others[name] = other
+        return self._others[name]
+
     async def _answer(
         self,
+        backend: DecisionBackend,
         state: str,
         state_sha256: str,
         question: CompiledQuestion,
@@ -150,7 +177,7 @@ class DecisionService:
         options: Any,
     ) -> Answer | Failure:
         try:
-            reading = await self.backend.read(state, question, request_id, options)
+            reading = await backend.read(state, question, request_id, options)
         except DecisionError as exc:
             return Failure(question, exc)
         except Exception as exc:  # a fault in one question must not sink the others
@@ -162,7 +189,7 @@ class DecisionService:
         audit = {
             "served_model": self.served_model,
             "state_sha256": state_sha256,
-            "render_version": self.backend.render_version,
+            "render_version": backend.render_version,
             "confidence_formula": CONFIDENCE_FORMULA,
             "calibration_temperature": temperature,
             "temperature_source": source,
@@ -173,8 +200,8 @@ class DecisionService:
             "readout": reading.readout,
             **reading.audit,
         }
-        backend = {
-            "name": self.backend.name,
+        facts = {
+            "name": backend.name,
             "option_logits": {o.key: s for o, s in zip(options, reading.scores, strict=True)},
             **reading.meta,
         }
@@ -183,7 +210,7 @@ class DecisionService:
             probabilities=probabilities,
             confidence=confidence(probabilities),
             fields=question.qtype.answer(probabilities, options),
-            backend=backend,
+            backend=facts,
             audit=audit,
             input_tokens=reading.input_tokens,
             cached_tokens=reading.cached_input_tokens,

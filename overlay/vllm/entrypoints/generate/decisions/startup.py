@@ -16,8 +16,9 @@ from starlette.datastructures import State
 from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
-from .backends import backend_options, choose_backend
+from .backends import backend_names, backend_options, choose_backend
 from .host import VllmHost
+from .plugins import load_plugins
 from .service import DecisionService
 from .settings import Settings
 
@@ -34,6 +35,7 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
 
     settings = Settings.from_env()
+    load_plugins()
     host = VllmHost(
         engine_client,
         served_model_name(args),
@@ -46,7 +48,9 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     state.decision_service = service
     state.decision_auth = api_key_checker(args)
     state.decision_startup = asyncio.create_task(_start(service, deployment(engine_client, host.served_model)))
-    logger.info("typed decisions enabled: backend %s for %s", backend.name, host.architectures)
+    logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", backend.name,
+                "configured" if settings.backend.name else "chosen for the model", host.architectures,
+                ", ".join(backend_names()))  # fmt: skip
 
 
 def api_key_checker(args: Namespace) -> Any:

@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import DecisionError
 from ..questions import CompiledQuestion
 from ..service import Answer, Decision, DecisionService
 
@@ -33,14 +32,6 @@ class ExtraRequest(BaseModel):
     detail: Detail = "full"
 
 
-def check_extra(extra: ExtraRequest, service: DecisionService) -> None:
-    """Refuse what this server can't honour rather than ignore it."""
-    if extra.backend is not None and extra.backend != service.backend.name:
-        raise DecisionError(
-            f"extra.backend={extra.backend!r}: this server has loaded only the {service.backend.name!r} backend"
-        )
-
-
 async def decide(
     service: DecisionService,
     extra: ExtraRequest,
@@ -51,9 +42,14 @@ async def decide(
 ) -> Decision:
     """The decision for a parsed request; when no question could be answered, its first failure.
     ``where`` names each question in the request, for error messages."""
-    check_extra(extra, service)
     decision = await service.decide(
-        state, questions, request_id, extra.calibration_temperature, where, backend_options=extra.backend_options
+        state,
+        questions,
+        request_id,
+        extra.calibration_temperature,
+        where,
+        backend_options=extra.backend_options,
+        backend=extra.backend,
     )
     if (failure := decision.first_failure()) is not None:
         raise failure

@@ -1,0 +1,56 @@
+"""Backend registry and startup selection (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from vllm.entrypoints.generate.decisions.backends import (
+    _BACKENDS,
+    DecisionBackend,
+    backend_options,
+    choose_backend,
+    register_backend,
+)
+from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.settings import SettingsError, parse_backend_spec
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    samples: int = 1
+
+
+@pytest.fixture
+def claiming():
+    class Claiming(DecisionBackend):
+        name = "claiming"
+        architectures = ("LlamaForCausalLM",)
+        options_model = Options
+
+        async def read(self, state, question, request_id, options=None):
+            raise NotImplementedError
+
+    register_backend(Claiming)
+    yield Claiming
+    del _BACKENDS["claiming"]
+
+
+def test_a_plugin_claim_wins_over_the_default(claiming):
+    assert choose_backend(parse_backend_spec(""), ("LlamaForCausalLM",)) is claiming
+    assert choose_backend(parse_backend_spec(""), ("GPT2LMHeadModel",)) is LogitBackend
+
+
+def test_the_variable_wins_over_a_claim(claiming):
+    assert choose_backend(parse_backend_spec("logit"), ("LlamaForCausalLM",)) is LogitBackend
+
+
+def test_unknown_backend_names_the_registered_ones(claiming):
+    with pytest.raises(SettingsError, match="registered: claiming, logit"):
+        choose_backend(parse_backend_spec("canvas"), ())
+
+
+def test_arguments_are_validated_by_the_options_model(claiming):
+    assert backend_options(claiming, parse_backend_spec("claiming:samples=5").args).samples == 5
+    with pytest.raises(SettingsError, match="seed"):
+        backend_options(claiming, parse_backend_spec("claiming:seed=5").args)
