@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -79,6 +81,18 @@ class VllmServer:
         self.handle.close()
 
 
+@contextmanager
+def running(model: str, log: Path, env: dict[str, str], *args: str,
+            ready: Callable[[VllmServer], bool] | None = None) -> Iterator[VllmServer]:  # fmt: skip
+    """A ``vllm serve`` of one of the built models, ready (by default: answering a decision), stopped after."""
+    instance = VllmServer(model_path(model), log, env, *args)
+    try:
+        instance.wait(ready or decisions_ready)
+        yield instance
+    finally:
+        instance.stop()
+
+
 def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -> bool:
     """Poll a decision request, not /health: decisions answer 503 until their startup work is done."""
     probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]}
@@ -96,12 +110,8 @@ def server(tmp_path_factory) -> VllmServer:
         "VLLM_TYPED_DECISIONS_MAX_LEVELS": "10",
     }
     log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
-    instance = VllmServer(model_path("smollm2-135m-instruct"), log, env, "--fail-on-environ-validation")
-    try:
-        instance.wait(decisions_ready)
+    with running("smollm2-135m-instruct", log, env, "--fail-on-environ-validation") as instance:
         yield instance
-    finally:
-        instance.stop()
 
 
 @pytest.fixture
@@ -121,9 +131,14 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
     # The example plugin claims Qwen2 models; naming logit here also tests selection by variable.
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
            "VLLM_TYPED_DECISIONS_BACKEND": "logit"}  # fmt: skip
-    instance = VllmServer(model_path("tiny-qwen2-random"), log, env, "--dtype", "float32", "--api-key", TINY_QWEN_KEY)
-    try:
-        instance.wait(lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}))
+    with running(
+        "tiny-qwen2-random",
+        log,
+        env,
+        "--dtype",
+        "float32",
+        "--api-key",
+        TINY_QWEN_KEY,
+        ready=lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}),
+    ) as instance:
         yield instance
-    finally:
-        instance.stop()

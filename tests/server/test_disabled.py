@@ -5,8 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ..conftest import model_path
-from .conftest import VllmServer
+from .conftest import VllmServer, running
 
 
 def health(server: VllmServer) -> bool:
@@ -16,12 +15,8 @@ def health(server: VllmServer) -> bool:
 @pytest.fixture(scope="module")
 def stock_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("stock") / "vllm-serve.log"
-    instance = VllmServer(model_path("tiny-llama-localtok"), log, {}, "--dtype", "float32")
-    try:
-        instance.wait(health)
+    with running("tiny-llama-localtok", log, {}, "--dtype", "float32", ready=health) as instance:
         yield instance
-    finally:
-        instance.stop()
 
 
 def test_no_decision_routes_without_the_variable(stock_server):

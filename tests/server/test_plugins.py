@@ -10,7 +10,7 @@ import pytest
 from openai.types import Decision
 
 from ..conftest import model_path
-from .conftest import VllmServer, decisions_ready
+from .conftest import VllmServer, running
 
 SENTIMENT_JEV = {
     "state": "I love this phone, the battery lasts for days!",
@@ -25,12 +25,8 @@ def plugin_server(tmp_path_factory):
     """Qwen2 architecture, no backend configured: the plugin's claim picks plain-letters."""
     log = tmp_path_factory.mktemp("plugin") / "vllm-serve.log"
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
-    instance = VllmServer(model_path("tiny-qwen2-random"), log, env, "--dtype", "float32")
-    try:
-        instance.wait(decisions_ready)
+    with running("tiny-qwen2-random", log, env, "--dtype", "float32") as instance:
         yield instance
-    finally:
-        instance.stop()
 
 
 def post(server: VllmServer, path: str, body: dict) -> dict:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ..conftest import model_path
-from .conftest import TINY_QWEN_KEY, VllmServer, decisions_ready
+from .conftest import TINY_QWEN_KEY, VllmServer, running
 
 STATE = "Ticket: My payouts have been failing for 3 days and I need the money today."
 
@@ -84,13 +83,9 @@ def local_bpe(tmp_path_factory):
     """A tiny model whose small tokenizer keeps few letter pairs whole: wide-direct can't hold 255."""
     log = tmp_path_factory.mktemp("tiny-llama") / "vllm-serve.log"
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
-    instance = VllmServer(model_path("tiny-llama-localtok"), log, env, "--dtype", "float32")
-    try:
-        instance.wait(decisions_ready)
-        with httpx.Client(base_url=instance.url, timeout=600) as http:
-            yield instance, http
-    finally:
-        instance.stop()
+    with running("tiny-llama-localtok", log, env, "--dtype", "float32") as instance, \
+            httpx.Client(base_url=instance.url, timeout=600) as http:  # fmt: skip
+        yield instance, http
 
 
 def test_two_stage_where_wide_direct_cannot_hold_the_options(local_bpe):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ..conftest import model_path
-from .conftest import VllmServer
+from .conftest import VllmServer, running
 
 
 def decision_status(server: VllmServer) -> bool:
@@ -21,12 +20,8 @@ def refusing_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("refusing") / "vllm-serve.log"
     # logit named explicitly: the example plugin (tests/plugin) would otherwise claim this Qwen2 model.
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_BACKEND": "logit"}
-    instance = VllmServer(model_path("tiny-qwen2-random"), log, env, "--dtype", "float32")
-    try:
-        instance.wait(decision_status)
+    with running("tiny-qwen2-random", log, env, "--dtype", "float32", ready=decision_status) as instance:
         yield instance
-    finally:
-        instance.stop()
 
 
 def test_random_model_is_refused_with_a_503_that_says_why(refusing_server):

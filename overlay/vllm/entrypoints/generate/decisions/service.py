@@ -150,6 +150,8 @@ class DecisionService:
         """The server's backend, or another registered one built (and started) with its defaults."""
         if name is None or name == self.backend.name:
             return self.backend
+        if name in self._others:
+            return self._others[name]
         async with self._building:
             if name not in self._others:
                 cls = get_backend_class(name)

@@ -7,8 +7,9 @@ silently different behaviour. Limits live here too: each request check names the
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,43 +103,31 @@ def parse_backend_spec(text: str) -> BackendSpec:
     return BackendSpec(name.strip(), args)
 
 
-def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+def _number(env: Mapping[str, str], name: str, kind: type[int] | type[float], default: Any,
+            valid: Callable[[float], bool], rule: str) -> Any:  # fmt: skip
+    """A numeric setting: its default when unset, else the parsed value if it keeps ``rule``."""
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r}: expected an integer") from None
-    if value < minimum:
-        raise SettingsError(f"{name}={value}: must be at least {minimum}")
+        raise SettingsError(f"{name}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
+    if not valid(value):
+        raise SettingsError(f"{name}={raw!r}: {rule}")
     return value
+
+
+def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    return _number(env, name, int, default, lambda v: v >= minimum, f"must be at least {minimum}")
 
 
 def _positive_float(env: Mapping[str, str], name: str) -> float | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r}: expected a number") from None
-    if not value > 0 or value == float("inf"):
-        raise SettingsError(f"{name}={raw!r}: must be a positive finite number")
-    return value
+    return _number(env, name, float, None, lambda v: 0 < v < math.inf, "must be a positive finite number")
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r}: expected a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise SettingsError(f"{name}={raw!r}: must be between 0 and 1")
-    return value
+    return _number(env, name, float, default, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
 
 
 def default_calibration_dir(env: Mapping[str, str]) -> str:
