@@ -1,0 +1,255 @@
+"""Benchmark the decision path against the bare engine, side by side in one run.
+
+Starts its own `vllm serve` (decisions on, a fresh calibration folder) unless --port targets a running
+one, then measures, with seeded inputs:
+
+- overhead: a one-question decision (exact read) against the same one-token read of the same prompt
+  tokens and label ids through vLLM's /v1/completions, interleaved request by request, every state
+  distinct so the prefix cache helps neither side; p50/p95 and their ratio;
+- shared input: 16 questions about one state (about 1,000 and 4,000 tokens) in one request, against the
+  same questions as 16 single-question requests sent one after another; time per decision, the ratio,
+  and the share of input tokens served from the prefix cache;
+- concurrency: decisions per second with 1, 4 and 8 requests in flight;
+- board speed: one question per request, one at a time, p50/p95 of caller wall time and the speed score
+  100 - 20*log10(s / 0.1 s) averaged over p50 and p95 (unadjusted);
+- startup (own server only): seconds from /health up to the first answered decision, first without a
+  saved calibration, then with it.
+
+This machine is shared and noisy: only the ratios measured within one run are results.
+
+usage: python tools/bench.py [--model PATH] [--port N] [--quick] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tokenizer_host import TokenizerOnlyHost  # noqa: E402
+
+from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import AnswerSlotPlacer  # noqa: E402
+from vllm.entrypoints.generate.decisions.backends.logit.prompt import messages  # noqa: E402
+from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion  # noqa: E402
+
+WORDS = ["ticket", "payout", "invoice", "refund", "account", "billing", "outage", "login", "error", "delay", "customer", "order", "shipment", "contract", "renewal", "discount", "priority", "escalation", "warehouse", "region", "weekly", "monthly", "report", "status"]  # fmt: skip
+QUESTIONS = [f"Does the text mention {w}?" for w in WORDS[:16]]
+
+
+def state_of(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) + ("." if i % 12 == 11 else "") for i in range(words))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def speed_score(seconds: float) -> float:
+    return 100 - 20 * math.log10(seconds / 0.1)
+
+
+class Bench:
+    def __init__(self, url: str, model: str, tokenizer: Any) -> None:
+        self.url, self.model = url, model
+        self.client = httpx.AsyncClient(base_url=url, timeout=600)
+        self.host = TokenizerOnlyHost(tokenizer)
+        self.placer = AnswerSlotPlacer(self.host)
+
+    async def decide(self, state: str, questions: list[str], **backend_options: Any) -> tuple[float, dict]:
+        body = {"model": self.model, "input": state, "extra": {"backend_options": backend_options},
+                "questions": [{"type": "predicate", "instructions": q} for q in questions]}  # fmt: skip
+        started = time.perf_counter()
+        response = await self.client.post("/v1/decisions", json=body)
+        elapsed = time.perf_counter() - started
+        response.raise_for_status()
+        return elapsed, response.json()
+
+    async def bare_read(self, state: str, question: str) -> tuple[float, int]:
+        """The same prompt tokens and label ids as the decision's read, through /v1/completions."""
+        compiled = NOUL.compile(NoulQuestion(instructions=question))
+        slot = self.placer.place(await self.host.render_chat(messages(state, compiled, ["A", "B"])), ["A", "B"])
+        body = {"model": self.model, "prompt": slot.prompt_ids, "max_tokens": 1, "temperature": 0, "logprobs": 2,
+                "logprob_token_ids": slot.label_ids}  # fmt: skip
+        started = time.perf_counter()
+        response = await self.client.post("/v1/completions", json=body)
+        elapsed = time.perf_counter() - started
+        response.raise_for_status()
+        return elapsed, len(slot.prompt_ids)
+
+    async def overhead(self, rng: random.Random, rounds: int) -> dict[str, Any]:
+        ours, bare, mismatched = [], [], 0
+        for _ in range(rounds):
+            pair = [state_of(rng, 150), state_of(rng, 150)]  # distinct states: no cache for either side
+            t_bare, prompt_tokens = await self.bare_read(pair[0], QUESTIONS[0])
+            t_ours, body = await self.decide(pair[1], [QUESTIONS[0]], logprobs="exact")
+            bare.append(t_bare)
+            ours.append(t_ours)
+            mismatched += abs(body["answers"][0]["extra"]["audit"]["input_tokens"] - prompt_tokens) > 8
+        return {"rounds": rounds, "decision_p50_s": pct(ours, 0.5), "decision_p95_s": pct(ours, 0.95),
+                "bare_p50_s": pct(bare, 0.5), "bare_p95_s": pct(bare, 0.95),
+                "ratio_p50": pct(ours, 0.5) / pct(bare, 0.5), "ratio_p95": pct(ours, 0.95) / pct(bare, 0.95),
+                "prompt_length_mismatches": mismatched}  # fmt: skip
+
+    async def shared_input(self, rng: random.Random, words: int) -> dict[str, Any]:
+        state_a, state_b = state_of(rng, words), state_of(rng, words)  # fresh states: both start uncached
+        t_one, body = await self.decide(state_a, QUESTIONS)
+        usage = body["usage"]
+        singles, single_in, single_cached = 0.0, 0, 0
+        for question in QUESTIONS:
+            elapsed, single = await self.decide(state_b, [question])
+            singles += elapsed
+            single_in += single["usage"]["input_tokens"]
+            single_cached += single["usage"]["input_tokens_details"]["cached_tokens"]
+        return {"state_tokens": usage["input_tokens"] // len(QUESTIONS), "questions": len(QUESTIONS),
+                "one_request_s_per_decision": t_one / len(QUESTIONS),
+                "single_requests_s_per_decision": singles / len(QUESTIONS),
+                "ratio": singles / t_one,
+                "one_request_cached_share": usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"],
+                "single_requests_cached_share": single_cached / single_in}  # fmt: skip
+
+    async def concurrency(self, rng: random.Random, in_flight: int, total: int) -> dict[str, Any]:
+        states = [state_of(rng, 150) for _ in range(total)]
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        for s in states:
+            queue.put_nowait(s)
+
+        async def worker() -> None:
+            while not queue.empty():
+                await self.decide(queue.get_nowait(), [QUESTIONS[1]])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return {"in_flight": in_flight, "decisions": total, "per_second": total / (time.perf_counter() - started)}
+
+    async def board(self, rng: random.Random, rounds: int) -> dict[str, Any]:
+        times = [(await self.decide(state_of(rng, 120), [QUESTIONS[2]]))[0] for _ in range(rounds)]
+        p50, p95 = pct(times, 0.5), pct(times, 0.95)
+        return {"rounds": rounds, "p50_s": p50, "p95_s": p95, "speed_score": (speed_score(p50) + speed_score(p95)) / 2}
+
+
+def serve(model: str, port: int, calibration_dir: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir,
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TORCH_COMPILE_DISABLE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}  # fmt: skip
+    command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+               "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
+               "--dtype", "bfloat16"]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def startup_seconds(url: str, process: subprocess.Popen) -> float:
+    """Seconds from /health answering to the first answered decision."""
+    probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]}
+    health_at = None
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError("vllm serve exited during startup")
+        try:
+            if health_at is None and httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                health_at = time.perf_counter()
+            if health_at is not None and httpx.post(f"{url}/v1/decisions", json=probe, timeout=60).status_code == 200:
+                return time.perf_counter() - health_at
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+async def measure(url: str, model: str, tokenizer_path: str, quick: bool) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path))
+    rng = random.Random(0)
+    await bench.decide("warm-up", [QUESTIONS[0]])  # first-request costs are not what we measure
+    results: dict[str, Any] = {"overhead": await bench.overhead(rng, 10 if quick else 30)}
+    results["shared_input"] = [await bench.shared_input(rng, words) for words in (800, 3400)]
+    results["concurrency"] = [await bench.concurrency(rng, n, 8 if quick else 24) for n in (1, 4, 8)]
+    results["board"] = await bench.board(rng, 10 if quick else 30)
+    await bench.client.aclose()
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    o = results["overhead"]
+    lines = ["| measure | ours | baseline | ratio |", "|---|---|---|---|",
+             f"| one question, p50 (s) | {o['decision_p50_s']:.3f} | {o['bare_p50_s']:.3f} /v1/completions | {o['ratio_p50']:.2f} |",
+             f"| one question, p95 (s) | {o['decision_p95_s']:.3f} | {o['bare_p95_s']:.3f} /v1/completions | {o['ratio_p95']:.2f} |"]  # fmt: skip
+    for s in results["shared_input"]:
+        lines.append(
+            f"| 16 questions, ~{s['state_tokens']}-token prompt: s per decision | {s['one_request_s_per_decision']:.3f} "
+            f"(one request, {s['one_request_cached_share']:.0%} cached) | {s['single_requests_s_per_decision']:.3f} "
+            f"(16 requests, {s['single_requests_cached_share']:.0%} cached) | {s['ratio']:.1f}x cheaper |"
+        )
+    base = results["concurrency"][0]["per_second"]
+    for c in results["concurrency"]:
+        lines.append(
+            f"| decisions/s at {c['in_flight']} in flight | {c['per_second']:.1f} | {base:.1f} at 1 | {c['per_second'] / base:.2f} |"
+        )
+    b = results["board"]
+    lines.append(
+        f"| board: p50 / p95 caller time (s), speed score | {b['p50_s']:.3f} / {b['p95_s']:.3f}, {b['speed_score']:.1f} | | |"
+    )
+    if "startup" in results:
+        st = results["startup"]
+        lines.append(f"| startup: /health to first decision (s) | {st['with_saved_calibration_s']:.1f} with a saved calibration "
+                     f"| {st['calibrating_s']:.1f} calibrating | |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct"))
+    parser.add_argument("--port", type=int, help="target a running server instead of starting one")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a result)")
+    parser.add_argument("--json", default="bench-results.json")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"model": args.model, "date": time.strftime("%Y-%m-%d")}
+    if args.port:
+        url = f"http://127.0.0.1:{args.port}"
+        served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        results.update(asyncio.run(measure(url, served, args.model, args.quick)))
+    else:
+        port = 8190
+        url = f"http://127.0.0.1:{port}"
+        with tempfile.TemporaryDirectory() as calibration_dir:
+            logs = Path(calibration_dir)
+            process = serve(args.model, port, calibration_dir, logs / "first.log")
+            try:
+                calibrating = startup_seconds(url, process)
+            finally:
+                stop(process)
+            process = serve(args.model, port, calibration_dir, logs / "second.log")
+            try:
+                saved = startup_seconds(url, process)
+                results["startup"] = {"calibrating_s": calibrating, "with_saved_calibration_s": saved}
+                results.update(asyncio.run(measure(url, args.model, args.model, args.quick)))
+            finally:
+                stop(process)
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    print(f"(wrote {args.json})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
