@@ -70,18 +70,16 @@ async def test_detail_levels_trim_extra(service):
     assert "state_sha256" not in basic["answers"][0]["extra"]["audit"]
 
 
-@pytest.mark.parametrize(("body", "needle"), [c[1:] for c in OPENAI_INVALID], ids=[c[0] for c in OPENAI_INVALID])
-async def test_openai_invalid_requests_name_the_field(service, body, needle):
-    with pytest.raises(DecisionError) as caught:
-        await openai.create_decision(service, body, "r")
-    assert caught.value.status == HTTPStatus.BAD_REQUEST
-    assert needle in caught.value.message
+INVALID = [("openai", *case) for case in OPENAI_INVALID] + [("jev", *case) for case in JEV_INVALID]
 
 
-@pytest.mark.parametrize(("body", "needle"), [c[1:] for c in JEV_INVALID], ids=[c[0] for c in JEV_INVALID])
-async def test_jev_invalid_requests_name_the_field(service, body, needle):
+@pytest.mark.parametrize(
+    ("wire", "body", "needle"), [c[:1] + c[2:] for c in INVALID], ids=[f"{c[0]}: {c[1]}" for c in INVALID]
+)
+async def test_invalid_requests_name_the_field(service, wire, body, needle):
+    create = openai.create_decision if wire == "openai" else jev.create_systemone
     with pytest.raises(DecisionError) as caught:
-        await jev.create_systemone(service, body, "r")
+        await create(service, body, "r")
     assert caught.value.status == HTTPStatus.BAD_REQUEST
     assert needle in caught.value.message
 

@@ -22,16 +22,14 @@ from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from .errors import DecisionError, NotReadyError
 from .routing import decision_route
 from .service import DecisionService
-from .validation import location
+from .validation import detail_message
 from .wire import jev, openai
 
 
 def openai_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> JSONResponse:
     message = exc.message
     if body_errors:
-        message = "invalid request body: " + "; ".join(
-            f"{location(tuple(e['loc'][1:]))}: {e['msg']}" for e in body_errors
-        )
+        message = "invalid request body: " + detail_message(body_errors)
     status = HTTPStatus(exc.status)
     kind = "".join(word.capitalize() for word in status.phrase.split()) + "Error"
     return JSONResponse(

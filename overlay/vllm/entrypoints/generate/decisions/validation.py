@@ -19,6 +19,11 @@ def location(loc: tuple[Any, ...], prefix: str = "") -> str:
     return text or "body"
 
 
+def detail_message(detail: list[dict[str, Any]]) -> str:
+    """FastAPI-style ``detail`` entries (``loc`` starting with "body") as one ``field: message`` text."""
+    return "; ".join(f"{location(tuple(d['loc'][1:]))}: {d['msg']}" for d in detail)
+
+
 def is_field_name(part: Any) -> bool:
     """Union branches show up in locations as type names (``str``, ``list[TextPart]``...)."""
     return isinstance(part, int) or (

@@ -49,7 +49,7 @@ def correct_index(question: CompiledQuestion, expected: Any) -> int:
     """Position of the expected answer among the question's options."""
     if question.qtype is NOUL:
         answer = {"yes": 0, "true": 0, "no": 1, "false": 1}.get(str(expected).strip().lower())
-        if answer is None or isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        if answer is None:
             raise ValueError(f"expected must be yes/no or true/false for a noul question, got {expected!r}")
         return answer
     if question.qtype is SCORE:

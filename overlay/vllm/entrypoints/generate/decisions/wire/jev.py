@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import DecisionError
 from ..questions import CompiledQuestion, content_text, get_question_type
 from ..service import Answer, Decision, DecisionService
-from ..validation import is_field_name, location
+from ..validation import detail_message, is_field_name
 from .common import ExtraRequest, answer_extra, decide, response_id
 
 
@@ -22,7 +22,7 @@ class JevValidationError(DecisionError):
     """A request Jev clients should see as a 422 with FastAPI-style ``detail`` entries."""
 
     def __init__(self, detail: list[dict[str, Any]]) -> None:
-        super().__init__("; ".join(f"{location(tuple(d['loc'][1:]))}: {d['msg']}" for d in detail))
+        super().__init__(detail_message(detail))
         self.detail = detail
 
     @classmethod
