@@ -4,11 +4,14 @@ Starts its own `vllm serve` (decisions on, a fresh calibration folder) unless --
 one, then measures, with seeded inputs:
 
 - overhead: a one-question decision (exact read) against the same one-token read of the same prompt
-  tokens and label ids through vLLM's /v1/completions, interleaved request by request, every state
-  distinct so the prefix cache helps neither side; p50/p95 and their ratio;
+  tokens and label ids through vLLM's /v1/completions, interleaved request by request (alternating
+  which goes first), every state distinct so the prefix cache helps neither side; p50/p95 and their
+  ratio, and the CPU time each request cost the API-server process and the engine processes;
 - shared input: 16 questions about one state (about 1,000 and 4,000 tokens) in one request, against the
   same questions as 16 single-question requests sent one after another; time per decision, the ratio,
-  and the share of input tokens served from the prefix cache;
+  and the share of input tokens served from the prefix cache; then where the time goes: the state's
+  first prefill, one more question on the cached state as its own request, and per question when 15
+  share a request on the cached state, which bound the ratio any server could reach here;
 - concurrency: decisions per second with 1, 4 and 8 requests in flight;
 - board speed: one question per request, one at a time, p50/p95 of caller wall time and the speed score
   100 - 20*log10(s / 0.1 s) averaged over p50 and p95 (unadjusted);
@@ -17,13 +20,14 @@ one, then measures, with seeded inputs:
 
 This machine is shared and noisy: only the ratios measured within one run are results.
 
-usage: python tools/bench.py [--model PATH] [--port N] [--quick] [--json OUT.json]
+usage: python tools/bench.py [--model PATH] [--port N [--server-pid PID]] [--quick] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -33,9 +37,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
@@ -61,12 +67,37 @@ def speed_score(seconds: float) -> float:
     return 100 - 20 * math.log10(seconds / 0.1)
 
 
+class CpuMeter:
+    """CPU seconds spent by the API-server process and by the engine processes it started."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.server = psutil.Process(pid) if pid else None
+
+    def read(self) -> tuple[float, float]:
+        if self.server is None:
+            return 0.0, 0.0
+        api = sum(self.server.cpu_times()[:2])
+        engine = 0.0
+        for child in self.server.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                engine += sum(child.cpu_times()[:2])
+        return api, engine
+
+
 class Bench:
-    def __init__(self, url: str, model: str, tokenizer: Any) -> None:
+    def __init__(self, url: str, model: str, tokenizer: Any, server_pid: int | None = None) -> None:
         self.url, self.model = url, model
         self.client = httpx.AsyncClient(base_url=url, timeout=600)
         self.host = TokenizerOnlyHost(tokenizer)
         self.placer = AnswerSlotPlacer(self.host)
+        self.cpu = CpuMeter(server_pid)
+
+    async def metered(self, call: Any) -> tuple[Any, float, float]:
+        """``call``'s result, and the API-server and engine CPU seconds spent while it ran."""
+        api, engine = self.cpu.read()
+        result = await call
+        api_after, engine_after = self.cpu.read()
+        return result, api_after - api, engine_after - engine
 
     async def decide(self, state: str, questions: list[str], **backend_options: Any) -> tuple[float, dict]:
         body = {"model": self.model, "input": state, "extra": {"backend_options": backend_options},
@@ -91,34 +122,59 @@ class Bench:
 
     async def overhead(self, rng: random.Random, rounds: int) -> dict[str, Any]:
         ours, bare, mismatched = [], [], 0
-        for _ in range(rounds):
+        cpu: dict[str, list[float]] = {"ours_api": [], "ours_engine": [], "bare_api": [], "bare_engine": []}
+        for i in range(rounds):
             pair = [state_of(rng, 150), state_of(rng, 150)]  # distinct states: no cache for either side
-            t_bare, prompt_tokens = await self.bare_read(pair[0], QUESTIONS[0])
-            t_ours, body = await self.decide(pair[1], [QUESTIONS[0]], logprobs="exact")
-            bare.append(t_bare)
-            ours.append(t_ours)
+            for side in ("bare", "ours") if i % 2 == 0 else ("ours", "bare"):
+                if side == "bare":
+                    (t_bare, prompt_tokens), api, engine = await self.metered(self.bare_read(pair[0], QUESTIONS[0]))
+                    bare.append(t_bare)
+                else:
+                    (t_ours, body), api, engine = await self.metered(
+                        self.decide(pair[1], [QUESTIONS[0]], logprobs="exact")
+                    )
+                    ours.append(t_ours)
+                cpu[f"{side}_api"].append(api)
+                cpu[f"{side}_engine"].append(engine)
             mismatched += abs(body["answers"][0]["extra"]["audit"]["input_tokens"] - prompt_tokens) > 8
         return {"rounds": rounds, "decision_p50_s": pct(ours, 0.5), "decision_p95_s": pct(ours, 0.95),
                 "bare_p50_s": pct(bare, 0.5), "bare_p95_s": pct(bare, 0.95),
                 "ratio_p50": pct(ours, 0.5) / pct(bare, 0.5), "ratio_p95": pct(ours, 0.95) / pct(bare, 0.95),
+                "cpu_ms_per_request": {k: 1000 * sum(v) / len(v) for k, v in cpu.items()},  # ticks are 10 ms
                 "prompt_length_mismatches": mismatched}  # fmt: skip
 
-    async def shared_input(self, rng: random.Random, words: int) -> dict[str, Any]:
+    async def shared_input(self, rng: random.Random, words: int, repeats: int) -> dict[str, Any]:
+        runs = [await self.shared_input_once(rng, words) for _ in range(repeats)]
+        result = {key: median(run[key] for run in runs) for key in runs[0]}
+        result["repeats"] = repeats
+        return result
+
+    async def shared_input_once(self, rng: random.Random, words: int) -> dict[str, Any]:
+        n = len(QUESTIONS)
         state_a, state_b = state_of(rng, words), state_of(rng, words)  # fresh states: both start uncached
-        t_one, body = await self.decide(state_a, QUESTIONS)
+        (t_one, body), api_one, _ = await self.metered(self.decide(state_a, QUESTIONS))
         usage = body["usage"]
-        singles, single_in, single_cached = 0.0, 0, 0
+        singles, single_in, single_cached, api_singles = [], 0, 0, 0.0
         for question in QUESTIONS:
-            elapsed, single = await self.decide(state_b, [question])
-            singles += elapsed
+            (elapsed, single), api, _ = await self.metered(self.decide(state_b, [question]))
+            singles.append(elapsed)
+            api_singles += api
             single_in += single["usage"]["input_tokens"]
             single_cached += single["usage"]["input_tokens_details"]["cached_tokens"]
-        return {"state_tokens": usage["input_tokens"] // len(QUESTIONS), "questions": len(QUESTIONS),
-                "one_request_s_per_decision": t_one / len(QUESTIONS),
-                "single_requests_s_per_decision": singles / len(QUESTIONS),
-                "ratio": singles / t_one,
+        # Where the time goes: the same questions again on state_b, now cached, all in one request.
+        t_cached_batch, _ = await self.decide(state_b, QUESTIONS[1:])
+        first, later, shared_later = singles[0], sum(singles[1:]) / (n - 1), t_cached_batch / (n - 1)
+        return {"state_tokens": usage["input_tokens"] // n, "questions": n,
+                "one_request_s_per_decision": t_one / n,
+                "single_requests_s_per_decision": sum(singles) / n,
+                "ratio": sum(singles) / t_one,
                 "one_request_cached_share": usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"],
-                "single_requests_cached_share": single_cached / single_in}  # fmt: skip
+                "single_requests_cached_share": single_cached / single_in,
+                "api_cpu_ms_per_decision_one_request": 1000 * api_one / n,
+                "api_cpu_ms_per_decision_single_requests": 1000 * api_singles / n,
+                "first_prefill_s": first, "cached_question_own_request_s": later,
+                "cached_question_in_shared_request_s": shared_later,
+                "ratio_ceiling": (first + (n - 1) * later) / (first + (n - 1) * shared_later)}  # fmt: skip
 
     async def concurrency(self, rng: random.Random, in_flight: int, total: int) -> dict[str, Any]:
         states = [state_of(rng, 150) for _ in range(total)]
@@ -175,14 +231,14 @@ def stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-async def measure(url: str, model: str, tokenizer_path: str, quick: bool) -> dict[str, Any]:
+async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server_pid: int | None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path))
+    bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path), server_pid)
     rng = random.Random(0)
     await bench.decide("warm-up", [QUESTIONS[0]])  # first-request costs are not what we measure
-    results: dict[str, Any] = {"overhead": await bench.overhead(rng, 10 if quick else 30)}
-    results["shared_input"] = [await bench.shared_input(rng, words) for words in (800, 3400)]
+    results: dict[str, Any] = {"overhead": await bench.overhead(rng, 10 if quick else 40)}
+    results["shared_input"] = [await bench.shared_input(rng, words, 1 if quick else 3) for words in (800, 3400)]
     results["concurrency"] = [await bench.concurrency(rng, n, 8 if quick else 24) for n in (1, 4, 8)]
     results["board"] = await bench.board(rng, 10 if quick else 30)
     await bench.client.aclose()
@@ -194,12 +250,26 @@ def table(results: dict[str, Any]) -> str:
     lines = ["| measure | ours | baseline | ratio |", "|---|---|---|---|",
              f"| one question, p50 (s) | {o['decision_p50_s']:.3f} | {o['bare_p50_s']:.3f} /v1/completions | {o['ratio_p50']:.2f} |",
              f"| one question, p95 (s) | {o['decision_p95_s']:.3f} | {o['bare_p95_s']:.3f} /v1/completions | {o['ratio_p95']:.2f} |"]  # fmt: skip
+    c = o["cpu_ms_per_request"]
+    if c["ours_api"] or c["bare_api"]:
+        lines += [
+            f"| one question: API-server CPU ms per request | {c['ours_api']:.1f} | {c['bare_api']:.1f} | "
+            f"{c['ours_api'] / max(c['bare_api'], 1e-9):.2f} |",
+            f"| one question: engine CPU ms per request | {c['ours_engine']:.0f} | {c['bare_engine']:.0f} | "
+            f"{c['ours_engine'] / max(c['bare_engine'], 1e-9):.2f} |",
+        ]
     for s in results["shared_input"]:
-        lines.append(
-            f"| 16 questions, ~{s['state_tokens']}-token prompt: s per decision | {s['one_request_s_per_decision']:.3f} "
+        size = f"16 questions, ~{s['state_tokens']}-token prompt"
+        lines += [
+            f"| {size}: s per decision | {s['one_request_s_per_decision']:.3f} "
             f"(one request, {s['one_request_cached_share']:.0%} cached) | {s['single_requests_s_per_decision']:.3f} "
-            f"(16 requests, {s['single_requests_cached_share']:.0%} cached) | {s['ratio']:.1f}x cheaper |"
-        )
+            f"(16 requests, {s['single_requests_cached_share']:.0%} cached) | {s['ratio']:.1f}x cheaper |",
+            f"| {size}: API-server CPU ms per decision | {s['api_cpu_ms_per_decision_one_request']:.1f} | "
+            f"{s['api_cpu_ms_per_decision_single_requests']:.1f} | |",
+            f"| {size}: where the time goes (s) | first prefill {s['first_prefill_s']:.3f}; a cached question "
+            f"{s['cached_question_in_shared_request_s']:.3f} sharing a request | "
+            f"{s['cached_question_own_request_s']:.3f} as its own request | ceiling {s['ratio_ceiling']:.1f}x |",
+        ]
     base = results["concurrency"][0]["per_second"]
     for c in results["concurrency"]:
         lines.append(
@@ -220,6 +290,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct"))
     parser.add_argument("--port", type=int, help="target a running server instead of starting one")
+    parser.add_argument("--server-pid", type=int, help="with --port: the API-server's PID, for the CPU columns")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a result)")
     parser.add_argument("--json", default="bench-results.json")
     args = parser.parse_args()
@@ -227,7 +298,7 @@ def main() -> int:
     if args.port:
         url = f"http://127.0.0.1:{args.port}"
         served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        results.update(asyncio.run(measure(url, served, args.model, args.quick)))
+        results.update(asyncio.run(measure(url, served, args.model, args.quick, args.server_pid)))
     else:
         port = 8190
         url = f"http://127.0.0.1:{port}"
@@ -242,7 +313,7 @@ def main() -> int:
             try:
                 saved = startup_seconds(url, process)
                 results["startup"] = {"calibrating_s": calibrating, "with_saved_calibration_s": saved}
-                results.update(asyncio.run(measure(url, args.model, args.model, args.quick)))
+                results.update(asyncio.run(measure(url, args.model, args.model, args.quick, process.pid)))
             finally:
                 stop(process)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -25,8 +25,11 @@ class TokenizerHost(BackendHost):
         max_logprobs: int = 20,
         drop: Callable[[int], bool] | None = None,
         chat_template: str | None = None,
+        offsets: bool = True,
     ):
         self.tokenizer = tokenizer
+        self.offsets = offsets
+        self.renders = 0
         self.chat_template = chat_template
         self.served_model = "fake-model"
         self.max_model_len = max_model_len
@@ -40,13 +43,22 @@ class TokenizerHost(BackendHost):
         self.top_reads: list[tuple[list[int], int]] = []
 
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
+        return self.encode(await self.render_chat_text(messages))
+
+    async def render_chat_text(self, messages: list[dict[str, str]]) -> str:
+        self.renders += 1
+        return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
         )
-        return self.encode(text)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+        if not self.offsets:
+            return None
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids))

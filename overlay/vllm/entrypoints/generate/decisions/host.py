@@ -60,9 +60,17 @@ class BackendHost(ABC):
         """The served chat template applied to ``messages``, ready for the assistant's first token
         (generation prompt on, thinking off), as token ids."""
 
+    async def render_chat_text(self, messages: list[dict[str, str]]) -> str | None:
+        """The same rendering as :meth:`render_chat`, as text (None: this host can't give text)."""
+        return None
+
     @abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens."""
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """:meth:`encode` with each token's (start, end) character span (None: not available)."""
+        return None
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str: ...
@@ -124,28 +132,43 @@ class VllmHost(BackendHost):
         )
 
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        prompt = await self._render(messages, tokenize=True)
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        return self.encode(prompt["prompt"])
+
+    async def render_chat_text(self, messages: list[dict[str, str]]) -> str | None:
+        prompt = await self._render(messages, tokenize=False)
+        return prompt.get("prompt")
+
+    async def _render(self, messages: list[dict[str, str]], tokenize: bool) -> dict[str, Any]:
         try:
-            return await self._render(messages, self._chat_template_kwargs)
+            return await self._render_with(messages, {**self._chat_template_kwargs, "tokenize": tokenize})
         except Exception:
             # Some templates refuse the thinking-off switch; render those without it.
             if "enable_thinking" not in self._chat_template_kwargs:
                 raise
             kwargs = {k: v for k, v in self._chat_template_kwargs.items() if k != "enable_thinking"}
-            ids = await self._render(messages, kwargs)
+            prompt = await self._render_with(messages, {**kwargs, "tokenize": tokenize})
             self._chat_template_kwargs = kwargs
-            return ids
+            return prompt
 
-    async def _render(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> list[int]:
+    async def _render_with(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> dict[str, Any]:
         from vllm.renderers.params import ChatParams
 
         params = ChatParams(chat_template=self._chat_template, chat_template_kwargs=kwargs)
         _, prompt = await self.renderer.render_messages_async(messages, params)
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        return self.encode(prompt["prompt"])
+        return cast(dict[str, Any], prompt)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+        try:
+            encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        except (NotImplementedError, TypeError, ValueError):  # slow or custom tokenizers have no offsets
+            return None
+        return list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids))
@@ -157,8 +180,9 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         # logprob_token_ids returns full-vocabulary log-probabilities of exactly these ids.
-        # prompt_logprobs stays unset: it would switch off prefix-cache reads.
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids)
+        # prompt_logprobs stays unset: it would switch off prefix-cache reads. A read keeps no text,
+        # so nothing is detokenized.
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False)
         read = await self._read(prompt_ids, params, request_id)
         wanted = set(token_ids)
         return TokenRead(
@@ -168,7 +192,8 @@ class VllmHost(BackendHost):
     async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
-        return await self._read(prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, logprobs=k), request_id)
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False)
+        return await self._read(prompt_ids, params, request_id)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
         from vllm.inputs import tokens_input

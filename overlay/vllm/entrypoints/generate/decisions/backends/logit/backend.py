@@ -17,6 +17,7 @@ from .options import LogitOptions
 from .prompt import RENDER_VERSION, messages
 from .readouts import ReadoutRunner, plan
 from .self_check import PROBES, self_check
+from .stencil import StencilPool, stencil_check
 
 logger = init_logger(__name__)
 
@@ -39,7 +40,8 @@ class LogitBackend(DecisionBackend):
             )
         self.placer = AnswerSlotPlacer(host)
         self.catalog = LabelCatalog(tuple(markers), ())
-        self.runner = ReadoutRunner(host, self.placer, self.catalog)
+        self.prompts = StencilPool(host, enabled=False)
+        self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
 
     async def start(self) -> None:
         host = self.host
@@ -56,7 +58,10 @@ class LogitBackend(DecisionBackend):
         rendered = await host.render_chat(messages(state, question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
         self.catalog = LabelCatalog(self.catalog.markers, tuple(pairs))
-        self.runner = ReadoutRunner(host, self.placer, self.catalog)
+        self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
+        self.prompts.enabled = await stencil_check(host)
+        logger.info("decision prompts: state rendered %s", "once per request" if self.prompts.enabled else
+                    "with each question (this tokenizer or template can't share it)")  # fmt: skip
         logger.info("decision answer slot: option mass %.3f%s", check.option_mass,
                     f" with reasoning block {check.reasoning_block!r}" if check.reasoning_block else "")  # fmt: skip
         logger.info(self.describe_limits())

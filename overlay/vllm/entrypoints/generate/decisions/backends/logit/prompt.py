@@ -35,7 +35,12 @@ def question_text(question: CompiledQuestion, labels: Sequence[str]) -> str:
 
 def messages(state: str, question: CompiledQuestion, labels: Sequence[str]) -> list[dict[str, str]]:
     """Chat messages for one question; everything before the question text depends only on the state."""
-    user = f"Document:\n{state}\n\n{question_text(question, labels)}"
+    return chat(state, question_text(question, labels))
+
+
+def chat(state: str, question_body: str) -> list[dict[str, str]]:
+    """The chat around a question's text: the system prompt, then the state, then ``question_body``."""
+    user = f"Document:\n{state}\n\n{question_body}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 

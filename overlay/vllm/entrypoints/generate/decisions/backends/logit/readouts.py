@@ -24,8 +24,9 @@ from ..base import Reading
 from .answer_slot import AnswerSlotPlacer
 from .labels import LabelCatalog
 from .options import LogitOptions
-from .prompt import messages, option_check
+from .prompt import option_check, question_text
 from .reads import LabelRead, read_exact, read_top_k
+from .stencil import StencilPool
 
 TOKEN_ID_CAP_HINT = (
     "MAX_LOGPROB_TOKEN_IDS in vllm/sampling_params.py caps an exact read at {cap} labels: apply "
@@ -64,15 +65,17 @@ def plan(count: int, options: LogitOptions, catalog: LabelCatalog, token_id_cap:
 class ReadoutRunner:
     """Runs a planned read for one question through the host."""
 
-    def __init__(self, host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog) -> None:
+    def __init__(self, host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog,
+                 prompts: StencilPool | None = None) -> None:  # fmt: skip
         self.host = host
         self.placer = placer
         self.catalog = catalog
+        self.prompts = prompts or StencilPool(host, enabled=False)
 
     async def labelled_read(self, state: str, question: CompiledQuestion, mode: str, request_id: str,
                             fallback: bool = True) -> tuple[LabelRead, list[str]]:  # fmt: skip
         labels = self.catalog.labels(len(question.options))
-        rendered = await self.host.render_chat(messages(state, question, labels))
+        rendered = await self.prompts.prompt_ids(state, question_text(question, labels))
         slot = self.placer.place(rendered, labels)
         limit = self.host.max_model_len
         if len(slot.prompt_ids) >= limit:
