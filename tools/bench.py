@@ -255,6 +255,8 @@ def table(results: dict[str, Any]) -> str:
     lines = ["| measure | ours | baseline | ratio |", "|---|---|---|---|",
              f"| one question, p50 (s) | {o['decision_p50_s']:.3f} | {o['bare_p50_s']:.3f} /v1/completions | {o['ratio_p50']:.2f} |",
              f"| one question, p95 (s) | {o['decision_p95_s']:.3f} | {o['bare_p95_s']:.3f} /v1/completions | {o['ratio_p95']:.2f} |"]  # fmt: skip
+    lines.append(f"| one question: prompt tokens equal to rendering in full here | "
+                 f"{o['rounds'] - o['prompt_length_mismatches']}/{o['rounds']} | | |")  # fmt: skip
     c = o["cpu_ms_per_request"]
     if c["ours_api"] or c["bare_api"]:
         lines += [
