@@ -30,9 +30,7 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
+from serving import add_server_arguments, serve, startup_seconds, stop  # noqa: E402
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
 from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import AnswerSlot, AnswerSlotPlacer  # noqa: E402
@@ -201,41 +200,6 @@ class Bench:
         return {"rounds": rounds, "p50_s": p50, "p95_s": p95, "speed_score": (speed_score(p50) + speed_score(p95)) / 2}
 
 
-def serve(model: str, port: int, calibration_dir: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir,
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TORCH_COMPILE_DISABLE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}  # fmt: skip
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
-               "--dtype", "bfloat16"]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def startup_seconds(url: str, process: subprocess.Popen) -> float:
-    """Seconds from /health answering to the first answered decision."""
-    probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]}
-    health_at = None
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError("vllm serve exited during startup")
-        try:
-            if health_at is None and httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                health_at = time.perf_counter()
-            if health_at is not None and httpx.post(f"{url}/v1/decisions", json=probe, timeout=60).status_code == 200:
-                return time.perf_counter() - health_at
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
 async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server_pid: int | None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -295,9 +259,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct"))
-    parser.add_argument("--port", type=int, help="target a running server instead of starting one")
-    parser.add_argument("--server-pid", type=int, help="with --port: the API-server's PID, for the CPU columns")
+    add_server_arguments(parser, "the CPU columns")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a result)")
     parser.add_argument("--json", default="bench-results.json")
     args = parser.parse_args()

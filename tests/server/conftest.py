@@ -121,6 +121,7 @@ def client(server: VllmServer):
 
 
 TINY_QWEN_KEY = "test-key-123"
+TINY_QWEN_QUEUE = 4
 
 
 @pytest.fixture(scope="session")
@@ -129,8 +130,9 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
     answers are noise, so the answer-slot self-check is switched off (MIN_OPTION_MASS=0)."""
     log = tmp_path_factory.mktemp("tiny-qwen") / "vllm-serve.log"
     # The example plugin claims Qwen2 models; naming logit here also tests selection by variable.
+    # One of the example package's plugins fails to load here (test_faults.py): the server serves on.
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
-           "VLLM_TYPED_DECISIONS_BACKEND": "logit"}  # fmt: skip
+           "VLLM_TYPED_DECISIONS_BACKEND": "logit", "DECISIONS_TEST_PLUGIN_BROKEN": "1"}  # fmt: skip
     with running(
         "tiny-qwen2-random",
         log,
@@ -139,6 +141,9 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
         "float32",
         "--api-key",
         TINY_QWEN_KEY,
+        # A small engine queue, so test_load.py can fill it; no other test here sends more than 4 reads.
+        "--max-num-queued-reqs",
+        str(TINY_QWEN_QUEUE),
         ready=lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}),
     ) as instance:
         yield instance

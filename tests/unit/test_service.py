@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import math
 from http import HTTPStatus
 
@@ -124,3 +125,51 @@ async def test_not_ready_then_unavailable():
     with pytest.raises(DecisionError, match="never answers") as caught:
         await service.decide("s", [noul()], "r")
     assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("scores", "needle"),
+    [
+        ([float("nan"), 0.0], "NaN or +inf"),
+        ([float("inf"), 0.0], "NaN or +inf"),
+        ([0.0], "returned 1 scores for 2 options"),
+        ([0.0, 0.0, 0.0], "returned 3 scores for 2 options"),
+        ([-math.inf, -math.inf], "zero probability"),
+    ],
+)
+async def test_a_backend_fault_is_one_refusal_not_nan(scores, needle):
+    faulty = {"Faulty?"}
+    service = await started(ScriptedBackend(lambda q: scores if q.instructions in faulty else [-0.1, -2.5]))
+    decision = await service.decide("state", [noul("Faulty?"), noul("Fine?")], "r")
+    failure, answer = decision.results
+    assert isinstance(failure, Failure) and needle in failure.error.message
+    assert failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert "'scripted'" in failure.error.message
+    assert isinstance(answer, Answer) and all(math.isfinite(p) for p in answer.probabilities)
+
+
+async def test_scores_of_other_number_types_are_accepted():
+    import numpy as np
+
+    service = await started(ScriptedBackend(lambda q: [np.float32(-0.1), np.float64(-2.0)]))
+    (answer,) = (await service.decide("state", [noul()], "r")).results
+    assert isinstance(answer, Answer) and type(answer.backend["option_logits"]["true"]) is float
+
+
+async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads():
+    from vllm.entrypoints.generate.decisions.errors import EngineBusyError
+
+    class Busy(ScriptedBackend):
+        async def read(self, state, question, request_id, options=None):
+            if question.instructions == "Busy?":
+                await asyncio.sleep(0.01)
+                raise EngineBusyError("--max-num-queued-reqs")
+            return await super().read(state, question, request_id, options)
+
+    backend = Busy(lambda q: [-0.1, -2.5], delay=30)
+    service = await started(backend)
+    with pytest.raises(EngineBusyError) as caught:
+        await asyncio.wait_for(service.decide("state", [noul("Slow?"), noul("Busy?"), noul("Slow too?")], "r"), 5)
+    assert caught.value.retry_after and caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+    assert "--max-num-queued-reqs" in caught.value.message
+    assert backend.in_flight == 0  # the slow reads were cancelled, not left running

@@ -13,6 +13,9 @@ class DecisionError(Exception):
     wire reports those as 422), 503 while the server can't answer decisions, 500 for a fault.
     """
 
+    # Seconds a client should wait before retrying (sent as Retry-After), for temporary refusals.
+    retry_after: int | None = None
+
     def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
         super().__init__(message)
         self.message = message
@@ -26,10 +29,20 @@ class DecisionError(Exception):
 class NotReadyError(DecisionError):
     """Startup work (self-check, calibration) has not finished; the client should retry."""
 
-    RETRY_AFTER_S = 5
+    retry_after = 5
 
     def __init__(self) -> None:
         super().__init__(
             "decision server is starting (self-check / calibration in progress); retry shortly",
             HTTPStatus.SERVICE_UNAVAILABLE,
         )
+
+
+class EngineBusyError(DecisionError):
+    """The engine refused a read because its queue is full (``--max-num-queued-reqs`` or
+    ``--max-num-queued-tokens``); the whole request is refused, and the client should retry."""
+
+    retry_after = 1
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the engine is at its queue limit ({reason}); retry shortly", HTTPStatus.SERVICE_UNAVAILABLE)

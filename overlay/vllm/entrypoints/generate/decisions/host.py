@@ -8,12 +8,13 @@ Backends render prompts, tokenize and read log-probabilities only through a :cla
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
-from .errors import DecisionError
+from .errors import DecisionError, EngineBusyError
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -201,8 +202,9 @@ class VllmHost(BackendHost):
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         final = None
-        async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
-            final = output
+        with engine_admission():
+            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
+                final = output
         if final is None or not final.outputs:
             raise DecisionError("the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR)
         out = final.outputs[0]
@@ -215,8 +217,9 @@ class VllmHost(BackendHost):
         final = None
         try:
             params = PoolingParams(task=cast(Any, task))
-            async for output in self.engine_client.encode(tokens_input(prompt_ids), params, request_id):
-                final = output
+            with engine_admission():
+                async for output in self.engine_client.encode(tokens_input(prompt_ids), params, request_id):
+                    final = output
         except ValueError as exc:  # the served model doesn't support this pooling task
             raise DecisionError(f"pooling ({task}) is not available on this model: {exc}") from None
         if final is None:
@@ -228,8 +231,9 @@ class VllmHost(BackendHost):
         from vllm.inputs import tokens_input
 
         final = None
-        async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
-            final = output
+        with engine_admission():
+            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
+                final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise DecisionError("the engine returned no log-probabilities", HTTPStatus.INTERNAL_SERVER_ERROR)
         position = final.outputs[0].logprobs[0]
@@ -238,3 +242,16 @@ class VllmHost(BackendHost):
             prompt_tokens=len(prompt_ids),
             cached_tokens=int(final.num_cached_tokens or 0),
         )
+
+
+@contextmanager
+def engine_admission() -> Iterator[None]:
+    """Turns the engine's refusal of a request over its queue limits into :class:`EngineBusyError`."""
+    from vllm.exceptions import MaxQueuedTokensError, QueueOverflowError
+
+    try:
+        yield
+    except QueueOverflowError:
+        raise EngineBusyError("--max-num-queued-reqs") from None
+    except MaxQueuedTokensError:
+        raise EngineBusyError("--max-num-queued-tokens") from None

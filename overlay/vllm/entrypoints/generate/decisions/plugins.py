@@ -4,7 +4,8 @@ entry-point groups, loaded once at startup.
 
 An entry point may name a backend class, a question type (class or instance), or a function that
 registers things itself; importing its module may also register on its own. A plugin that fails to
-load stops the server with its name: silently serving without it would answer differently.
+load is left out, never silently: the log names it and why, and so does every refusal of a request
+that needs it (and the server won't start if the configured backend was one of its).
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from vllm.logger import init_logger
 
 from .backends import DecisionBackend, register_backend
 from .questions import QuestionType, register_question_type
-from .settings import SettingsError
 
 logger = init_logger(__name__)
 
 GROUPS = {"vllm.decision_backends": "backend", "vllm.decision_question_types": "question type"}
+
+# Plugins that failed to load at startup, by entry-point name: why.
+FAILED: dict[str, str] = {}
+
+
+def failures_note() -> str:
+    """A clause for refusals that might be explained by a plugin that failed to load."""
+    if not FAILED:
+        return ""
+    return "; plugins that failed to load: " + ", ".join(f"{name} ({why})" for name, why in FAILED.items())
 
 
 def load_plugins() -> list[str]:
@@ -38,9 +48,11 @@ def load_plugins() -> list[str]:
                 elif callable(target):
                     target()
             except Exception as exc:
-                raise SettingsError(
-                    f"decision plugin {point.name!r} ({point.value}, {group}) failed to load: {exc}"
-                ) from exc
+                reason = f"{type(exc).__name__}: {exc}"
+                FAILED[point.name] = reason
+                logger.error("decision plugin %r (%s, %s) failed to load and is left out: %s",
+                             point.name, point.value, group, reason)  # fmt: skip
+                continue
             loaded.append(f"{GROUPS[group]} {point.name}")
     if loaded:
         logger.info("decision plugins loaded: %s", ", ".join(loaded))

@@ -3,7 +3,7 @@
 
 Per wire format it renders failures in that format's error shape (FastAPI's own body errors
 included). For both it checks the API key on paths vLLM's middleware does not guard, applies the
-body size limit and ``Content-Encoding`` decoding, adds ``Retry-After`` to 503s while starting,
+body size limit and ``Content-Encoding`` decoding, adds ``Retry-After`` to temporary refusals (starting, engine queue full),
 and reports the server-side time in a header.
 """
 
@@ -23,7 +23,7 @@ from starlette.types import Message, Receive
 from vllm.entrypoints.serve.middleware.authenticate import GUARDED_PREFIX
 
 from .body import decode_body
-from .errors import DecisionError, NotReadyError
+from .errors import DecisionError
 from .settings import DEFAULT_MAX_BODY_BYTES
 
 LATENCY_HEADER = "x-decision-latency-ms"
@@ -88,8 +88,8 @@ def decision_route(render_error: ErrorRenderer) -> type[APIRoute]:
                     response = render_error(DecisionError("invalid request body"), errors)
                 except DecisionError as exc:
                     response = render_error(exc, None)
-                    if isinstance(exc, NotReadyError):
-                        response.headers["Retry-After"] = str(NotReadyError.RETRY_AFTER_S)
+                    if exc.retry_after is not None:
+                        response.headers["Retry-After"] = str(exc.retry_after)
                 response.headers[LATENCY_HEADER] = f"{(time.perf_counter() - started) * 1000:.1f}"
                 return response
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -17,7 +18,8 @@ from typing import Any
 from vllm.logger import init_logger
 
 from .backends import DecisionBackend, backend_names, get_backend_class
-from .errors import DecisionError, NotReadyError
+from .errors import DecisionError, EngineBusyError, NotReadyError
+from .plugins import failures_note
 from .questions import CHOICE, SCORE, CompiledQuestion
 from .scoring import CONFIDENCE_FORMULA, confidence, softmax
 from .settings import PREFIX, Settings
@@ -141,10 +143,18 @@ class DecisionService:
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
         reads = [
-            self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options)
+            asyncio.ensure_future(self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options))
             for i, q in enumerate(questions)
         ]
-        return Decision(self.served_model, list(await asyncio.gather(*reads)))
+        try:
+            return Decision(self.served_model, list(await asyncio.gather(*reads)))
+        except EngineBusyError:
+            # The engine refused one read (queue full): cancel the others, which aborts their engine
+            # requests, and refuse the whole request with Retry-After.
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            raise
 
     async def backend_named(self, name: str | None) -> DecisionBackend:
         """The server's backend, or another registered one built (and started) with its defaults."""
@@ -157,7 +167,9 @@ class DecisionService:
                 cls = get_backend_class(name)
                 if cls is None:
                     loaded = ", ".join(backend_names())
-                    raise DecisionError(f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}")
+                    raise DecisionError(
+                        f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}" + failures_note()
+                    )
                 try:
                     other = cls(self.backend.host, None, self.settings)
                     await other.start()
@@ -180,14 +192,19 @@ class DecisionService:
     ) -> Answer | Failure:
         try:
             reading = await backend.read(state, question, request_id, options)
+            scores = checked_scores(reading, len(question.options), backend.name)
+        except EngineBusyError:
+            raise
         except DecisionError as exc:
+            if exc.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+                logger.error("decision %s: %s", request_id, exc.message)
             return Failure(question, exc)
         except Exception as exc:  # a fault in one question must not sink the others
             logger.exception("decision read failed for %s", request_id)
             return Failure(question, DecisionError(f"internal error: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
         options = question.options
         temperature, source = applied
-        probabilities = softmax(reading.scores, temperature)
+        probabilities = softmax(scores, temperature)
         audit = {
             "served_model": self.served_model,
             "state_sha256": state_sha256,
@@ -204,7 +221,7 @@ class DecisionService:
         }
         facts = {
             "name": backend.name,
-            "option_logits": {o.key: s for o, s in zip(options, reading.scores, strict=True)},
+            "option_logits": {o.key: s for o, s in zip(options, scores, strict=True)},
             **reading.meta,
         }
         return Answer(
@@ -217,3 +234,23 @@ class DecisionService:
             input_tokens=reading.input_tokens,
             cached_tokens=reading.cached_input_tokens,
         )
+
+
+def checked_scores(reading: Any, options: int, backend: str) -> list[float]:
+    """A backend's scores as floats: one real number (or -inf) per option, not all -inf. Anything else
+    is the backend's fault, refused for this question rather than sent on as NaN."""
+    scores = getattr(reading, "scores", None)
+    try:
+        values = [float(score) for score in scores]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        values = None
+    if values is None or len(values) != options:
+        count = len(values) if values is not None else repr(scores)[:40]
+        fault = f"returned {count} scores for {options} options"
+    elif any(math.isnan(v) or v == math.inf for v in values):
+        fault = "returned a score that is NaN or +inf"
+    elif all(v == -math.inf for v in values):
+        fault = "gave every option zero probability"
+    else:
+        return values
+    raise DecisionError(f"backend {backend!r} {fault}", HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -33,8 +33,11 @@ def choose_backend(spec: BackendSpec, architectures: tuple[str, ...]) -> type[De
     if spec.name:
         cls = _BACKENDS.get(spec.name)
         if cls is None:
+            from ..plugins import failures_note
+
             raise SettingsError(
                 f"{PREFIX}BACKEND={spec.name!r}: unknown backend; registered: {', '.join(backend_names())}"
+                + failures_note()
             )
         return cls
     claimants = [c for c in _BACKENDS.values() if set(c.architectures) & set(architectures)]

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DecisionError
+from ..plugins import failures_note
 from ..questions import CompiledQuestion, content_text, get_question_type
 from ..service import Answer, Decision, DecisionService
 from ..validation import detail_message, is_field_name
@@ -65,7 +66,9 @@ def compile_question(question_id: str, raw: Any) -> CompiledQuestion:
         raise JevValidationError.at(("questions", question_id, "type"), IMAGE_ONLY_TYPES[kind])
     qtype = get_question_type(kind) if isinstance(kind, str) else None
     if qtype is None:
-        raise JevValidationError.at(("questions", question_id, "type"), f"unknown question type {kind!r}")
+        raise JevValidationError.at(
+            ("questions", question_id, "type"), f"unknown question type {kind!r}" + failures_note()
+        )
     try:
         return qtype.compile(qtype.model.model_validate(raw))
     except ValidationError as exc:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictStr, ValidationError, field_validator
 
 from ..errors import DecisionError
+from ..plugins import failures_note
 from ..questions import (
     CHOICE,
     NOUL,
@@ -123,7 +124,7 @@ def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQ
     kind = raw.get("type")
     qtype = get_question_type(kind) if isinstance(kind, str) else None
     if qtype is None or qtype.jev:
-        raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}")
+        raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}" + failures_note())
     name = raw.get("name")
     if "name" in raw and not isinstance(name, str):
         raise DecisionError(f"questions[{index}].name: must be a string when given")

@@ -1,0 +1,82 @@
+"""A client that disconnects mid-request leaves no engine work running: single-question,
+multi-question and two-stage requests, on both endpoints.
+
+vLLM counts finished requests (``vllm:request_success_total``) and their prompt tokens when they
+finish; an aborted read adds to neither. So after a disconnect both counters must stop moving, and
+fall short of what the whole request would have added (the completed control shows how much that is).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+import httpx
+import pytest
+
+from .conftest import VllmServer
+
+
+def finished(server: VllmServer) -> tuple[float, float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
+
+    return total("vllm:request_success_total"), total("vllm:prompt_tokens_total")
+
+
+def fresh_state(words: int) -> str:
+    return f"{uuid.uuid4().hex} " + "the ticket mentions a delayed payout " * (words // 6)
+
+
+def openai_body(questions: int, words: int, **backend_options) -> dict:
+    return {"model": "m", "input": fresh_state(words), "extra": {"backend_options": backend_options},
+            "questions": [{"type": "predicate", "instructions": f"Question {i}?"} for i in range(questions)]}  # fmt: skip
+
+
+def two_stage_body(path: str) -> dict:
+    choices = [f"team {i}" for i in range(40)]
+    if path == "/v1/decisions":
+        return {"model": "m", "input": fresh_state(300), "extra": {"backend_options": {"readout": "two-stage"}},
+                "questions": [{"type": "choice", "instructions": "Which team?", "choices": [{"value": c} for c in choices]}]}  # fmt: skip
+    return {"state": fresh_state(300), "extra": {"backend_options": {"readout": "two-stage"}},
+            "questions": {"team": {"type": "choice", "instructions": "Which team?", "criteria": dict.fromkeys(choices)}}}  # fmt: skip
+
+
+def disconnect(server: VllmServer, path: str, body: dict) -> None:
+    with pytest.raises(httpx.TimeoutException):  # the request must still be running when we leave
+        httpx.post(server.url + path, json=body, timeout=0.3)
+
+
+CASES = {
+    "single": ("/v1/decisions", lambda: openai_body(1, 1300), 1),
+    "multi": ("/v1/decisions", lambda: openai_body(16, 1000), 16),
+    "two-stage": ("/v1/decisions", lambda: two_stage_body("/v1/decisions"), 41),
+    "two-stage-jev": ("/v1/systemone", lambda: two_stage_body("/v1/systemone"), 41),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_disconnect_leaves_no_engine_work(server, case):
+    path, body, reads = CASES[case]
+    before = finished(server)
+    disconnect(server, path, body())
+    time.sleep(0.5)
+    at_disconnect = finished(server)
+    time.sleep(6)  # longer than the whole request takes here (see the control below)
+    later = finished(server)
+    assert later == at_disconnect, f"engine work went on after the client left: {at_disconnect} -> {later}"
+    assert later[0] - before[0] < reads
+
+
+def test_control_the_same_requests_complete_and_count(server):
+    for path, body, reads in CASES.values():
+        before = finished(server)
+        started = time.monotonic()
+        response = httpx.post(server.url + path, json=body(), timeout=120)
+        assert response.status_code == 200, response.text
+        assert time.monotonic() - started < 6  # so the six seconds above would have seen it finish
+        time.sleep(0.2)
+        assert finished(server)[0] - before[0] >= reads

@@ -1,0 +1,75 @@
+"""A throwaway `vllm serve` with decisions on, for the tools that measure one (bench.py, soak.py),
+or a running server they target instead."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+DEFAULT_MODEL = os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, pid_for: str) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--port", type=int, help="target a running server instead of starting one")
+    parser.add_argument("--server-pid", type=int, help=f"with --port: the API server's PID, for {pid_for}")
+
+
+def serve(model: str, port: int, calibration_dir: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir,
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TORCH_COMPILE_DISABLE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}  # fmt: skip
+    command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+               "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
+               "--dtype", "bfloat16"]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def startup_seconds(url: str, process: subprocess.Popen) -> float:
+    """Seconds from /health answering to the first answered decision."""
+    probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]}
+    health_at = None
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError("vllm serve exited during startup")
+        try:
+            if health_at is None and httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                health_at = time.perf_counter()
+            if health_at is not None and httpx.post(f"{url}/v1/decisions", json=probe, timeout=60).status_code == 200:
+                return time.perf_counter() - health_at
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@contextmanager
+def target(args: argparse.Namespace, port: int) -> Iterator[tuple[str, int | None]]:
+    """(url, API-server PID) of the server ``--port`` names, or of one started here and stopped after."""
+    if args.port:
+        yield f"http://127.0.0.1:{args.port}", args.server_pid
+        return
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as folder:
+        process = serve(args.model, port, folder, Path(folder) / "serve.log")
+        try:
+            startup_seconds(url, process)
+            yield url, process.pid
+        finally:
+            stop(process)

@@ -1,0 +1,212 @@
+"""A bounded soak of the decision endpoints: mixed traffic at fixed concurrency, every answer checked.
+
+Sends seeded, mixed requests (both endpoints and the alias; yes/no, choice and score questions; one to
+eight questions; states from a few words to about 1,500 tokens, some as JSON; about one in ten
+invalid on purpose) from ``concurrency`` workers for ``seconds``, and checks every response: an
+answer must be well formed (the OpenAI SDK's own ``Decision`` type parses it, one answer or refusal
+per question, probabilities that sum to 1), an invalid request must get a 4xx with a message, and
+nothing may be a 5xx. It samples the server's memory (API server plus engine processes) as it goes.
+
+usage: python tools/soak.py [--model PATH] [--port N --server-pid PID] [--seconds 600] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import add_server_arguments, target  # noqa: E402
+
+WORDS = ["ticket", "payout", "refund", "invoice", "login", "outage", "delay", "customer", "order", "shipment", "contract", "renewal"]  # fmt: skip
+PATHS = ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions")
+
+
+@dataclass
+class Case:
+    path: str
+    body: Any
+    valid: bool
+    questions: int
+
+
+@dataclass
+class Tally:
+    served: Counter = field(default_factory=Counter)  # by status
+    errors: list[str] = field(default_factory=list)  # unexpected outcomes, first few kept in full
+    memory_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds, RSS MiB)
+
+    def fail(self, case: Case, why: str) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(f"{case.path} {why}: {json.dumps(case.body)[:300]}")
+        self.served["unexpected"] += 1
+
+
+def state(rng: random.Random) -> str:
+    words = rng.choice((3, 40, 200, 1000))
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def question(rng: random.Random, jev: bool, index: int) -> tuple[str, dict[str, Any]]:
+    kind = rng.choice(("yes/no", "choice", "score"))
+    name = f"q{index}"
+    if kind == "yes/no":
+        return name, {"type": "noul" if jev else "predicate", "instructions": f"Is it about {rng.choice(WORDS)}?"}
+    if kind == "choice":
+        values = [f"{w} {i}" for i, w in enumerate(rng.sample(WORDS * 4, rng.choice((2, 5, 12, 40))))]
+        if jev:
+            return name, {"type": "choice", "instructions": "Which fits?", "criteria": dict.fromkeys(values)}
+        return name, {"type": "choice", "instructions": "Which fits?", "choices": [{"value": v} for v in values]}
+    levels = [f"level {i}" for i in range(rng.randint(3, 10))]
+    if jev:
+        return name, {"type": "score", "instructions": "How much?", "criteria": levels}
+    return name, {"type": "score", "instructions": "How much?", "levels": [{"label": label} for label in levels]}
+
+
+def spoil(rng: random.Random, body: dict[str, Any], jev: bool) -> dict[str, Any]:
+    """One mistake a client might make."""
+    key = "questions"
+    mistake = rng.choice(("wrong type", "missing questions", "unknown type", "unknown field", "too many"))
+    if mistake == "wrong type":
+        body[key] = "not questions"
+    elif mistake == "missing questions":
+        body.pop(key)
+    elif mistake == "unknown type":
+        body[key] = {"x": {"type": "tarot"}} if jev else [{"type": "tarot"}]
+    elif mistake == "unknown field":
+        body["extra"] = {"temperature_of_the_sun": 5778}
+    else:
+        count = 1000
+        body[key] = ({f"q{i}": {"type": "noul", "instructions": "?"} for i in range(count)} if jev
+                     else [{"type": "predicate", "instructions": "?"}] * count)  # fmt: skip
+    return body
+
+
+def case(rng: random.Random) -> Case:
+    path = rng.choice(PATHS)
+    jev = path != "/v1/decisions"
+    count = rng.choice((1, 1, 2, 4, 8))
+    named = [question(rng, jev, i) for i in range(count)]
+    text = state(rng)
+    if jev:
+        body: dict[str, Any] = {"state": {"note": text, "tags": WORDS[:3]} if rng.random() < 0.2 else text,
+                                "questions": dict(named)}  # fmt: skip
+    else:
+        body = {"model": "m", "input": text, "questions": [q for _, q in named]}
+    valid = rng.random() >= 0.1
+    return Case(path, body if valid else spoil(rng, body, jev), valid, count)
+
+
+def check(case: Case, response: httpx.Response, tally: Tally) -> None:
+    status = response.status_code
+    tally.served[status] += 1
+    if status >= 500:
+        return tally.fail(case, f"{status} {response.text[:200]}")
+    if not case.valid:
+        if status < 400 or not response.text:
+            tally.fail(case, f"invalid request answered {status}")
+        return None
+    if status != 200:
+        return tally.fail(case, f"valid request refused {status} {response.text[:200]}")
+    body = response.json()
+    try:
+        if case.path == "/v1/decisions":
+            from openai.types import Decision
+
+            Decision.model_validate(body)
+            answers = body["answers"]
+            assert len(answers) == case.questions
+            for answer in answers:
+                sums_to_one([p["probability"] for p in answer.get("probabilities", [])])
+        else:
+            answered = set(body["answers"]) | set(body.get("partial_failures", {}))
+            assert answered == set(case.body["questions"])
+            for answer in body["answers"].values():
+                sums_to_one(list(answer.get("probabilities", {}).values()))
+    except (AssertionError, KeyError, ValueError) as exc:
+        tally.fail(case, f"malformed answer ({exc!r}): {response.text[:200]}")
+    return None
+
+
+def sums_to_one(probabilities: list[float]) -> None:
+    assert not probabilities or math.isclose(sum(probabilities), 1.0, abs_tol=1e-6), probabilities
+
+
+def rss_mib(pid: int | None) -> float:
+    if not pid:
+        return 0.0
+    root = psutil.Process(pid)
+    processes = [root, *root.children(recursive=True)]
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total / 2**20
+
+
+async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server_pid: int | None = None,
+               sample_every: float = 10.0) -> Tally:  # fmt: skip
+    """Run the soak against ``url``; returns what was served and anything unexpected."""
+    rng = random.Random(seed)
+    tally = Tally()
+    started = time.monotonic()
+    deadline = started + seconds
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while time.monotonic() < deadline:
+            c = case(rng)
+            response = await client.post(c.path, json=c.body)
+            check(c, response, tally)
+
+    async def sampler() -> None:
+        while time.monotonic() < deadline:
+            tally.memory_mib.append((time.monotonic() - started, rss_mib(server_pid)))
+            await asyncio.sleep(sample_every)
+        tally.memory_mib.append((time.monotonic() - started, rss_mib(server_pid)))
+
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        await asyncio.gather(sampler(), *(worker(client) for _ in range(concurrency)))
+    return tally
+
+
+def report(tally: Tally, seconds: float, concurrency: int) -> str:
+    total = sum(v for k, v in tally.served.items() if k != "unexpected")
+    memory = tally.memory_mib
+    lines = [f"soak: {seconds:.0f} s at concurrency {concurrency}: {total} requests, statuses "
+             + ", ".join(f"{k}: {v}" for k, v in sorted(tally.served.items(), key=str)),
+             f"unexpected outcomes: {tally.served['unexpected']}"]  # fmt: skip
+    lines += [f"  {error}" for error in tally.errors]
+    if memory and memory[-1][1]:
+        curve = ", ".join(f"{t:.0f}s {m:.0f}" for t, m in memory)
+        lines.append(f"server memory (MiB RSS, API server + engine): {curve}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(parser, "the memory curve")
+    parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with target(args, port=8192) as (url, pid):
+        tally = asyncio.run(soak(url, args.seconds, args.concurrency, args.seed, pid, sample_every=30))
+    print(report(tally, args.seconds, args.concurrency))
+    return 1 if tally.served["unexpected"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
