@@ -40,14 +40,13 @@ class Case:
     path: str
     body: Any
     valid: bool
-    questions: int
 
 
 @dataclass
 class Tally:
     served: Counter = field(default_factory=Counter)  # by status
     errors: list[str] = field(default_factory=list)  # unexpected outcomes, first few kept in full
-    memory_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds, RSS MiB)
+    memory_mib: list[tuple[float, float, float]] = field(default_factory=list)  # (seconds, API MiB, engine MiB)
 
     def fail(self, case: Case, why: str) -> None:
         if len(self.errors) < 20:
@@ -107,7 +106,7 @@ def case(rng: random.Random) -> Case:
     else:
         body = {"model": "m", "input": text, "questions": [q for _, q in named]}
     valid = rng.random() >= 0.1
-    return Case(path, body if valid else spoil(rng, body, jev), valid, count)
+    return Case(path, body if valid else spoil(rng, body, jev), valid)
 
 
 def check(case: Case, response: httpx.Response, tally: Tally) -> None:
@@ -121,40 +120,48 @@ def check(case: Case, response: httpx.Response, tally: Tally) -> None:
         return None
     if status != 200:
         return tally.fail(case, f"valid request refused {status} {response.text[:200]}")
-    body = response.json()
     try:
-        if case.path == "/v1/decisions":
-            from openai.types import Decision
-
-            Decision.model_validate(body)
-            answers = body["answers"]
-            assert len(answers) == case.questions
-            for answer in answers:
-                sums_to_one([p["probability"] for p in answer.get("probabilities", [])])
-        else:
-            answered = set(body["answers"]) | set(body.get("partial_failures", {}))
-            assert answered == set(case.body["questions"])
-            for answer in body["answers"].values():
-                sums_to_one(list(answer.get("probabilities", {}).values()))
-    except (AssertionError, KeyError, ValueError) as exc:
+        well_formed(case.path, case.body, response.json())
+    except (AssertionError, KeyError, ValueError, TypeError) as exc:
         tally.fail(case, f"malformed answer ({exc!r}): {response.text[:200]}")
     return None
+
+
+def well_formed(path: str, request: dict[str, Any], body: dict[str, Any]) -> None:
+    """Raises unless ``body`` is a well-formed 200 answer to ``request`` on ``path``: one answer (or
+    refusal) per question, probabilities that sum to 1, and on /v1/decisions the OpenAI SDK's own type."""
+    if path == "/v1/decisions":
+        from openai.types import Decision
+
+        # OpenAI's types know its own answer types; a plugin question type's answer is checked below only.
+        openai_answers = [a for a in body["answers"] if a["type"] in ("predicate", "choice", "score", "refusal")]
+        Decision.model_validate({**body, "answers": openai_answers})
+        assert len(body["answers"]) == len(request["questions"])
+        for answer in body["answers"]:
+            listed = answer.get("probabilities", [])
+            # OpenAI's types list {value, probability}; a plugin type's answer keys them by option key.
+            sums_to_one(list(listed.values()) if isinstance(listed, dict) else [p["probability"] for p in listed])
+    else:
+        answered = set(body["answers"]) | set(body.get("partial_failures", {}))
+        assert answered == set(request["questions"])
+        for answer in body["answers"].values():
+            sums_to_one(list(answer.get("probabilities", {}).values()))
 
 
 def sums_to_one(probabilities: list[float]) -> None:
     assert not probabilities or math.isclose(sum(probabilities), 1.0, abs_tol=1e-6), probabilities
 
 
-def rss_mib(pid: int | None) -> float:
+def rss_mib(pid: int | None) -> tuple[float, float]:
+    """Resident memory (MiB) of the API-server process, and of the engine processes it started."""
     if not pid:
-        return 0.0
+        return 0.0, 0.0
     root = psutil.Process(pid)
-    processes = [root, *root.children(recursive=True)]
-    total = 0
-    for process in processes:
+    engine = 0
+    for child in root.children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            total += process.memory_info().rss
-    return total / 2**20
+            engine += child.memory_info().rss
+    return root.memory_info().rss / 2**20, engine / 2**20
 
 
 async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server_pid: int | None = None,
@@ -173,9 +180,9 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server
 
     async def sampler() -> None:
         while time.monotonic() < deadline:
-            tally.memory_mib.append((time.monotonic() - started, rss_mib(server_pid)))
+            tally.memory_mib.append((time.monotonic() - started, *rss_mib(server_pid)))
             await asyncio.sleep(sample_every)
-        tally.memory_mib.append((time.monotonic() - started, rss_mib(server_pid)))
+        tally.memory_mib.append((time.monotonic() - started, *rss_mib(server_pid)))
 
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         await asyncio.gather(sampler(), *(worker(client) for _ in range(concurrency)))
@@ -190,8 +197,8 @@ def report(tally: Tally, seconds: float, concurrency: int) -> str:
              f"unexpected outcomes: {tally.served['unexpected']}"]  # fmt: skip
     lines += [f"  {error}" for error in tally.errors]
     if memory and memory[-1][1]:
-        curve = ", ".join(f"{t:.0f}s {m:.0f}" for t, m in memory)
-        lines.append(f"server memory (MiB RSS, API server + engine): {curve}")
+        curve = ", ".join(f"{t:.0f}s {api:.0f}+{engine:.0f}" for t, api, engine in memory)
+        lines.append(f"server memory (MiB RSS, API server + engine processes): {curve}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ from http import HTTPStatus
 import pytest
 from backports import zstd
 
-from vllm.entrypoints.generate.decisions.body import decode_body
+from vllm.entrypoints.generate.decisions.body import decode_body, parse_json
 from vllm.entrypoints.generate.decisions.errors import DecisionError
 
 BODY = b'{"state": "' + b"x" * 5000 + b'"}'
@@ -35,3 +35,32 @@ def test_refuses(encoding, data, status, needle):
     with pytest.raises(DecisionError, match=needle) as caught:
         decode_body(data, encoding, limit)
     assert caught.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"", "empty"),
+        (b"   \n", "empty"),
+        (b'{"state": "\xff\xfe"}', "not valid UTF-8 (at byte 11)"),
+        (b'{"a": NaN}', "NaN is not a JSON number"),
+        (b'{"a": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"questions": {"q": 1, "q": 2}}', "key 'q' appears twice"),
+        (b'{"a": 1,}', "not valid JSON (line 1, column 9)"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"state": "a \\ud800 b"}', "\\ud800 escape without its pair"),
+        (b'{"q": {"\\udfff": 1}}', "\\udfff escape without its pair"),
+    ],
+)
+def test_strict_json_refusals(body, needle):
+    with pytest.raises(DecisionError) as caught:
+        parse_json(body)
+    assert needle in caught.value.message and caught.value.status == HTTPStatus.BAD_REQUEST
+
+
+def test_strict_json_accepts_json():
+    assert parse_json(b'["\\ud83d\\ude00"]') == ["\U0001f600"]  # a surrogate pair is one character
+    assert parse_json('\ufeff{"s": "é ✨", "n": [1, 2.5e3, null, true]}'.encode()) == {
+        "s": "é ✨",
+        "n": [1, 2500.0, None, True],
+    }

@@ -12,14 +12,15 @@ from __future__ import annotations
 import time
 import uuid
 from http import HTTPStatus
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 
 from .errors import DecisionError, NotReadyError
+from .openapi import document_request_bodies
 from .routing import decision_route
 from .service import DecisionService
 from .validation import detail_message
@@ -65,14 +66,16 @@ def request_id() -> str:
 
 @openai_router.post("/v1/decisions")
 @with_cancellation
-async def create_decisions(body: Annotated[Any, Body()], raw_request: Request) -> Response:
+async def create_decisions(raw_request: Request) -> Response:
+    body = raw_request.state.decision_body  # parsed by the route class (routing.decoded)
     return JSONResponse(await openai.create_decision(service_of(raw_request), body, request_id()))
 
 
 @jev_router.post("/v1/systemone")
 @jev_router.post("/api/alpha/decisions")
 @with_cancellation
-async def create_systemone(body: Annotated[Any, Body()], raw_request: Request) -> Response:
+async def create_systemone(raw_request: Request) -> Response:
+    body = raw_request.state.decision_body
     return JSONResponse(await jev.create_systemone(service_of(raw_request), body, request_id()))
 
 
@@ -100,6 +103,7 @@ async def list_models(raw_request: Request) -> Response:
 def register_decisions_api_router(app: FastAPI) -> None:
     app.include_router(openai_router)
     app.include_router(jev_router)
+    document_request_bodies(app)
     # vLLM registered its own GET /v1/models earlier; ours must come first to be the one that answers.
     app.include_router(models_router)
     ours = app.router.routes[-len(models_router.routes) :]

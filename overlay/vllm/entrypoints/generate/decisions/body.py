@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Request bodies: a size limit, and ``Content-Encoding: gzip`` / ``zstd`` decoding.
+"""Request bodies: a size limit, ``Content-Encoding: gzip`` / ``zstd`` decoding, and strict JSON.
 
 The TypeSafe SDK compresses bodies over 1 KiB with zstd when its ``zstd`` extra is installed.
 zstd decoding needs ``backports.zstd`` or ``zstandard`` in the server's environment (Python 3.14's
@@ -9,6 +9,8 @@ zstd decoding needs ``backports.zstd`` or ``zstandard`` in the server's environm
 from __future__ import annotations
 
 import gzip
+import json
+import re
 import zlib
 from collections.abc import Callable
 from http import HTTPStatus
@@ -87,3 +89,61 @@ def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
         raise DecisionError(f"decoded request body is over the limit of {limit} bytes ({LIMIT_HINT})",
                             HTTPStatus.REQUEST_ENTITY_TOO_LARGE)  # fmt: skip
     return body
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON, strictly: UTF-8, no NaN or Infinity (they aren't JSON), no key twice in one
+    object (a client's duplicate question ids would otherwise silently collapse into one)."""
+    if not body.strip():
+        raise DecisionError("the request body is empty; send a JSON object")
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DecisionError(f"the request body is not valid UTF-8 (at byte {exc.start}); JSON must be UTF-8") from None
+    try:
+        parsed = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json)
+    except json.JSONDecodeError as exc:
+        raise DecisionError(
+            f"the request body is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise DecisionError("the request body's JSON is nested too deeply to parse") from None
+    if SURROGATE_ESCAPE.search(text):  # only \uD800-\uDFFF escapes can make text that isn't Unicode
+        _refuse_lone_surrogates(parsed)
+    return parsed
+
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    """A surrogate escape without its pair decodes to text no tokenizer can encode: refuse it here."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise DecisionError(
+                    f"the request body has a \\u{ord(item[exc.start]):04x} escape without its pair; "
+                    "strings must be valid Unicode"
+                ) from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DecisionError(f"key {key!r} appears twice in one JSON object of the request body")
+        result[key] = value
+    return result
+
+
+def _not_json(constant: str) -> Any:
+    raise DecisionError(f"{constant} is not a JSON number; the request body must be standard JSON")

@@ -4,7 +4,7 @@
 Per wire format it renders failures in that format's error shape (FastAPI's own body errors
 included). For both it checks the API key on paths vLLM's middleware does not guard, applies the
 body size limit and ``Content-Encoding`` decoding, adds ``Retry-After`` to temporary refusals (starting, engine queue full),
-and reports the server-side time in a header.
+parses the JSON strictly, and reports the server-side time in a header.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from starlette.types import Message, Receive
 
 from vllm.entrypoints.serve.middleware.authenticate import GUARDED_PREFIX
 
-from .body import decode_body
+from .body import decode_body, parse_json
 from .errors import DecisionError
 from .settings import DEFAULT_MAX_BODY_BYTES
 
@@ -63,9 +63,12 @@ def unauthorized(request: Request) -> bool:
 
 
 async def decoded(request: Request) -> Request:
+    """The request with its body decoded and parsed here, before the handler runs: the parsed JSON is
+    in ``request.state.decision_body`` (the handler's disconnect watcher must not race it for the body)."""
     service = getattr(request.app.state, "decision_service", None)
     limit = service.settings.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
     body = decode_body(await request.body(), request.headers.get("content-encoding"), limit)
+    request.state.decision_body = parse_json(body)
     return Request(request.scope, replaying(body, request.receive))
 
 

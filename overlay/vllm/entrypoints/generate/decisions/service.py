@@ -95,6 +95,14 @@ class DecisionService:
             "decisions ready: backend=%s, T=%s (%s)", self.backend.name, self.temperature, self.temperature_source
         )
 
+    def check_input(self, state: str) -> None:
+        """Refuse an input too long to be worth tokenizing, before any work on it."""
+        limit = self.settings.max_input_chars
+        if len(state) > limit:
+            raise DecisionError(
+                f"the input is {len(state)} characters; the limit is {limit} (set {PREFIX}MAX_INPUT_CHARS to raise it)"
+            )
+
     def check_limits(self, questions: Sequence[CompiledQuestion], where: Sequence[str] | None = None) -> None:
         """Refuse, before any model work, a request over a configured limit, naming the setting.
 
@@ -137,6 +145,7 @@ class DecisionService:
             raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
         if not self.ready:
             raise NotReadyError()
+        self.check_input(state)
         self.check_limits(questions, where)
         chosen = await self.backend_named(backend)
         options = chosen.request_options(backend_options)

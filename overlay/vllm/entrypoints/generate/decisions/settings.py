@@ -26,6 +26,7 @@ VARIABLES = (
     PREFIX + "MAX_CHOICES",
     PREFIX + "MAX_LEVELS",
     PREFIX + "MAX_BODY_BYTES",
+    PREFIX + "MAX_INPUT_CHARS",
     PREFIX + "MIN_OPTION_MASS",
     PREFIX + "CALIBRATION",
     PREFIX + "CALIBRATION_DIR",
@@ -55,6 +56,8 @@ class Settings:
     max_choices: int
     max_levels: int
     max_body_bytes: int
+    # The longest input (state) text, in characters, after input items are rendered to text.
+    max_input_chars: int
     min_option_mass: float
     # "off", "on" (the bundled question set) or the path of an operator question file.
     calibration: str
@@ -70,6 +73,7 @@ class Settings:
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
             max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
+            max_input_chars=_int_at_least(env, PREFIX + "MAX_INPUT_CHARS", 1_000_000, 1),
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
             calibration_dir=env.get(PREFIX + "CALIBRATION_DIR") or default_calibration_dir(env),
