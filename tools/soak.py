@@ -8,6 +8,7 @@ per question, probabilities that sum to 1), an invalid request must get a 4xx wi
 nothing may be a 5xx. It samples the server's memory (API server plus engine processes) as it goes.
 
 usage: python tools/soak.py [--model PATH] [--port N --server-pid PID] [--seconds 600] [--concurrency 8]
+                           [--baseline]
 """
 
 from __future__ import annotations
@@ -164,19 +165,37 @@ def rss_mib(pid: int | None) -> tuple[float, float]:
     return root.memory_info().rss / 2**20, engine / 2**20
 
 
+def bare(c: Case, model: str) -> Case:
+    """The baseline for ``c``: its input and first question as one prompt to vLLM's own /v1/completions."""
+    body = c.body if isinstance(c.body, dict) else {}
+    text = body.get("input") or body.get("state") or ""
+    questions = body.get("questions")
+    first = (list(questions.values()) if isinstance(questions, dict) else questions or [{}])[0]
+    question = first.get("instructions", "") if isinstance(first, dict) else ""
+    prompt = f"{json.dumps(text) if not isinstance(text, str) else text}\n\nQuestion: {question}\nAnswer:"
+    return Case("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1, "logprobs": 5}, True)
+
+
 async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server_pid: int | None = None,
-               sample_every: float = 10.0) -> Tally:  # fmt: skip
-    """Run the soak against ``url``; returns what was served and anything unexpected."""
+               sample_every: float = 10.0, baseline: bool = False) -> Tally:  # fmt: skip
+    """Run the soak against ``url``; returns what was served and anything unexpected. ``baseline``
+    sends the same inputs to vLLM's own /v1/completions instead (one plain prompt each), to compare
+    the server's memory curve with and without the decision path."""
     rng = random.Random(seed)
     tally = Tally()
     started = time.monotonic()
     deadline = started + seconds
 
     async def worker(client: httpx.AsyncClient) -> None:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"] if baseline else ""
         while time.monotonic() < deadline:
             c = case(rng)
+            c = bare(c, model) if baseline else c
             response = await client.post(c.path, json=c.body)
-            check(c, response, tally)
+            if baseline:
+                tally.served[response.status_code] += 1
+            else:
+                check(c, response, tally)
 
     async def sampler() -> None:
         while time.monotonic() < deadline:
@@ -208,9 +227,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--baseline", action="store_true", help="the same inputs through vLLM's /v1/completions")
     args = parser.parse_args()
     with target(args, port=8192) as (url, pid):
-        tally = asyncio.run(soak(url, args.seconds, args.concurrency, args.seed, pid, sample_every=30))
+        tally = asyncio.run(soak(url, args.seconds, args.concurrency, args.seed, pid, 30, args.baseline))
     print(report(tally, args.seconds, args.concurrency))
     return 1 if tally.served["unexpected"] else 0
 

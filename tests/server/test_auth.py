@@ -32,6 +32,8 @@ def test_key_required_on_every_decision_path(keyed_server, path):
     assert wrong.status_code == 401
     right = httpx.post(url, json=BODIES[path], headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert right.status_code == 200, right.text
+    # A bad body without the key says nothing about the body: the key is checked first.
+    assert httpx.post(url, content=b"{not json", timeout=60).status_code == 401
 
 
 def test_sdks_send_the_key(keyed_server):

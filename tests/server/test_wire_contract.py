@@ -128,9 +128,11 @@ def test_models_list_parses_in_both_sdks(server):
 
 def test_authorization_header_is_ignored_without_api_key(client):
     body = {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
-    for path in ("/v1/systemone", "/api/alpha/decisions"):
-        response = client.post(path, json=body, headers={"Authorization": "Bearer whatever"})
-        assert response.status_code == 200, response.text
+    openai_body = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]}
+    for path, sent in (("/v1/systemone", body), ("/api/alpha/decisions", body), ("/v1/decisions", openai_body)):
+        for header in ("Bearer whatever", "Basic Zm9vOmJhcg==", ""):
+            response = client.post(path, json=sent, headers={"Authorization": header})
+            assert response.status_code == 200, response.text
 
 
 def test_refusal_beside_good_answers_in_the_openai_sdk(server):

@@ -145,3 +145,25 @@ def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
     captured.write_text("".join(json.dumps(r) + "\n" for r in rows))
     direct = calibrate([r["scores"] for r in rows], [r["correct"] for r in rows], [r["group"] for r in rows])
     assert fit(str(captured)) == direct
+
+
+async def test_an_unwritable_folder_keeps_the_fit_and_warns(tmp_path, caplog):
+    source = write_questions(tmp_path / "q.jsonl", 120)
+    not_a_folder = tmp_path / "saved"
+    not_a_folder.write_text("a file where the folder should be")
+    result = await startup_calibration(ScriptedBackend(overconfident), settings(tmp_path, source), MODEL)
+    assert result.source == "calibrated" and result.value > 2  # measured and applied, just not saved
+    assert "decision calibration not saved (VLLM_TYPED_DECISIONS_CALIBRATION_DIR=" in caplog.text
+
+
+async def test_a_corrupt_saved_result_is_measured_again(tmp_path, caplog):
+    source = write_questions(tmp_path / "q.jsonl", 120)
+    backend = ScriptedBackend(overconfident)
+    first = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    (saved,) = (tmp_path / "saved").glob("calibration-*.json")
+    saved.write_text('{"applied_temperature": "NaN", "key": ')
+    reads = []
+    backend.score = lambda q: reads.append(q) or overconfident(q)
+    again = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    assert again == first and len(reads) == 120  # not trusted: measured again, same answer
+    assert json.loads(saved.read_text())["applied_temperature"] == first.value  # and saved whole again
