@@ -152,3 +152,18 @@ def test_unreachable_is_not_a_5xx(client):
         for path in ("/v1/decisions", "/v1/systemone"):
             response = client.post(path, json=body)
             assert 400 <= response.status_code < 500, (path, body, response.text)
+
+
+def test_size_limits_are_settings_named_in_the_refusal(client):
+    """Body over VLLM_TYPED_DECISIONS_MAX_BODY_BYTES (32 MiB): 413; input over MAX_INPUT_CHARS: 400/422.
+    Both before any model work, both naming the setting."""
+    big = b'{"model": "m", "input": "' + b"x" * (33 * 2**20) + b'", "questions": []}'
+    response = client.post("/v1/decisions", content=big, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES" in response.text
+    long_input = "word " * 250_000  # 1,250,000 characters, over the default 1,000,000
+    openai_body = {"model": "m", "input": long_input, "questions": [{"type": "predicate", "instructions": "?"}]}
+    response = client.post("/v1/decisions", json=openai_body)
+    assert response.status_code == 400 and "VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS" in response.text
+    jev_body = {"state": long_input, "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    response = client.post("/v1/systemone", json=jev_body)
+    assert response.status_code == 422 and "VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS" in response.text
