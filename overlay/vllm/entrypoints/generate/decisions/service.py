@@ -18,6 +18,7 @@ from typing import Any
 from vllm.logger import init_logger
 
 from .backends import DecisionBackend, backend_names, get_backend_class
+from .concurrency import gather_or_cancel
 from .errors import DecisionError, EngineBusyError, NotReadyError
 from .plugins import failures_note
 from .questions import CHOICE, SCORE, CompiledQuestion
@@ -151,19 +152,13 @@ class DecisionService:
         options = chosen.request_options(backend_options)
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
-        reads = [
-            asyncio.ensure_future(self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options))
+        # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
+        # read (queue full) escapes, and then the other reads are cancelled and the request refused.
+        reads = (
+            self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options)
             for i, q in enumerate(questions)
-        ]
-        try:
-            return Decision(self.served_model, list(await asyncio.gather(*reads)))
-        except EngineBusyError:
-            # The engine refused one read (queue full): cancel the others, which aborts their engine
-            # requests, and refuse the whole request with Retry-After.
-            for read in reads:
-                read.cancel()
-            await asyncio.gather(*reads, return_exceptions=True)
-            raise
+        )
+        return Decision(self.served_model, await gather_or_cancel(reads))
 
     async def backend_named(self, name: str | None) -> DecisionBackend:
         """The server's backend, or another registered one built (and started) with its defaults."""

@@ -12,10 +12,10 @@ becomes a top-k read rather than failing.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass
 
+from ...concurrency import gather_or_cancel
 from ...errors import DecisionError
 from ...host import BackendHost
 from ...questions import CompiledQuestion
@@ -103,7 +103,7 @@ class ReadoutRunner:
             self.labelled_read(state, option_check(question, option), mode, f"{request_id}-s1-{i}", fallback=False)
             for i, option in enumerate(question.options)
         ]
-        stage1 = [read for read, _ in await asyncio.gather(*checks)]
+        stage1 = [read for read, _ in await gather_or_cancel(checks)]
         p_yes = [softmax(r.scores)[0] for r in stage1]
         total = sum(p_yes)
         first = [p / total for p in p_yes]
