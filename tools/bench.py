@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import random
@@ -42,7 +41,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serving import add_server_arguments, serve, startup_seconds, stop  # noqa: E402
+from serving import add_server_arguments, api_and_engine, serve, startup_seconds, stop  # noqa: E402
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
 from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import AnswerSlot, AnswerSlotPlacer  # noqa: E402
@@ -66,21 +65,8 @@ def speed_score(seconds: float) -> float:
     return 100 - 20 * math.log10(seconds / 0.1)
 
 
-class CpuMeter:
-    """CPU seconds spent by the API-server process and by the engine processes it started."""
-
-    def __init__(self, pid: int | None) -> None:
-        self.server = psutil.Process(pid) if pid else None
-
-    def read(self) -> tuple[float, float]:
-        if self.server is None:
-            return 0.0, 0.0
-        api = sum(self.server.cpu_times()[:2])
-        engine = 0.0
-        for child in self.server.children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                engine += sum(child.cpu_times()[:2])
-        return api, engine
+def cpu_seconds(process: psutil.Process) -> float:
+    return sum(process.cpu_times()[:2])  # user + system
 
 
 class Bench:
@@ -89,13 +75,13 @@ class Bench:
         self.client = httpx.AsyncClient(base_url=url, timeout=600)
         self.host = TokenizerOnlyHost(tokenizer)
         self.placer = AnswerSlotPlacer(self.host)
-        self.cpu = CpuMeter(server_pid)
+        self.server_pid = server_pid
 
     async def metered(self, call: Any) -> tuple[Any, float, float]:
         """``call``'s result, and the API-server and engine CPU seconds spent while it ran."""
-        api, engine = self.cpu.read()
+        api, engine = api_and_engine(self.server_pid, cpu_seconds)
         result = await call
-        api_after, engine_after = self.cpu.read()
+        api_after, engine_after = api_and_engine(self.server_pid, cpu_seconds)
         return result, api_after - api, engine_after - engine
 
     async def decide(self, state: str, questions: list[str], **backend_options: Any) -> tuple[float, dict]:

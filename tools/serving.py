@@ -4,16 +4,18 @@ or a running server they target instead."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct")
 
@@ -57,6 +59,19 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def api_and_engine(pid: int | None, measure: Callable[[psutil.Process], float]) -> tuple[float, float]:
+    """``measure`` of the API-server process, and summed over the engine processes it started
+    (0, 0 when no PID is known)."""
+    if not pid:
+        return 0.0, 0.0
+    root = psutil.Process(pid)
+    engine = 0.0
+    for child in root.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            engine += measure(child)
+    return measure(root), engine
 
 
 @contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import random
@@ -27,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serving import add_server_arguments, target  # noqa: E402
+from serving import add_server_arguments, api_and_engine, target  # noqa: E402
 
 WORDS = ["ticket", "payout", "refund", "invoice", "login", "outage", "delay", "customer", "order", "shipment", "contract", "renewal"]  # fmt: skip
 PATHS = ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions")
@@ -155,14 +153,7 @@ def sums_to_one(probabilities: list[float]) -> None:
 
 def rss_mib(pid: int | None) -> tuple[float, float]:
     """Resident memory (MiB) of the API-server process, and of the engine processes it started."""
-    if not pid:
-        return 0.0, 0.0
-    root = psutil.Process(pid)
-    engine = 0
-    for child in root.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            engine += child.memory_info().rss
-    return root.memory_info().rss / 2**20, engine / 2**20
+    return api_and_engine(pid, lambda process: process.memory_info().rss / 2**20)
 
 
 def bare(c: Case, model: str) -> Case:
