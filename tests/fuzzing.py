@@ -145,6 +145,8 @@ HOSTILE = [
     (b'{"input": NaN, "state": Infinity}', "NaN and Infinity"),
     (b"[" * 5000 + b"]" * 5000, "deeply nested"),
     (b'{"state": ' + b'{"a": ' * 400 + b"1" + b"}" * 400 + b"}", "deeply nested state"),
+    (b'{"state": [' + b",".join([b'{"a": ' * 300 + b"1" + b"}" * 300] * 40) + b'], "input": "x"}',
+     "70 KB of nesting that renders to megabytes of indented text"),
     (b'{"model": "m", "input": "' + b"x" * (10 * 2**20) + b'", "state": "x"}', "a 10 MiB input"),
     (b'{"model": "m", "input": "x", "state": "x", "questions": ' + b"[" + b'{"type": "predicate", "instructions": "?"},' * 5000 + b"{}]}", "5,000 questions"),
     (b'{"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "?", "choices": ['

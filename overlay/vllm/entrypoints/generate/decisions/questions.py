@@ -17,6 +17,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from .errors import DecisionError
+from .settings import DEFAULT_MAX_INPUT_CHARS, PREFIX
+
 # Names OpenAI's format gives a meaning of its own; no plugin may take them.
 RESERVED_TYPE_NAMES = frozenset({"predicate", "refusal"})
 
@@ -58,13 +61,29 @@ Content = str | int | float | bool | dict[str, Any] | list[Any]
 Instructions = Content | None
 
 
+# The most characters a JSON value may render to: VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS, set at startup.
+# Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
+# so the rendering stops here rather than after the text is built.
+max_rendered_chars = DEFAULT_MAX_INPUT_CHARS
+_INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
+
+
 def content_text(content: Content | None) -> str:
     """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return json.dumps(content, indent=2, ensure_ascii=False)
+    chunks, size = [], 0
+    for chunk in _INDENTED.iterencode(content):
+        size += len(chunk)
+        if size > max_rendered_chars:
+            raise DecisionError(
+                f"a JSON value in the request renders to more than {max_rendered_chars} characters of text "
+                f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+            )
+        chunks.append(chunk)
+    return "".join(chunks)
 
 
 class QuestionType(ABC):

@@ -34,6 +34,7 @@ VARIABLES = (
 
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_INPUT_CHARS = 1_000_000
 
 
 class SettingsError(ValueError):
@@ -73,7 +74,7 @@ class Settings:
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
             max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
-            max_input_chars=_int_at_least(env, PREFIX + "MAX_INPUT_CHARS", 1_000_000, 1),
+            max_input_chars=_int_at_least(env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1),
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
             calibration_dir=env.get(PREFIX + "CALIBRATION_DIR") or default_calibration_dir(env),

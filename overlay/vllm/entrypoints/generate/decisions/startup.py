@@ -16,6 +16,7 @@ from starlette.datastructures import State
 from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
+from . import questions
 from .backends import backend_names, backend_options, choose_backend
 from .host import VllmHost
 from .plugins import load_plugins
@@ -35,6 +36,7 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
 
     settings = Settings.from_env()
+    questions.max_rendered_chars = settings.max_input_chars
     load_plugins()
     host = VllmHost(
         engine_client,
