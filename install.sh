@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Install the typed-decisions overlay into vLLM 0.30.x: apply patches/api-router-wire-v0.30.patch and
-# copy the package to vllm/entrypoints/generate/decisions/.
+# Install the typed-decisions overlay into vLLM 0.30.x: apply patches/api-router-wire-v0.30.patch (the
+# routes) and patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model), and copy the
+# package to vllm/entrypoints/generate/decisions/.
 #
 # usage: ./install.sh [--python PY] [--dev] [--uninstall]
 #   --python PY   the Python whose `import vllm` to install into (default: $PYTHON, else python3)
 #   --dev         link the package to this checkout instead of copying it (edits take effect at once)
-#   --uninstall   remove the package and reverse the patch, leaving stock vLLM
+#   --uninstall   remove the package and reverse the patches, leaving stock vLLM
 #
 # Idempotent: a second run changes nothing and exits 0. On any failure it exits non-zero with the
 # reason and leaves vLLM as it found it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-PATCH="$HERE/patches/api-router-wire-v0.30.patch"
 PACKAGE="$HERE/overlay/vllm/entrypoints/generate/decisions"
 PY=${PYTHON:-python3}
 MODE=copy
@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     --python) PY=${2:?--python needs a path}; shift 2 ;;
     --dev) MODE=dev; shift ;;
     --uninstall) MODE=uninstall; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,46 +38,58 @@ esac
 TARGET="$SITE/vllm/entrypoints/generate/decisions"
 [ -w "$SITE/vllm" ] || fail "$SITE/vllm is not writable"
 
-# A copy of the patch as applied, so a later version of this overlay can take it back out first.
-APPLIED="$SITE/vllm/entrypoints/generate/.decisions-router.patch"
+# The patches, each with a copy of itself as applied, so a later version of this overlay can take it back
+# out first: the router patch, and the model patch for Laya decision models (LayaForDecision).
+PATCHES=("$HERE/patches/api-router-wire-v0.30.patch" "$HERE/patches/00584-laya-for-decision-v0.30.patch")
+RECORDS=("$SITE/vllm/entrypoints/generate/.decisions-router.patch" "$SITE/vllm/model_executor/models/.laya-decision.patch")
 patch_state() {  # $1: a patch file; prints applied | stock | conflict
   if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo applied
   elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo stock
   else echo conflict; fi
 }
-run_patch() { local file=$1; shift; (cd "$SITE" && patch -p1 -s -f --fuzz=0 --no-backup-if-mismatch "$@" <"$file"); }
+run_patch() { local file=$1; shift; (cd "$SITE" && patch -p1 -s -f -E --fuzz=0 --no-backup-if-mismatch "$@" <"$file"); }
+current_patch() {  # $1: index; the version vLLM carries now: the one recorded at install time, else ours
+  if [ -f "${RECORDS[$1]}" ]; then echo "${RECORDS[$1]}"; else echo "${PATCHES[$1]}"; fi
+}
 
-# The patch vLLM carries now: the one recorded at install time, else (older installs) ours.
-CURRENT="$PATCH"; [ -f "$APPLIED" ] && CURRENT="$APPLIED"
-STATE=$(patch_state "$CURRENT")
 if [ "$MODE" = uninstall ]; then
-  [ "$STATE" = conflict ] && fail "vLLM's patched files at $SITE differ from both stock and patched; not touching them"
+  for i in "${!PATCHES[@]}"; do
+    [ "$(patch_state "$(current_patch "$i")")" = conflict ] \
+      && fail "vLLM's files patched by $(basename "${PATCHES[$i]}") at $SITE differ from both stock and patched; not touching them"
+  done
   [ -e "$TARGET" ] || [ -L "$TARGET" ] && { rm -rf "$TARGET"; say "removed $TARGET"; }
-  [ "$STATE" = applied ] && { run_patch "$CURRENT" -R; say "reversed the router patch"; }
-  rm -f "$APPLIED"
+  for i in "${!PATCHES[@]}"; do
+    CURRENT=$(current_patch "$i")
+    [ "$(patch_state "$CURRENT")" = applied ] && { run_patch "$CURRENT" -R; say "reversed $(basename "${PATCHES[$i]}")"; }
+    rm -f "${RECORDS[$i]}"
+  done
   say "vLLM $VERSION at $SITE is stock"
   exit 0
 fi
 
-[ "$STATE" = conflict ] && fail "the router patch does not apply to vLLM $VERSION at $SITE (files modified?)"
-OLD_REVERSED=0 PATCHED_NOW=0 STAGE= ASIDE= PLACED=0
+REVERSED=() APPLIED=() STAGE= ASIDE= PLACED=0
 cleanup() {  # on failure, undo what this run did
-  local rc=$?
+  local rc=$? i
   if [ $rc -ne 0 ]; then
     [ -n "$STAGE" ] && rm -rf "$STAGE"
     [ "$PLACED" = 1 ] && rm -rf "$TARGET"
     [ -n "$ASIDE" ] && mv "$ASIDE" "$TARGET"
-    [ "$PATCHED_NOW" = 1 ] && run_patch "$PATCH" -R
-    [ "$OLD_REVERSED" = 1 ] && run_patch "$CURRENT"
+    for ((i = ${#APPLIED[@]} - 1; i >= 0; i--)); do run_patch "${APPLIED[$i]}" -R; done
+    for i in "${REVERSED[@]}"; do run_patch "$i"; done
   fi
   exit $rc
 }
 trap cleanup EXIT
-if [ "$STATE" = applied ] && ! cmp -s "$CURRENT" "$PATCH"; then
-  run_patch "$CURRENT" -R; OLD_REVERSED=1; STATE=stock; say "took out the previous version's router patch"
-  [ "$(patch_state "$PATCH")" = stock ] || fail "the router patch does not apply to vLLM $VERSION at $SITE"
-fi
-if [ "$STATE" = stock ]; then run_patch "$PATCH"; PATCHED_NOW=1; say "applied the router patch"; fi
+for i in "${!PATCHES[@]}"; do
+  PATCH=${PATCHES[$i]} CURRENT=$(current_patch "$i") NAME=$(basename "${PATCHES[$i]}")
+  STATE=$(patch_state "$CURRENT")
+  [ "$STATE" = conflict ] && fail "$NAME does not apply to vLLM $VERSION at $SITE (files modified?)"
+  if [ "$STATE" = applied ] && ! cmp -s "$CURRENT" "$PATCH"; then
+    run_patch "$CURRENT" -R; REVERSED+=("$CURRENT"); STATE=stock; say "took out the previous version of $NAME"
+    [ "$(patch_state "$PATCH")" = stock ] || fail "$NAME does not apply to vLLM $VERSION at $SITE"
+  fi
+  if [ "$STATE" = stock ]; then run_patch "$PATCH"; APPLIED+=("$PATCH"); say "applied $NAME"; fi
+done
 replace_target() {  # move the old package aside (restored on failure), put $1 in its place
   if [ -e "$TARGET" ] || [ -L "$TARGET" ]; then
     ASIDE=$(mktemp -u "$SITE/vllm/entrypoints/generate/.decisions-old.XXXXXX"); mv "$TARGET" "$ASIDE"
@@ -99,7 +111,7 @@ elif [ -L "$TARGET" ] || ! diff -rq -x __pycache__ "$PACKAGE" "$TARGET" >/dev/nu
   say "copied the package to $TARGET"
 fi
 "$PY" -m compileall -q "$TARGET" >/dev/null || fail "the installed package does not compile; see above"
-cmp -s "$PATCH" "$APPLIED" 2>/dev/null || cp "$PATCH" "$APPLIED"
+for i in "${!PATCHES[@]}"; do cmp -s "${PATCHES[$i]}" "${RECORDS[$i]}" 2>/dev/null || cp "${PATCHES[$i]}" "${RECORDS[$i]}"; done
 [ -n "$ASIDE" ] && rm -rf "$ASIDE"
 ASIDE=
 say "typed decisions installed into vLLM $VERSION at $SITE (enable with VLLM_ENABLE_TYPED_DECISIONS=1)"

@@ -20,9 +20,18 @@ PATCHED_FILES = (
     "vllm/envs.py",
     "vllm/entrypoints/launchers/api_server/routers.py",
     "vllm/entrypoints/launchers/api_server/app_state.py",
+    "vllm/model_executor/models/registry.py",
 )
+# Files the model patch adds to vLLM.
+ADDED_FILES = ("vllm/model_executor/models/laya.py",)
 INSTALL = ROOT / "install.sh"
 PATCH = ROOT / "patches" / "api-router-wire-v0.30.patch"
+MODEL_PATCH = ROOT / "patches" / "00584-laya-for-decision-v0.30.patch"
+# Where install.sh records each patch as applied.
+RECORDS = {
+    PATCH: "vllm/entrypoints/generate/.decisions-router.patch",
+    MODEL_PATCH: "vllm/model_executor/models/.laya-decision.patch",
+}
 
 
 def record_hashes() -> dict[str, str]:
@@ -61,15 +70,18 @@ def site(tmp_path: Path) -> Path:
 
     real_site = Path(vllm.__file__).parent.parent
     site = tmp_path / "site"
-    for name in PATCHED_FILES:
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(real_site / name, site / name)
-    # The test environment itself has the overlay installed: take out the patch it recorded.
-    recorded = real_site / "vllm" / "entrypoints" / "generate" / ".decisions-router.patch"
-    applied = recorded if recorded.exists() else PATCH
-    if subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f"], cwd=site, stdin=applied.open(),
-                      capture_output=True).returncode == 0:  # fmt: skip
-        subprocess.run(["patch", "-p1", "-R", "-s", "-f"], cwd=site, stdin=applied.open(), check=True)
+    for name in PATCHED_FILES + ADDED_FILES:
+        if (real_site / name).exists():
+            (site / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(real_site / name, site / name)
+    # The test environment itself has the overlay installed: take out the patches it recorded.
+    for patch, record in RECORDS.items():
+        recorded = real_site / record
+        applied = recorded if recorded.exists() else patch
+        if subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f"], cwd=site, stdin=applied.open(),
+                          capture_output=True).returncode == 0:  # fmt: skip
+            subprocess.run(["patch", "-p1", "-R", "-s", "-f", "-E"], cwd=site, stdin=applied.open(), check=True)
+    assert not any((site / name).exists() for name in ADDED_FILES)
     hashes = record_hashes()
     assert set(hashes) == set(PATCHED_FILES)
     for name in PATCHED_FILES:
@@ -89,11 +101,14 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     stock = tree(site)
     first = install(site)
     assert first.returncode == 0, first.stderr
-    assert "applied the router patch" in first.stdout and "copied the package" in first.stdout
+    assert f"applied {PATCH.name}" in first.stdout and "copied the package" in first.stdout
+    assert f"applied {MODEL_PATCH.name}" in first.stdout
     installed = tree(site)
     target = site / "vllm" / "entrypoints" / "generate" / "decisions"
     assert tree(target) == tree(OVERLAY)
     assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
+    assert '"LayaForDecision": ("laya", "LayaForDecision")' in (site / PATCHED_FILES[3]).read_text()
+    assert all((site / name).is_file() for name in ADDED_FILES)
 
     second = install(site)
     assert second.returncode == 0, second.stderr
@@ -123,11 +138,21 @@ def test_refuses_another_vllm_version_and_changes_nothing(site):
 
 def test_a_modified_vllm_is_left_as_it_was(site):
     routers = site / "vllm/entrypoints/launchers/api_server/routers.py"
-    routers.write_text(routers.read_text().replace("register_generate_api_routers(app)", "pass"))
+    routers.write_text(routers.read_text().replace("register_scale_out_api_routers(app, supported_tasks)", "pass"))
     before = tree(site)
     result = install(site)
     assert result.returncode != 0 and "does not apply" in result.stderr
     assert tree(site) == before
+
+
+def test_a_patch_that_does_not_apply_takes_the_ones_before_it_back_out(site):
+    registry = site / "vllm/model_executor/models/registry.py"
+    registry.write_text(registry.read_text().replace('"BertForTokenClassification": ("bert", ', '"Bert": ("bert", '))
+    before = tree(site)
+    result = install(site)
+    assert result.returncode != 0 and f"{MODEL_PATCH.name} does not apply" in result.stderr
+    assert f"applied {PATCH.name}" in result.stdout  # the router patch went in first ...
+    assert tree(site) == before  # ... and came back out
 
 
 def test_a_failure_after_patching_undoes_the_patch(site, tmp_path):
@@ -153,6 +178,7 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     old_patch = PATCH.read_text().replace('"CALIBRATION_DIR",', '"CALIBRATION_FOLDER",')
     assert old_patch != PATCH.read_text()
     (old / "patches" / PATCH.name).write_text(old_patch)
+    shutil.copy(MODEL_PATCH, old / "patches" / MODEL_PATCH.name)
     env = {**os.environ, "PYTHONPATH": str(site)}
     subprocess.run(["bash", str(old / "install.sh"), "--python", sys.executable], env=env, check=True,
                    capture_output=True)  # fmt: skip
@@ -160,7 +186,7 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
 
     upgraded = install(site)
     assert upgraded.returncode == 0, upgraded.stderr
-    assert "took out the previous version's router patch" in upgraded.stdout
+    assert f"took out the previous version of {PATCH.name}" in upgraded.stdout
     envs = (site / "vllm" / "envs.py").read_text()
     assert "CALIBRATION_FOLDER" not in envs and '"CALIBRATION_DIR",' in envs
     assert install(site, "--uninstall").returncode == 0 and tree(site) == stock

@@ -99,6 +99,13 @@ def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -
     return httpx.post(f"{server.url}/v1/decisions", json=probe, headers=headers, timeout=30).status_code == 200
 
 
+def answered(server: VllmServer, path: str, body: dict) -> dict:
+    """POST ``body`` and return the JSON of its answer, which must be a 200."""
+    response = httpx.post(server.url + path, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> VllmServer:
     """SmolLM2-135M-Instruct with decisions on. Strict environment validation proves that every

@@ -10,7 +10,7 @@ import pytest
 from openai.types import Decision
 
 from ..conftest import model_path
-from .conftest import VllmServer, running
+from .conftest import VllmServer, answered, running
 
 SENTIMENT_JEV = {
     "state": "I love this phone, the battery lasts for days!",
@@ -29,12 +29,6 @@ def plugin_server(tmp_path_factory):
         yield instance
 
 
-def post(server: VllmServer, path: str, body: dict) -> dict:
-    response = httpx.post(server.url + path, json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def test_plugins_load_and_the_architecture_claim_picks_the_plugin_backend(plugin_server):
     log = plugin_server.log.read_text()
     loaded = next(line for line in log.splitlines() if "decision plugins loaded:" in line)
@@ -47,7 +41,7 @@ def test_plugins_load_and_the_architecture_claim_picks_the_plugin_backend(plugin
 def test_both_endpoints_answer_the_plugin_type(plugin_server, backend):
     extra = {"backend": backend} if backend else {}
     expected = backend or "plain-letters"
-    mood = post(plugin_server, "/v1/systemone", {**SENTIMENT_JEV, "extra": extra})["answers"]["mood"]
+    mood = answered(plugin_server, "/v1/systemone", {**SENTIMENT_JEV, "extra": extra})["answers"]["mood"]
     assert mood["type"] == "sentiment" and mood["label"] in ("negative", "neutral", "positive")
     assert list(mood["probabilities"]) == ["negative", "neutral", "positive"] and 0 <= mood["confidence"] <= 1
     assert mood["positive_minus_negative"] == pytest.approx(
@@ -55,7 +49,7 @@ def test_both_endpoints_answer_the_plugin_type(plugin_server, backend):
     )
     assert mood["extra"]["backend"]["name"] == expected
 
-    body = post(plugin_server, "/v1/decisions", {**SENTIMENT_OPENAI, "extra": extra})
+    body = answered(plugin_server, "/v1/decisions", {**SENTIMENT_OPENAI, "extra": extra})
     mood, recommend = body["answers"]
     assert (mood["type"], mood["name"]) == ("sentiment", "mood") and mood["label"] in (
         "negative",
@@ -75,7 +69,7 @@ def test_the_openai_sdk_reads_a_plugin_answer(plugin_server):
 
 
 def test_plugin_backend_options_are_validated_by_its_model(plugin_server):
-    body = post(plugin_server, "/v1/systemone", {**SENTIMENT_JEV, "extra": {"backend_options": {"space": True}}})
+    body = answered(plugin_server, "/v1/systemone", {**SENTIMENT_JEV, "extra": {"backend_options": {"space": True}}})
     assert body["answers"]["mood"]["extra"]["backend"]["space"] is True
     bad = httpx.post(plugin_server.url + "/v1/decisions", json={**SENTIMENT_OPENAI, "extra": {"backend_options": {"spaces": 1}}},
                      timeout=60)  # fmt: skip
@@ -86,7 +80,7 @@ def test_an_unknown_backend_is_refused_with_the_loaded_ones(plugin_server):
     response = httpx.post(plugin_server.url + "/v1/decisions", json={**SENTIMENT_OPENAI, "extra": {"backend": "canvas"}},
                           timeout=60)  # fmt: skip
     assert response.status_code == 400
-    assert "loaded backends: faulty, logit, plain-letters" in response.json()["error"]["message"]
+    assert "loaded backends: encoder, faulty, logit, plain-letters" in response.json()["error"]["message"]
 
 
 def test_a_request_picks_the_plugin_backend_on_a_model_it_does_not_claim(client):

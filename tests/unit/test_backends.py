@@ -46,7 +46,7 @@ def test_the_variable_wins_over_a_claim(claiming):
 
 
 def test_unknown_backend_names_the_registered_ones(claiming):
-    with pytest.raises(SettingsError, match="registered: claiming, logit"):
+    with pytest.raises(SettingsError, match="registered: claiming, encoder, logit"):
         choose_backend(parse_backend_spec("canvas"), ())
 
 

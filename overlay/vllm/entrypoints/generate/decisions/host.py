@@ -55,6 +55,10 @@ class BackendHost(ABC):
     max_logprob_token_ids: int
     # --logprobs-mode: only "raw_logprobs" returns true log-probabilities.
     logprobs_mode: str
+    # --trust-remote-code: whether code shipped with the checkpoint may run.
+    trust_remote_code: bool = False
+    # The served tokenizer, for backends whose checkpoint builds its own prompts (None: not available).
+    tokenizer: Any = None
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -98,6 +102,14 @@ class BackendHost(ABC):
         """One pooling pass (for pooling models, e.g. ``token_classify``): the pooler's output as lists."""
         raise DecisionError("this host cannot pool", HTTPStatus.NOT_IMPLEMENTED)
 
+    def checkpoint_config(self) -> dict[str, Any]:
+        """The served checkpoint's ``config.json`` as a dict."""
+        return {}
+
+    def checkpoint_file(self, name: str) -> bytes | None:
+        """A file shipped with the served checkpoint (None: it has none by that name)."""
+        return None
+
 
 class VllmHost(BackendHost):
     """:class:`BackendHost` over a running vLLM engine client."""
@@ -116,6 +128,8 @@ class VllmHost(BackendHost):
         self.architectures = tuple(getattr(model_config.hf_config, "architectures", None) or ())
         self.max_logprobs = model_config.max_logprobs
         self.logprobs_mode = str(model_config.logprobs_mode)
+        self.trust_remote_code = bool(model_config.trust_remote_code)
+        self._model_config = model_config
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
         self.max_logprob_token_ids = MAX_LOGPROB_TOKEN_IDS
@@ -226,6 +240,15 @@ class VllmHost(BackendHost):
             raise DecisionError("the engine returned no pooling output", HTTPStatus.INTERNAL_SERVER_ERROR)
         data = final.outputs.data
         return data.tolist() if hasattr(data, "tolist") else data
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        return cast(dict[str, Any], self._model_config.hf_config.to_dict())
+
+    def checkpoint_file(self, name: str) -> bytes | None:
+        from vllm.transformers_utils.repo_utils import get_hf_file_bytes
+
+        config = self._model_config
+        return get_hf_file_bytes(name, config.model, config.revision)
 
     async def _read(self, prompt_ids: list[int], params: Any, request_id: str) -> TokenRead:
         from vllm.inputs import tokens_input

@@ -30,14 +30,16 @@ class Option:
 
     ``key`` identifies the option in ``option_logits`` (a choice value as JSON text, ``true`` or
     ``false`` for yes/no, ``"0"``... for score levels); ``value`` is what the answer reports;
-    ``text`` is what the prompt shows after the option's label; ``label`` is the short name a score
-    level carries.
+    ``text`` is what the prompt shows after the option's label; ``label`` is the option's short name
+    and ``description`` what the question says about it (empty when nothing), for backends whose
+    models lay options out their own way.
     """
 
     key: str
     value: Any
     text: str
     label: str = ""
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,11 @@ class NoulQuestion(QuestionModel):
 
 
 def yes_no_options(when_yes: Content | None = None, when_no: Content | None = None) -> tuple[Option, Option]:
-    def text(word: str, when: Content | None) -> str:
-        return f"{word}: {content_text(when)}" if content_text(when) else word
+    def option(key: str, value: bool, word: str, when: Content | None) -> Option:
+        description = content_text(when)
+        return Option(key, value, f"{word}: {description}" if description else word, word.lower(), description)
 
-    return (Option("true", True, text("Yes", when_yes), "yes"), Option("false", False, text("No", when_no), "no"))
+    return option("true", True, "Yes", when_yes), option("false", False, "No", when_no)
 
 
 class NoulType(QuestionType):
@@ -162,10 +165,11 @@ class ChoiceQuestion(QuestionModel):
 def choice_options(items: Sequence[tuple[StrictStr | StrictBool, Content | None]]) -> tuple[Option, ...]:
     """Options for choice values (strings or booleans, kept typed), described or not."""
     options = []
-    for value, description in items:
+    for value, content in items:
         shown = value if isinstance(value, str) else json.dumps(value)
-        text = f"{shown}: {content_text(description)}" if content_text(description) else shown
-        options.append(Option(json.dumps(value, ensure_ascii=False), value, text, shown))
+        description = content_text(content)
+        text = f"{shown}: {description}" if description else shown
+        options.append(Option(json.dumps(value, ensure_ascii=False), value, text, shown, description))
     return tuple(options)
 
 
@@ -198,7 +202,7 @@ class ScoreQuestion(QuestionModel):
 def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...]:
     """Options for ordered levels, lowest first; a level shows as ``label`` or ``label: description``."""
     return tuple(
-        Option(str(i), i, f"{label}: {description}" if description else label, label)
+        Option(str(i), i, f"{label}: {description}" if description else label, label, description or "")
         for i, (label, description) in enumerate(levels)
     )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..settings import PREFIX, BackendSpec, SettingsError
 from .base import DecisionBackend, Reading
+from .encoder import EncoderBackend
 from .logit import LogitBackend
 
 _BACKENDS: dict[str, type[DecisionBackend]] = {}
@@ -58,6 +59,7 @@ def backend_options(cls: type[DecisionBackend], args: Mapping[str, Any]) -> Any:
 
 
 register_backend(LogitBackend)
+register_backend(EncoderBackend)
 _BUILT_IN.update(_BACKENDS)
 
 __all__ = [
