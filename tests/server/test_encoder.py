@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+import typesafe_sdk
 from openai.types import Decision
 
 from vllm.entrypoints.generate.decisions.backends.encoder import laya_prompts
@@ -85,6 +86,14 @@ def test_the_openai_sdk_reads_encoder_answers(laya_server):
     client = openai.OpenAI(base_url=f"{laya_server.url}/v1", api_key="unused", max_retries=0)
     decision = client.decisions.create(model="m", input=STATE, questions=OPENAI["questions"][:3])
     assert isinstance(decision, Decision) and len(decision.answers) == 3
+
+
+def test_the_typesafe_sdk_reads_encoder_answers(laya_server):
+    client = typesafe_sdk.TypeSafeClient(api_key="unused", base_url=laya_server.url)
+    questions = {"late": typesafe_sdk.Noul(instructions="Late?"),
+                 "level": typesafe_sdk.Score(instructions="Mood?", criteria=["Calm", "Angry"])}  # fmt: skip
+    response = client.system_one(STATE, questions)
+    assert 0 < response.answers["late"].noul < 1 and set(response.answers["level"].probabilities) == {0, 1}
 
 
 def test_served_scores_are_the_reference_model_on_the_same_prompt(laya_server):
