@@ -65,5 +65,12 @@ if [ "$(cat "$MODELS/tiny-laya/.complete" 2>/dev/null)" != "$LAYA_WANT" ]; then
   "$VENV/bin/python" "$HERE/build_tiny_laya.py" "$MODELS" >&2
   echo "$LAYA_WANT" > "$MODELS/tiny-laya/.complete"
 fi
+# The tiny DiffusionGemma takes tiny-llama-localtok's tokenizer (built above): rebuilt when its builder changes.
+DG_WANT=$(sha256sum "$HERE/build_tiny_diffusiongemma.py" | cut -c1-16)
+if [ "$(cat "$MODELS/tiny-diffusiongemma/.complete" 2>/dev/null)" != "$DG_WANT" ]; then
+  log "building tiny-diffusiongemma into $MODELS"
+  "$VENV/bin/python" "$HERE/build_tiny_diffusiongemma.py" "$MODELS" >&2
+  echo "$DG_WANT" > "$MODELS/tiny-diffusiongemma/.complete"
+fi
 echo "VENV=$VENV"
 echo "MODELS=$MODELS"

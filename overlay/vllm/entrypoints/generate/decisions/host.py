@@ -7,6 +7,7 @@ Backends render prompts, tokenize and read log-probabilities only through a :cla
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -59,6 +60,10 @@ class BackendHost(ABC):
     trust_remote_code: bool = False
     # The served tokenizer, for backends whose checkpoint builds its own prompts (None: not available).
     tokenizer: Any = None
+    # The model's vocabulary size (0: unknown), e.g. for drawing noise tokens.
+    vocab_size: int = 0
+    # Whether the engine can do read-only canvas reads (:meth:`read_canvas`, patches/00572).
+    canvas_reads: bool = False
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -102,6 +107,14 @@ class BackendHost(ABC):
         """One pooling pass (for pooling models, e.g. ``token_classify``): the pooler's output as lists."""
         raise DecisionError("this host cannot pool", HTTPStatus.NOT_IMPLEMENTED)
 
+    async def read_canvas(
+        self, prompt_ids: list[int], canvas_ids: list[int], token_ids: list[int], max_steps: int, request_id: str
+    ) -> TokenRead:
+        """A read-only canvas read (diffusion models): the canvas after ``prompt_ids`` starts as
+        ``canvas_ids``, only its first position may change, the engine denoises at most ``max_steps``
+        times, and the result is the log-probability of each of ``token_ids`` at that first position."""
+        raise DecisionError("this engine has no canvas read (patches/00572)", HTTPStatus.NOT_IMPLEMENTED)
+
     def checkpoint_config(self) -> dict[str, Any]:
         """The served checkpoint's ``config.json`` as a dict."""
         return {}
@@ -129,6 +142,8 @@ class VllmHost(BackendHost):
         self.max_logprobs = model_config.max_logprobs
         self.logprobs_mode = str(model_config.logprobs_mode)
         self.trust_remote_code = bool(model_config.trust_remote_code)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.canvas_reads = importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
         self._model_config = model_config
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
@@ -198,17 +213,24 @@ class VllmHost(BackendHost):
         # prompt_logprobs stays unset: it would switch off prefix-cache reads. A read keeps no text,
         # so nothing is detokenized.
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False)
-        read = await self._read(prompt_ids, params, request_id)
-        wanted = set(token_ids)
-        return TokenRead(
-            {t: v for t, v in read.logprobs.items() if t in wanted}, read.prompt_tokens, read.cached_tokens
-        )
+        return only(await self._read(prompt_ids, params, request_id), token_ids)
 
     async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False)
         return await self._read(prompt_ids, params, request_id)
+
+    async def read_canvas(
+        self, prompt_ids: list[int], canvas_ids: list[int], token_ids: list[int], max_steps: int, request_id: str
+    ) -> TokenRead:
+        from vllm.sampling_params import SamplingParams
+
+        # patches/00572 reads ``canvas_read``; diffusion models take temperature 1.0 and no engine seed.
+        canvas = {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
+        params = SamplingParams(max_tokens=1, logprob_token_ids=token_ids, detokenize=False,
+                                extra_args={"canvas_read": canvas})  # fmt: skip
+        return only(await self._read(prompt_ids, params, request_id), token_ids)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
         from vllm.inputs import tokens_input
@@ -265,6 +287,12 @@ class VllmHost(BackendHost):
             prompt_tokens=len(prompt_ids),
             cached_tokens=int(final.num_cached_tokens or 0),
         )
+
+
+def only(read: TokenRead, token_ids: Sequence[int]) -> TokenRead:
+    """``read`` without the tokens nobody asked for (the engine adds the sampled one)."""
+    wanted = set(token_ids)
+    return TokenRead({t: v for t, v in read.logprobs.items() if t in wanted}, read.prompt_tokens, read.cached_tokens)
 
 
 @contextmanager

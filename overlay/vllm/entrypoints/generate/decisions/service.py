@@ -137,10 +137,12 @@ class DecisionService:
         where: Sequence[str] | None = None,
         backend_options: dict[str, Any] | None = None,
         backend: str | None = None,
+        seed: int | None = None,
     ) -> Decision:
         """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
 
-        ``temperature`` is a per-request override of the server's calibration temperature.
+        ``temperature`` is a per-request override of the server's calibration temperature; ``seed``
+        (``extra.seed``) reaches backends whose reads draw randomness.
         """
         if self.unavailable is not None:
             raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
@@ -149,7 +151,7 @@ class DecisionService:
         self.check_input(state)
         self.check_limits(questions, where)
         chosen = await self.backend_named(backend)
-        options = chosen.request_options(backend_options)
+        options = chosen.seeded(chosen.request_options(backend_options), seed)
         applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..settings import PREFIX, BackendSpec, SettingsError
 from .base import DecisionBackend, Reading
+from .canvas import CanvasBackend
 from .encoder import EncoderBackend
 from .logit import LogitBackend
 
@@ -60,6 +61,7 @@ def backend_options(cls: type[DecisionBackend], args: Mapping[str, Any]) -> Any:
 
 register_backend(LogitBackend)
 register_backend(EncoderBackend)
+register_backend(CanvasBackend)
 _BUILT_IN.update(_BACKENDS)
 
 __all__ = [

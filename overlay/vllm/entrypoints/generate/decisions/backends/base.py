@@ -66,6 +66,11 @@ class DecisionBackend(ABC):
         except ValidationError as exc:
             raise DecisionError(validation_message(exc, "extra.backend_options")) from None
 
+    def seeded(self, options: Any, seed: int | None) -> Any:
+        """``options`` for a request that sent ``extra.seed``: backends whose reads draw randomness take
+        it from here; the others ignore it."""
+        return options
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Startup work done once before the first request (self-checks, caches)."""
 

@@ -50,6 +50,7 @@ async def decide(
         where,
         backend_options=extra.backend_options,
         backend=extra.backend,
+        seed=extra.seed,
     )
     if (failure := decision.first_failure()) is not None:
         raise failure

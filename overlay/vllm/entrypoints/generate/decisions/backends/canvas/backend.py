@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The canvas backend: DiffusionGemma reads the answer slot of a seeded, read-only canvas.
+
+The prompt is the logit backend's, up to its answer cue. The canvas after it holds a noise token at
+the answer slot and then the turn-close marker; one read-only denoise (``max_steps`` at most) gives
+the log-probability of each option letter at that slot. ``samples=n`` reads n canvases whose noise
+tokens come from one seed and averages the distributions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from http import HTTPStatus
+from typing import Any
+
+from vllm.logger import init_logger
+
+from ...concurrency import gather_or_cancel
+from ...errors import DecisionError
+from ...host import BackendHost, TokenRead
+from ...questions import CompiledQuestion
+from ...scoring import softmax
+from ...settings import Settings
+from ..base import DecisionBackend, Reading
+from ..logit.answer_slot import AnswerSlotPlacer
+from ..logit.labels import LabelCatalog
+from ..logit.options import LogitOptions
+from ..logit.prompt import RENDER_VERSION, messages
+from .options import CanvasOptions
+from .samples import average, noise_tokens
+
+logger = init_logger(__name__)
+
+# The canvas: the answer slot, then the turn-close marker.
+CANVAS_WIDTH = 2
+# What the startup probe has the assistant say, to find the token its chat template closes a turn with.
+_PROBE_REPLY = "The answer is B."
+
+
+class CanvasBackend(DecisionBackend):
+    name = "canvas"
+    architectures = ("DiffusionGemmaForBlockDiffusion",)
+    options_model = CanvasOptions
+    render_version = RENDER_VERSION
+
+    def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
+        super().__init__(host, options or CanvasOptions(), settings)
+        self.placer = AnswerSlotPlacer(host)
+        self.catalog = LabelCatalog(tuple(LogitOptions().markers), ())
+        self.turn_close: int | None = None
+
+    def seeded(self, options: Any, seed: int | None) -> Any:
+        return options if seed is None else options.model_copy(update={"seed": seed})
+
+    async def start(self) -> None:
+        if not self.host.canvas_reads:
+            raise RuntimeError(
+                "this vLLM has no read-only canvas read: the canvas backend needs "
+                "patches/00572-diffusion-canvas-read-v0.30.patch (./install.sh --with-canvas)"
+            )
+        if self.host.vocab_size <= 0:
+            raise RuntimeError("the engine did not say its vocabulary size, which the canvas noise is drawn from")
+        self.turn_close = await turn_close_id(self.host)
+        logger.info("canvas backend: turn-close token %d, %s", self.turn_close, self.options)
+
+    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+        options, turn_close = options or self.options, self.turn_close
+        if turn_close is None:
+            raise DecisionError("the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
+        count, markers = len(question.options), len(self.catalog.markers)
+        if count > markers:
+            raise DecisionError(
+                f"{count} options; the canvas backend reads directly, at most {markers} (one letter each)"
+            )
+        labels = self.catalog.labels(count)
+        slot = self.placer.place(await self.host.render_chat(messages(state, question, labels)), labels)
+        limit = self.host.max_model_len
+        if len(slot.prompt_ids) + CANVAS_WIDTH > limit:
+            raise DecisionError(
+                f"the rendered prompt has {len(slot.prompt_ids)} tokens and its canvas {CANVAS_WIDTH}; the "
+                f"model's context (--max-model-len {limit}) holds {limit}"
+            )
+        seed = options.seed if options.seed is not None else random.randrange(2**63)
+        noise = noise_tokens(seed, options.samples, self.host.vocab_size)
+
+        def canvas_read(index: int) -> Any:
+            canvas = [noise[index], turn_close]
+            return self.host.read_canvas(slot.prompt_ids, canvas, slot.label_ids, options.max_steps,
+                                         f"{request_id}-c{index}")  # fmt: skip
+
+        # The first read puts the prompt in the prefix cache; the others then read it from there.
+        reads = [await canvas_read(0)]
+        reads += await gather_or_cancel(canvas_read(i) for i in range(1, options.samples))
+        together = average([softmax(label_scores(read, slot.label_ids)) for read in reads])
+        keys = [o.key for o in question.options]
+        return Reading(
+            scores=[math.log(p) if p > 0 else -math.inf for p in together.probabilities],
+            forward_passes=options.samples * options.max_steps,
+            input_tokens=sum(r.prompt_tokens for r in reads),
+            cached_input_tokens=sum(r.cached_tokens for r in reads),
+            readout="direct",
+            option_mass=sum(sum(math.exp(v) for v in label_scores(r, slot.label_ids)) for r in reads) / len(reads),
+            meta={
+                "seed": seed,
+                "samples": {
+                    "n": options.samples,
+                    "stderr": dict(zip(keys, together.stderr, strict=True)),
+                    "agreement": together.agreement,
+                },
+                "canvas_width": CANVAS_WIDTH,
+                "max_steps": options.max_steps,
+            },
+        )
+
+
+def label_scores(read: TokenRead, label_ids: list[int]) -> list[float]:
+    missing = [t for t in label_ids if t not in read.logprobs]
+    if missing:
+        raise DecisionError(
+            f"the canvas read lacked {len(missing)} of {len(label_ids)} label log-probabilities",
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+        )
+    return [read.logprobs[t] for t in label_ids]
+
+
+async def turn_close_id(host: BackendHost) -> int:
+    """The special token the chat template closes an assistant turn with: the canvas ends on it."""
+    chat = [{"role": "user", "content": "Which letter?"}, {"role": "assistant", "content": _PROBE_REPLY}]
+    text = await host.render_chat_text(chat)
+    if text is None or _PROBE_REPLY not in text:
+        raise RuntimeError("could not render an assistant turn to find the template's turn-close marker")
+    after = host.encode(text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :])
+    if not after or after[0] not in host.special_token_ids():
+        raise RuntimeError("the chat template closes an assistant turn with no special token; the canvas needs one")
+    return after[0]
