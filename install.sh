@@ -3,10 +3,12 @@
 # routes) and patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model), and copy the
 # package to vllm/entrypoints/generate/decisions/.
 #
-# usage: ./install.sh [--python PY] [--dev] [--uninstall]
-#   --python PY   the Python whose `import vllm` to install into (default: $PYTHON, else python3)
-#   --dev         link the package to this checkout instead of copying it (edits take effect at once)
-#   --uninstall   remove the package and reverse the patches, leaving stock vLLM
+# usage: ./install.sh [--python PY] [--dev] [--with-canvas] [--uninstall]
+#   --python PY     the Python whose `import vllm` to install into (default: $PYTHON, else python3)
+#   --dev           link the package to this checkout instead of copying it (edits take effect at once)
+#   --with-canvas   also apply patches/00572-diffusion-canvas-read-v0.30.patch (DiffusionGemma canvas
+#                   reads for the canvas backend; its engine path needs a GPU and is not verified here)
+#   --uninstall     remove the package and reverse the patches, leaving stock vLLM
 #
 # Idempotent: a second run changes nothing and exits 0. On any failure it exits non-zero with the
 # reason and leaves vLLM as it found it.
@@ -15,12 +17,14 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PACKAGE="$HERE/overlay/vllm/entrypoints/generate/decisions"
 PY=${PYTHON:-python3}
 MODE=copy
+CANVAS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PY=${2:?--python needs a path}; shift 2 ;;
     --dev) MODE=dev; shift ;;
     --uninstall) MODE=uninstall; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --with-canvas) CANVAS=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,8 +44,12 @@ TARGET="$SITE/vllm/entrypoints/generate/decisions"
 
 # The patches, each with a copy of itself as applied, so a later version of this overlay can take it back
 # out first: the router patch, and the model patch for Laya decision models (LayaForDecision).
-PATCHES=("$HERE/patches/api-router-wire-v0.30.patch" "$HERE/patches/00584-laya-for-decision-v0.30.patch")
-RECORDS=("$SITE/vllm/entrypoints/generate/.decisions-router.patch" "$SITE/vllm/model_executor/models/.laya-decision.patch")
+# The canvas patch (index 2) goes in only with --with-canvas; an earlier install's stays until --uninstall.
+PATCHES=("$HERE/patches/api-router-wire-v0.30.patch" "$HERE/patches/00584-laya-for-decision-v0.30.patch"
+         "$HERE/patches/00572-diffusion-canvas-read-v0.30.patch")
+RECORDS=("$SITE/vllm/entrypoints/generate/.decisions-router.patch" "$SITE/vllm/model_executor/models/.laya-decision.patch"
+         "$SITE/vllm/v1/sample/.canvas-read.patch")
+WANTED=(0 1); [ "$CANVAS" = 1 ] && WANTED+=(2)
 patch_state() {  # $1: a patch file; prints applied | stock | conflict
   if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo applied
   elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo stock
@@ -53,12 +61,14 @@ current_patch() {  # $1: index; the version vLLM carries now: the one recorded a
 }
 
 if [ "$MODE" = uninstall ]; then
-  for i in "${!PATCHES[@]}"; do
+  for i in "${!PATCHES[@]}"; do  # the optional canvas patch matters only where an install recorded it
+    [ "$i" = 2 ] && [ ! -f "${RECORDS[$i]}" ] && continue
     [ "$(patch_state "$(current_patch "$i")")" = conflict ] \
       && fail "vLLM's files patched by $(basename "${PATCHES[$i]}") at $SITE differ from both stock and patched; not touching them"
   done
   [ -e "$TARGET" ] || [ -L "$TARGET" ] && { rm -rf "$TARGET"; say "removed $TARGET"; }
   for i in "${!PATCHES[@]}"; do
+    [ "$i" = 2 ] && [ ! -f "${RECORDS[$i]}" ] && continue
     CURRENT=$(current_patch "$i")
     [ "$(patch_state "$CURRENT")" = applied ] && { run_patch "$CURRENT" -R; say "reversed $(basename "${PATCHES[$i]}")"; }
     rm -f "${RECORDS[$i]}"
@@ -80,7 +90,7 @@ cleanup() {  # on failure, undo what this run did
   exit $rc
 }
 trap cleanup EXIT
-for i in "${!PATCHES[@]}"; do
+for i in "${WANTED[@]}"; do
   PATCH=${PATCHES[$i]} CURRENT=$(current_patch "$i") NAME=$(basename "${PATCHES[$i]}")
   STATE=$(patch_state "$CURRENT")
   [ "$STATE" = conflict ] && fail "$NAME does not apply to vLLM $VERSION at $SITE (files modified?)"
@@ -111,7 +121,7 @@ elif [ -L "$TARGET" ] || ! diff -rq -x __pycache__ "$PACKAGE" "$TARGET" >/dev/nu
   say "copied the package to $TARGET"
 fi
 "$PY" -m compileall -q "$TARGET" >/dev/null || fail "the installed package does not compile; see above"
-for i in "${!PATCHES[@]}"; do cmp -s "${PATCHES[$i]}" "${RECORDS[$i]}" 2>/dev/null || cp "${PATCHES[$i]}" "${RECORDS[$i]}"; done
+for i in "${WANTED[@]}"; do cmp -s "${PATCHES[$i]}" "${RECORDS[$i]}" 2>/dev/null || cp "${PATCHES[$i]}" "${RECORDS[$i]}"; done
 [ -n "$ASIDE" ] && rm -rf "$ASIDE"
 ASIDE=
 say "typed decisions installed into vLLM $VERSION at $SITE (enable with VLLM_ENABLE_TYPED_DECISIONS=1)"

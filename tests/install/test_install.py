@@ -21,16 +21,24 @@ PATCHED_FILES = (
     "vllm/entrypoints/launchers/api_server/routers.py",
     "vllm/entrypoints/launchers/api_server/app_state.py",
     "vllm/model_executor/models/registry.py",
+    # patches/00572 (--with-canvas)
+    "vllm/sampling_params.py",
+    "vllm/v1/engine/input_processor.py",
+    "vllm/v1/core/sched/async_scheduler.py",
+    "vllm/v1/core/sched/scheduler.py",
+    "vllm/model_executor/models/diffusion_gemma.py",
 )
-# Files the model patch adds to vLLM.
-ADDED_FILES = ("vllm/model_executor/models/laya.py",)
+# Files the model patches add to vLLM.
+ADDED_FILES = ("vllm/model_executor/models/laya.py", "vllm/v1/sample/canvas_read.py")
 INSTALL = ROOT / "install.sh"
 PATCH = ROOT / "patches" / "api-router-wire-v0.30.patch"
 MODEL_PATCH = ROOT / "patches" / "00584-laya-for-decision-v0.30.patch"
+CANVAS_PATCH = ROOT / "patches" / "00572-diffusion-canvas-read-v0.30.patch"
 # Where install.sh records each patch as applied.
 RECORDS = {
     PATCH: "vllm/entrypoints/generate/.decisions-router.patch",
     MODEL_PATCH: "vllm/model_executor/models/.laya-decision.patch",
+    CANVAS_PATCH: "vllm/v1/sample/.canvas-read.patch",
 }
 
 
@@ -108,7 +116,7 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     assert tree(target) == tree(OVERLAY)
     assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
     assert '"LayaForDecision": ("laya", "LayaForDecision")' in (site / PATCHED_FILES[3]).read_text()
-    assert all((site / name).is_file() for name in ADDED_FILES)
+    assert (site / ADDED_FILES[0]).is_file() and not (site / ADDED_FILES[1]).exists()
 
     second = install(site)
     assert second.returncode == 0, second.stderr
@@ -119,6 +127,20 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     assert removed.returncode == 0, removed.stderr
     assert tree(site) == stock
     assert install(site, "--uninstall").returncode == 0 and tree(site) == stock
+
+
+def test_the_canvas_patch_goes_in_only_when_asked_and_comes_out_with_the_rest(site):
+    stock = tree(site)
+    assert install(site).returncode == 0
+    assert not (site / "vllm/v1/sample/canvas_read.py").exists()
+    with_canvas = install(site, "--with-canvas")
+    assert with_canvas.returncode == 0, with_canvas.stderr
+    assert f"applied {CANVAS_PATCH.name}" in with_canvas.stdout
+    assert "canvas_read" in (site / "vllm/model_executor/models/diffusion_gemma.py").read_text()
+    assert install(site).returncode == 0 and (site / "vllm/v1/sample/canvas_read.py").exists()  # left in place
+    removed = install(site, "--uninstall")
+    assert removed.returncode == 0 and f"reversed {CANVAS_PATCH.name}" in removed.stdout
+    assert tree(site) == stock
 
 
 def test_dev_mode_links_the_checkout(site):
