@@ -62,7 +62,8 @@ class BackendHost(ABC):
     tokenizer: Any = None
     # The model's vocabulary size (0: unknown), e.g. for drawing noise tokens.
     vocab_size: int = 0
-    # Whether the engine can do read-only canvas reads (:meth:`read_canvas`, patches/00572).
+    # Whether the engine can do read-only canvas reads (:meth:`read_canvas`): a diffusion model on a
+    # vLLM with patches/00572.
     canvas_reads: bool = False
 
     @abstractmethod
@@ -143,7 +144,10 @@ class VllmHost(BackendHost):
         self.logprobs_mode = str(model_config.logprobs_mode)
         self.trust_remote_code = bool(model_config.trust_remote_code)
         self.vocab_size = int(model_config.get_vocab_size())
-        self.canvas_reads = importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
+        # A diffusion model, and a vLLM with patches/00572.
+        self.canvas_reads = bool(getattr(model_config, "is_diffusion", False)) and (
+            importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
+        )
         self._model_config = model_config
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 

@@ -56,8 +56,9 @@ class CanvasBackend(DecisionBackend):
     async def start(self) -> None:
         if not self.host.canvas_reads:
             raise RuntimeError(
-                "this vLLM has no read-only canvas read: the canvas backend needs "
-                "patches/00572-diffusion-canvas-read-v0.30.patch (./install.sh --with-canvas)"
+                "this server can't do read-only canvas reads: the canvas backend needs a diffusion model "
+                "(DiffusionGemma) on a vLLM with patches/00572-diffusion-canvas-read-v0.30.patch "
+                "(./install.sh --with-canvas)"
             )
         if self.host.vocab_size <= 0:
             raise RuntimeError("the engine did not say its vocabulary size, which the canvas noise is drawn from")
