@@ -63,7 +63,7 @@ OPENAI_INVALID: list[tuple[str, Any, str]] = [
     ("unknown extra field", openai(extra={"temperature": 2}), "extra.temperature"),
     ("bad detail", openai(extra={"detail": "everything"}), "extra.detail"),
     ("zero temperature", openai(extra={"calibration_temperature": 0}), "extra.calibration_temperature"),
-    ("unknown backend", openai(extra={"backend": "canvas"}), "extra.backend"),
+    ("unknown backend", openai(extra={"backend": "diffusion"}), "extra.backend"),
     ("bad backend option", openai(extra={"backend_options": {"readout": "sideways"}}), "extra.backend_options"),
     ("unknown backend option", openai(extra={"backend_options": {"speed": 2}}), "extra.backend_options"),
 ]  # fmt: skip
@@ -106,7 +106,7 @@ JEV_INVALID: list[tuple[str, Any, str]] = [
     ("too many choices", jev(questions=one(type="choice", criteria={str(i): None for i in range(256)})),
      "VLLM_TYPED_DECISIONS_MAX_CHOICES"),
     ("backend twice", jev(backend="logit", extra={"backend": "logit"}), "backend"),
-    ("unknown backend", jev(backend="canvas"), "backend"),
+    ("unknown backend", jev(backend="diffusion"), "backend"),
     ("unknown extra field", jev(extra={"temperature": 2}), "temperature"),
     ("bad detail", jev(extra={"detail": "all"}), "detail"),
 ]  # fmt: skip

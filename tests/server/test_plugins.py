@@ -77,10 +77,10 @@ def test_plugin_backend_options_are_validated_by_its_model(plugin_server):
 
 
 def test_an_unknown_backend_is_refused_with_the_loaded_ones(plugin_server):
-    response = httpx.post(plugin_server.url + "/v1/decisions", json={**SENTIMENT_OPENAI, "extra": {"backend": "canvas"}},
+    response = httpx.post(plugin_server.url + "/v1/decisions", json={**SENTIMENT_OPENAI, "extra": {"backend": "diffusion"}},
                           timeout=60)  # fmt: skip
     assert response.status_code == 400
-    assert "loaded backends: encoder, faulty, logit, plain-letters" in response.json()["error"]["message"]
+    assert "loaded backends: canvas, encoder, faulty, logit, plain-letters" in response.json()["error"]["message"]
 
 
 def test_a_request_picks_the_plugin_backend_on_a_model_it_does_not_claim(client):

@@ -46,8 +46,8 @@ def test_the_variable_wins_over_a_claim(claiming):
 
 
 def test_unknown_backend_names_the_registered_ones(claiming):
-    with pytest.raises(SettingsError, match="registered: claiming, encoder, logit"):
-        choose_backend(parse_backend_spec("canvas"), ())
+    with pytest.raises(SettingsError, match="registered: canvas, claiming, encoder, logit"):
+        choose_backend(parse_backend_spec("diffusion"), ())
 
 
 def test_arguments_are_validated_by_the_options_model(claiming):

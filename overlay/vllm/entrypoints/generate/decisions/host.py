@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
+from .affinity import replica_for
 from .errors import DecisionError, EngineBusyError
 
 if TYPE_CHECKING:
@@ -144,6 +145,9 @@ class VllmHost(BackendHost):
         self.logprobs_mode = str(model_config.logprobs_mode)
         self.trust_remote_code = bool(model_config.trust_remote_code)
         self.vocab_size = int(model_config.get_vocab_size())
+        # Under data parallelism with vLLM's internal load balancer, reads about one state go to one replica.
+        parallel = engine_client.vllm_config.parallel_config
+        self.replicas = 1 if parallel.local_engines_only else parallel.data_parallel_size
         # A diffusion model, and a vLLM with patches/00572.
         self.canvas_reads = bool(getattr(model_config, "is_diffusion", False)) and (
             importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
@@ -243,7 +247,9 @@ class VllmHost(BackendHost):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         final = None
         with engine_admission():
-            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
+            async for output in self.engine_client.generate(
+                tokens_input(prompt_ids), params, request_id, data_parallel_rank=replica_for(self.replicas)
+            ):
                 final = output
         if final is None or not final.outputs:
             raise DecisionError("the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -281,7 +287,9 @@ class VllmHost(BackendHost):
 
         final = None
         with engine_admission():
-            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, request_id):
+            async for output in self.engine_client.generate(
+                tokens_input(prompt_ids), params, request_id, data_parallel_rank=replica_for(self.replicas)
+            ):
                 final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise DecisionError("the engine returned no log-probabilities", HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -17,6 +17,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
+from .affinity import reads_about
 from .backends import DecisionBackend, backend_names, get_backend_class
 from .concurrency import gather_or_cancel
 from .errors import DecisionError, EngineBusyError, NotReadyError
@@ -81,11 +82,15 @@ class DecisionService:
             (settings.temperature, "configured") if settings.temperature else (1.0, "default")
         )
 
-    async def start(self, calibrate: Callable[[], Awaitable[tuple[float, str]]] | None = None) -> None:
+    async def start(
+        self,
+        calibrate: Callable[[], Awaitable[tuple[float, str]]] | None = None,
+        start_backend: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Startup work: the backend's own checks, then (unless a temperature is configured) calibration.
         Requests get 503 until this finishes; if the backend's checks fail, 503 with the reason."""
         try:
-            await self.backend.start()
+            await (start_backend or self.backend.start)()
         except Exception as exc:
             self.unavailable = str(exc) or type(exc).__name__
             raise
@@ -160,7 +165,8 @@ class DecisionService:
             self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options)
             for i, q in enumerate(questions)
         )
-        return Decision(self.served_model, await gather_or_cancel(reads))
+        with reads_about(state_sha256):  # one engine replica for them all (affinity.py)
+            return Decision(self.served_model, await gather_or_cancel(reads))
 
     async def backend_named(self, name: str | None) -> DecisionBackend:
         """The server's backend, or another registered one built (and started) with its defaults."""

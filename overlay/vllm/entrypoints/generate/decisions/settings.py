@@ -30,11 +30,13 @@ VARIABLES = (
     PREFIX + "MIN_OPTION_MASS",
     PREFIX + "CALIBRATION",
     PREFIX + "CALIBRATION_DIR",
+    PREFIX + "STARTUP_WAIT",
 )
 
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
+DEFAULT_STARTUP_WAIT = 900.0
 
 
 class SettingsError(ValueError):
@@ -63,6 +65,8 @@ class Settings:
     # "off", "on" (the bundled question set) or the path of an operator question file.
     calibration: str
     calibration_dir: str
+    # Seconds an API-server process waits for another one's startup work before doing it itself.
+    startup_wait: float
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -78,6 +82,7 @@ class Settings:
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
             calibration_dir=env.get(PREFIX + "CALIBRATION_DIR") or default_calibration_dir(env),
+            startup_wait=_positive_float(env, PREFIX + "STARTUP_WAIT") or DEFAULT_STARTUP_WAIT,
         )
 
 

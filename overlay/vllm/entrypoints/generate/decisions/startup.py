@@ -8,7 +8,9 @@ own checks) runs as a task, so vLLM's ``/health`` comes up while decision reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 from starlette.datastructures import State
@@ -17,7 +19,8 @@ from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
 from . import questions
-from .backends import backend_names, backend_options, choose_backend
+from .backends import DecisionBackend, backend_names, backend_options, choose_backend
+from .deployment_lock import exclusive, run_id
 from .host import VllmHost
 from .plugins import load_plugins
 from .service import DecisionService
@@ -76,6 +79,29 @@ def deployment(engine_client: EngineClient, served_model: str) -> dict[str, Any]
     }
 
 
+async def start_backend_once(backend: DecisionBackend, settings: Settings, model: dict[str, Any]) -> None:
+    """The backend's startup check, run by one API-server process of this server and adopted by the
+    others (deployment_lock.py); backends without a shareable check start in every process."""
+    from .calibration import store
+
+    key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args)}
+    directory = Path(settings.calibration_dir)
+    async with exclusive(store.path_for(directory, key, "startup").with_suffix(".lock"), settings.startup_wait,
+                         "startup check"):  # fmt: skip
+        saved = store.load(directory, key, "startup")
+        if saved is not None and saved.get("run") == run_id():
+            logger.info("decision startup check: adopting the result of another API-server process")
+            backend.adopt(saved["facts"])
+            return
+        facts = await backend.startup_check()
+        if facts is None:
+            await backend.start()
+            return
+        with contextlib.suppress(OSError):
+            store.save(directory, key, {"facts": facts, "run": run_id()}, "startup")
+        backend.adopt(facts)
+
+
 async def _start(service: DecisionService, model: dict[str, Any]) -> None:
     from .calibration.startup import startup_calibration
 
@@ -83,7 +109,10 @@ async def _start(service: DecisionService, model: dict[str, Any]) -> None:
         result = await startup_calibration(service.backend, service.settings, model)
         return result.value, result.source
 
+    async def start_backend() -> None:
+        await start_backend_once(service.backend, service.settings, model)
+
     try:
-        await service.start(calibrate)
+        await service.start(calibrate, start_backend)
     except Exception:
         logger.exception("decision startup failed; decision requests will get 503")

@@ -74,6 +74,16 @@ class DecisionBackend(ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Startup work done once before the first request (self-checks, caches)."""
 
+    async def startup_check(self) -> dict[str, Any] | None:
+        """For startup work worth doing once per server rather than once per API-server process: run
+        it and return what it found as JSON-able facts (``{"failure": why}`` when it failed), which
+        :meth:`adopt` applies here and in the other processes. None (the default): every process
+        runs :meth:`start` itself."""
+        return None
+
+    def adopt(self, facts: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Apply :meth:`startup_check`'s facts (raise with their failure, if any)."""
+
     @abstractmethod
     async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
         """Score every option of ``question`` about ``state``; ``options`` are this request's

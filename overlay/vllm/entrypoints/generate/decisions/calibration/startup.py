@@ -9,6 +9,7 @@ cause. A saved result for the same deployment is loaded instead of measuring aga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from vllm.logger import init_logger
 
 from ..backends import DecisionBackend
+from ..deployment_lock import exclusive, run_id
 from ..errors import DecisionError
 from ..settings import PREFIX, Settings
 from . import question_file, store
@@ -97,28 +99,38 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
     key = {**deployment, "backend": backend.name, "backend_args": dict(settings.backend.args),
            "render_version": backend.render_version, "questions_sha256": questions.sha256}  # fmt: skip
     directory = Path(settings.calibration_dir)
+    # With several API-server processes, one calibrates and the others load what it saved.
+    async with exclusive(store.path_for(directory, key).with_suffix(".lock"), settings.startup_wait, "calibration"):
+        return await calibrate_or_load(backend, questions, directory, key)
+
+
+async def calibrate_or_load(backend: DecisionBackend, questions: question_file.QuestionFile, directory: Path,
+                            key: dict[str, Any]) -> Temperature:  # fmt: skip
     saved = store.load(directory, key)
+    if saved is not None and "failed" in saved:
+        if saved.get("run") == run_id():
+            logger.warning("decision calibration failed in another API-server process of this server, "
+                           "T=1.0 (default): %s", saved["failed"])  # fmt: skip
+            return DEFAULT
+        saved = None  # an earlier run's failure: try again
     if saved is not None:
         logger.info(log_line(saved, loaded=True))
         return Temperature(saved["applied_temperature"], "calibrated")
     started = time.monotonic()
     answered, skipped = await measure(backend, questions)
     if len(answered) < MIN_ANSWERED:
-        logger.warning("decision calibration failed, T=1.0 (default): only %d of %d questions were answered "
-                       "(need %d)", len(answered), len(questions.questions), MIN_ANSWERED)  # fmt: skip
-        return DEFAULT
+        return failed(directory, key, f"only {len(answered)} of {len(questions.questions)} questions were "
+                                      f"answered (need {MIN_ANSWERED})")  # fmt: skip
     scores = [reading.scores for _, reading in answered]
     correct = [item.correct for item, _ in answered]
     groups = [item.group for item, _ in answered]
     try:
         result = await asyncio.to_thread(calibrate, scores, correct, groups)
     except ValueError as exc:
-        logger.warning("decision calibration failed, T=1.0 (default): %s", exc)
-        return DEFAULT
+        return failed(directory, key, str(exc))
     if result.at_edge:
-        logger.warning("decision calibration failed, T=1.0 (default): the fitted T=%.3f is at the edge of "
-                       "[0.05, 20], which points to broken scores", result.temperature)  # fmt: skip
-        return DEFAULT
+        return failed(directory, key, f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], "
+                                      "which points to broken scores")  # fmt: skip
     record = summary(result, questions, len(answered), skipped, time.monotonic() - started)
     try:
         path = store.save(directory, key, record)
@@ -127,3 +139,12 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
         logger.warning("decision calibration not saved (%s=%s): %s", PREFIX + "CALIBRATION_DIR", directory, exc)
     logger.info(log_line(record, loaded=False))
     return Temperature(result.applied_temperature, "calibrated")
+
+
+def failed(directory: Path, key: dict[str, Any], reason: str) -> Temperature:
+    """The default temperature, saved as this run's outcome so the other API-server processes of this
+    server don't measure again (a restart does)."""
+    logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
+    with contextlib.suppress(OSError):
+        store.save(directory, key, {"failed": reason, "run": run_id()})
+    return DEFAULT

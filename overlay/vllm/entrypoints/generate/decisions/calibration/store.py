@@ -18,14 +18,14 @@ def key_digest(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def path_for(directory: Path, key: dict[str, Any]) -> Path:
-    return directory / f"calibration-{key_digest(key)[:20]}.json"
+def path_for(directory: Path, key: dict[str, Any], kind: str = "calibration") -> Path:
+    return directory / f"{kind}-{key_digest(key)[:20]}.json"
 
 
-def load(directory: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+def load(directory: Path, key: dict[str, Any], kind: str = "calibration") -> dict[str, Any] | None:
     """The saved result for exactly this key, or None (missing, unreadable or for another key)."""
     try:
-        record = json.loads(path_for(directory, key).read_text())
+        record = json.loads(path_for(directory, key, kind).read_text())
     except (OSError, ValueError):
         return None
     return (
@@ -33,10 +33,10 @@ def load(directory: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-def save(directory: Path, key: dict[str, Any], record: dict[str, Any]) -> Path:
+def save(directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str = "calibration") -> Path:
     """Write atomically, so a crash mid-write never leaves a half file to be trusted later."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = path_for(directory, key)
+    path = path_for(directory, key, kind)
     temporary = path.with_suffix(f".tmp{os.getpid()}")
     temporary.write_text(json.dumps({**record, "key": key}, indent=2, default=str) + "\n")
     temporary.replace(path)

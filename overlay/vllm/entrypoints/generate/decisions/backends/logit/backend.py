@@ -44,26 +44,36 @@ class LogitBackend(DecisionBackend):
         self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
 
     async def start(self) -> None:
+        self.adopt(await self.startup_check())
+
+    async def startup_check(self) -> dict[str, Any]:
+        """The answer-slot self-check, the label pairs and the stencil check, as facts to adopt."""
         host = self.host
         if host.logprobs_mode != "raw_logprobs":
-            raise RuntimeError(
-                f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
-                "the logit backend needs raw_logprobs (the default)"
-            )
+            return {"failure": f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
+                               "the logit backend needs raw_logprobs (the default)"}  # fmt: skip
         minimum = self.settings.min_option_mass
         check = await self_check(host, self.placer, self.catalog, minimum)
         if not check.passed:
-            raise RuntimeError(check.failure(minimum, f"{PREFIX}MIN_OPTION_MASS"))
+            return {"failure": check.failure(minimum, f"{PREFIX}MIN_OPTION_MASS")}
         state, question = PROBES[0]
         rendered = await host.render_chat(messages(state, question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
-        self.catalog = LabelCatalog(self.catalog.markers, tuple(pairs))
-        self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
-        self.prompts.enabled = await stencil_check(host)
+        return {"option_mass": check.option_mass, "reasoning_block": check.reasoning_block, "pairs": pairs,
+                "stencil": await stencil_check(host)}  # fmt: skip
+
+    def adopt(self, facts: dict[str, Any]) -> None:
+        if "failure" in facts:
+            raise RuntimeError(facts["failure"])
+        self.placer.reasoning_block = facts["reasoning_block"]
+        self.catalog = LabelCatalog(self.catalog.markers, tuple(facts["pairs"]))
+        self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts)
+        self.prompts.enabled = facts["stencil"]
         logger.info("decision prompts: state rendered %s", "once per request" if self.prompts.enabled else
                     "with each question (this tokenizer or template can't share it)")  # fmt: skip
-        logger.info("decision answer slot: option mass %.3f%s", check.option_mass,
-                    f" with reasoning block {check.reasoning_block!r}" if check.reasoning_block else "")  # fmt: skip
+        block = facts["reasoning_block"]
+        logger.info("decision answer slot: option mass %.3f%s", facts["option_mass"],
+                    f" with reasoning block {block!r}" if block else "")  # fmt: skip
         logger.info(self.describe_limits())
 
     def describe_limits(self) -> str:

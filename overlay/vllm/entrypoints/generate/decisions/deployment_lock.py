@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Startup work done once per deployment, not once per API-server process.
+
+``vllm serve --api-server-count N`` runs N API-server processes, each with its own decision service.
+Work whose result is saved (the backend's startup checks, the calibration) runs under an exclusive
+lock on a file beside the saved result: the first process to get the lock does the work and saves it;
+the others wait (answering 503 meanwhile), then load it. The lock is the operating system's
+(``flock``), so it goes with the process holding it: a crash frees it for the next waiter. A process
+that has waited ``VLLM_TYPED_DECISIONS_STARTUP_WAIT`` seconds for a live but stuck holder stops
+waiting and does the work itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from vllm.logger import init_logger
+
+from .settings import PREFIX
+
+logger = init_logger(__name__)
+
+POLL_S = 0.25
+
+
+@asynccontextmanager
+async def exclusive(path: Path, wait_s: float, what: str) -> AsyncIterator[bool]:
+    """Hold the lock at ``path`` for the block; yields False when going ahead without it (the folder
+    can't hold a lock file, or ``wait_s`` ran out)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        logger.warning("decision %s: no lock file at %s (%s); other API-server processes may repeat it",
+                       what, path, exc)  # fmt: skip
+        yield False
+        return
+    try:
+        held = await _acquire(fd, wait_s, what)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+async def _acquire(fd: int, wait_s: float, what: str) -> bool:
+    deadline = time.monotonic() + wait_s
+    announced = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if not announced:
+            logger.info("decision %s: another API-server process is doing it; waiting for its result", what)
+            announced = True
+        if time.monotonic() >= deadline:
+            logger.warning("decision %s: waited %g s for another API-server process (%sSTARTUP_WAIT); "
+                           "doing it here", what, wait_s, PREFIX)  # fmt: skip
+            return False
+        await asyncio.sleep(POLL_S)
+
+
+def run_id() -> int:
+    """What the API-server processes of one ``vllm serve`` share and a restart doesn't: their parent."""
+    return os.getppid()
