@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -97,6 +98,18 @@ def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -
     """Poll a decision request, not /health: decisions answer 503 until their startup work is done."""
     probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]}
     return httpx.post(f"{server.url}/v1/decisions", json=probe, headers=headers, timeout=30).status_code == 200
+
+
+def all_workers_ready(server: VllmServer, workers: int = 2) -> bool:
+    """Every API-server process (``--api-server-count``) has finished its decision startup work."""
+    ready = re.findall(r"\((ApiServer_\d+) pid=\d+\) INFO .*decisions ready:", server.log.read_text(errors="replace"))
+    return set(ready) == {f"ApiServer_{i}" for i in range(workers)}
+
+
+def workers_serving(server: VllmServer, path: str) -> set[str]:
+    """The API-server processes whose access log shows a 200 for ``path``."""
+    log = server.log.read_text(errors="replace")
+    return set(re.findall(rf"\((ApiServer_\d+) pid=\d+\) INFO: .*\"POST {re.escape(path)} HTTP/1.1\" 200", log))
 
 
 def answered(server: VllmServer, path: str, body: dict) -> dict:

@@ -1,9 +1,13 @@
 """Startup calibration on a real server with a small question file: 503 while it runs, answers with
-the fitted T, the saved result reused on restart, a changed file measured again, failures -> default."""
+the fitted T, the saved result reused on restart, a changed file measured again, failures -> default.
+The first two servers run two API-server processes (``--api-server-count 2``): the calibration and the
+startup check are done once and shared, both workers answer both endpoints alike, and a restart loads
+the saved result in both."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from importlib import resources
 
@@ -11,7 +15,7 @@ import httpx
 import pytest
 
 from ..conftest import model_path
-from .conftest import VllmServer
+from .conftest import VllmServer, all_workers_ready, answered, workers_serving
 
 QUESTION = {"model": "m", "input": "The sky is blue.", "questions": [{"type": "predicate", "instructions": "Blue?"}]}
 
@@ -23,18 +27,19 @@ def bundled_lines(count: int) -> list[str]:
     return text.splitlines()[-count:]
 
 
-def start(tmp_path, name: str, question_file, saved_dir) -> tuple[VllmServer, list[httpx.Response]]:
-    """Start a server and poll a decision until it answers; returns the 503s seen on the way."""
+def start(tmp_path, name: str, question_file, saved_dir, workers: int = 1) -> tuple[VllmServer, list[httpx.Response]]:
+    """Start a server and poll a decision until every worker is ready; returns the 503s seen on the way."""
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION": str(question_file),
            "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir)}  # fmt: skip
-    server = VllmServer(model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env)
+    args = ("--api-server-count", str(workers)) if workers > 1 else ()
+    server = VllmServer(model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env, *args)
     starting: list[httpx.Response] = []
 
     def ready(s: VllmServer) -> bool:
         response = httpx.post(f"{s.url}/v1/decisions", json=QUESTION, timeout=30)
         if response.status_code == 503:
             starting.append(response)
-        return response.status_code == 200
+        return response.status_code == 200 and (workers == 1 or all_workers_ready(s, workers))
 
     server.wait(ready)
     return server, starting
@@ -55,8 +60,10 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     questions = tmp_path / "questions.jsonl"
     questions.write_text("\n".join(bundled_lines(200)) + "\n")
 
-    first, starting = start(tmp_path, "first", questions, saved_dir)
+    first, starting = start(tmp_path, "first", questions, saved_dir, workers=2)
     try:
+        shared_startup_work(first, saved_dir)
+        both_workers_answer_alike(first)
         health = httpx.get(f"{first.url}/health", timeout=10)
         assert health.status_code == 200
         assert starting, "decision requests answer 503 while calibration runs"
@@ -73,10 +80,10 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     finally:
         first.stop()
 
-    again, _ = start(tmp_path, "again", questions, saved_dir)
+    again, _ = start(tmp_path, "again", questions, saved_dir, workers=2)
     try:
         log = again.log.read_text()
-        assert "loaded from a saved result" in log and "decision calibration saved to" not in log
+        assert log.count("loaded from a saved result)") == 2 and "decision calibration saved to" not in log
         assert audit(again)["calibration_temperature"] == pytest.approx(record["applied_temperature"])
     finally:
         again.stop()
@@ -88,6 +95,30 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         assert len(list(saved_dir.glob("calibration-*.json"))) == 2
     finally:
         changed.stop()
+
+
+def shared_startup_work(server: VllmServer, saved_dir) -> None:
+    """One of the two API-server processes calibrated and ran the startup check; the other took both."""
+    log = server.log.read_text(errors="replace")
+    assert log.count("decision calibration saved to") == 1
+    assert len(re.findall(r"decision calibration: T=\S+ .*, \d+ s\)", log)) == 1  # measured once
+    assert log.count("loaded from a saved result)") == 1
+    assert log.count("decision startup check: adopting the result of another API-server process") == 1
+    assert log.count("decision answer slot: option mass") == 2
+    assert len(list(saved_dir.glob("calibration-*.json"))) == 1
+
+
+def both_workers_answer_alike(server: VllmServer) -> None:
+    jev = {"state": QUESTION["input"], "questions": {"blue": {"type": "noul", "instructions": "Blue?"}}}
+    probabilities = set()
+    for _ in range(12):  # a new connection each time: the kernel spreads them over both workers
+        probabilities.add(answered(server, "/v1/decisions", QUESTION)["answers"][0]["probability"])
+        answered(server, "/v1/systemone", jev)
+    both = {"ApiServer_0", "ApiServer_1"}
+    assert workers_serving(server, "/v1/decisions") == workers_serving(server, "/v1/systemone") == both
+    # One engine answers for both; in bf16 a read over cached prefix blocks differs from a fresh one by a
+    # little (README, What the numbers mean), so alike means within that.
+    assert max(probabilities) - min(probabilities) < 0.05, f"the workers answered differently: {probabilities}"
 
 
 @pytest.mark.parametrize(
