@@ -87,3 +87,17 @@ async def test_the_logit_startup_check_runs_once_and_is_adopted(tmp_path, smollm
     await asyncio.gather(*(start_backend_once(b, config, MODEL) for b in backends))
     assert sorted(len(h.reads) > 0 for h in hosts) == [False, True], "one process read; the other adopted"
     assert backends[0].catalog == backends[1].catalog and backends[0].prompts.enabled == backends[1].prompts.enabled
+
+
+async def test_another_runs_startup_check_is_not_adopted(tmp_path, smollm2_tokenizer, monkeypatch):
+    """A restart, or another server started by the same parent, checks again: the saved check is this
+    run's only (pid and start time of the server process)."""
+    from vllm.entrypoints.generate.decisions import deployment_lock
+
+    config = settings(tmp_path, "off")
+    first = TokenizerHost(smollm2_tokenizer, logprob=lambda prompt, token: -0.1)
+    await start_backend_once(LogitBackend(first, None, config), config, MODEL)
+    monkeypatch.setattr(deployment_lock, "_RUN", "another-run")
+    second = TokenizerHost(smollm2_tokenizer, logprob=lambda prompt, token: -0.1)
+    await start_backend_once(LogitBackend(second, None, config), config, MODEL)
+    assert first.reads and second.reads

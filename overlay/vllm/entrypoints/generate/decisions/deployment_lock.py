@@ -71,6 +71,25 @@ async def _acquire(fd: int, wait_s: float, what: str) -> bool:
         await asyncio.sleep(POLL_S)
 
 
-def run_id() -> int:
-    """What the API-server processes of one ``vllm serve`` share and a restart doesn't: their parent."""
-    return os.getppid()
+_RUN: str | None = None
+
+
+def identify_run(api_server_count: int | None) -> None:
+    """Name this server run, once at startup: the API-server processes of ``vllm serve
+    --api-server-count N`` (N > 1) are children of the one ``vllm serve`` process; a single API server
+    is that process itself. A pid with its start time, so a reused pid is another run."""
+    global _RUN
+    pid = os.getppid() if (api_server_count or 1) > 1 else os.getpid()
+    _RUN = f"{pid}-{_start_time(pid)}"
+
+
+def run_id() -> str:
+    """What the API-server processes of one server share and a restart doesn't."""
+    return _RUN or f"{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def _start_time(pid: int) -> str:
+    try:  # /proc/PID/stat: the 22nd field, counted after the command name in parentheses
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "unknown"

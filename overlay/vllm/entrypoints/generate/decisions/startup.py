@@ -20,7 +20,7 @@ from vllm.logger import init_logger
 
 from . import questions
 from .backends import DecisionBackend, backend_names, backend_options, choose_backend
-from .deployment_lock import exclusive, run_id
+from .deployment_lock import exclusive, identify_run, run_id
 from .host import VllmHost
 from .plugins import load_plugins
 from .service import DecisionService
@@ -39,6 +39,7 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
 
     settings = Settings.from_env()
+    identify_run(getattr(args, "api_server_count", None))
     questions.max_rendered_chars = settings.max_input_chars
     load_plugins()
     host = VllmHost(
@@ -84,7 +85,8 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
     others (deployment_lock.py); backends without a shareable check start in every process."""
     from .calibration import store
 
-    key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args)}
+    key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args),
+           "min_option_mass": settings.min_option_mass}  # fmt: skip
     directory = Path(settings.calibration_dir)
     async with exclusive(store.path_for(directory, key, "startup").with_suffix(".lock"), settings.startup_wait,
                          "startup check"):  # fmt: skip
