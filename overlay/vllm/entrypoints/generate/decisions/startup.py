@@ -88,7 +88,7 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
     key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args),
            "min_option_mass": settings.min_option_mass}  # fmt: skip
     directory = Path(settings.calibration_dir)
-    async with exclusive(store.path_for(directory, key, "startup").with_suffix(".lock"), settings.startup_wait,
+    async with exclusive(store.lock_path(directory, key, "startup"), settings.startup_wait,
                          "startup check"):  # fmt: skip
         saved = store.load(directory, key, "startup")
         if saved is not None and saved.get("run") == run_id():

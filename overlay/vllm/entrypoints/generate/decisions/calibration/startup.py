@@ -100,7 +100,7 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
            "render_version": backend.render_version, "questions_sha256": questions.sha256}  # fmt: skip
     directory = Path(settings.calibration_dir)
     # With several API-server processes, one calibrates and the others load what it saved.
-    async with exclusive(store.path_for(directory, key).with_suffix(".lock"), settings.startup_wait, "calibration"):
+    async with exclusive(store.lock_path(directory, key), settings.startup_wait, "calibration"):
         return await calibrate_or_load(backend, questions, directory, key)
 
 

@@ -22,6 +22,11 @@ def path_for(directory: Path, key: dict[str, Any], kind: str = "calibration") ->
     return directory / f"{kind}-{key_digest(key)[:20]}.json"
 
 
+def lock_path(directory: Path, key: dict[str, Any], kind: str = "calibration") -> Path:
+    """The lock beside a saved result, held by the one API-server process producing it."""
+    return path_for(directory, key, kind).with_suffix(".lock")
+
+
 def load(directory: Path, key: dict[str, Any], kind: str = "calibration") -> dict[str, Any] | None:
     """The saved result for exactly this key, or None (missing, unreadable or for another key)."""
     try:

@@ -93,7 +93,8 @@ class CanvasBackend(DecisionBackend):
         # The first read puts the prompt in the prefix cache; the others then read it from there.
         reads = [await canvas_read(0)]
         reads += await gather_or_cancel(canvas_read(i) for i in range(1, options.samples))
-        together = average([softmax(label_scores(read, slot.label_ids)) for read in reads])
+        scores = [label_scores(read, slot.label_ids) for read in reads]
+        together = average([softmax(read_scores) for read_scores in scores])
         keys = [o.key for o in question.options]
         return Reading(
             scores=[math.log(p) if p > 0 else -math.inf for p in together.probabilities],
@@ -101,7 +102,7 @@ class CanvasBackend(DecisionBackend):
             input_tokens=sum(r.prompt_tokens for r in reads),
             cached_input_tokens=sum(r.cached_tokens for r in reads),
             readout="direct",
-            option_mass=sum(sum(math.exp(v) for v in label_scores(r, slot.label_ids)) for r in reads) / len(reads),
+            option_mass=sum(sum(math.exp(v) for v in read_scores) for read_scores in scores) / len(scores),
             meta={
                 "seed": seed,
                 "samples": {
