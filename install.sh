@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the typed-decisions overlay into vLLM 0.30.x: apply patches/api-router-wire-v0.30.patch (the
-# routes) and patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model), and copy the
-# package to vllm/entrypoints/generate/decisions/.
+# routes), patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model) and
+# patches/exact-logprobs-v0.30.patch (fp32 option log-probabilities under a bf16/fp16 LM head), and
+# copy the package to vllm/entrypoints/generate/decisions/.
 #
 # usage: ./install.sh [--python PY] [--dev] [--with-canvas] [--uninstall]
 #   --python PY     the Python whose `import vllm` to install into (default: $PYTHON, else python3)
@@ -43,13 +44,14 @@ TARGET="$SITE/vllm/entrypoints/generate/decisions"
 [ -w "$SITE/vllm" ] || fail "$SITE/vllm is not writable"
 
 # The patches, each with a copy of itself as applied, so a later version of this overlay can take it back
-# out first: the router patch, and the model patch for Laya decision models (LayaForDecision).
+# out first: the router patch, the model patch for Laya decision models (LayaForDecision) and the
+# fp32 read patch (index 3).
 # The canvas patch (index 2) goes in only with --with-canvas; an earlier install's stays until --uninstall.
 PATCHES=("$HERE/patches/api-router-wire-v0.30.patch" "$HERE/patches/00584-laya-for-decision-v0.30.patch"
-         "$HERE/patches/00572-diffusion-canvas-read-v0.30.patch")
+         "$HERE/patches/00572-diffusion-canvas-read-v0.30.patch" "$HERE/patches/exact-logprobs-v0.30.patch")
 RECORDS=("$SITE/vllm/entrypoints/generate/.decisions-router.patch" "$SITE/vllm/model_executor/models/.laya-decision.patch"
-         "$SITE/vllm/v1/sample/.canvas-read.patch")
-WANTED=(0 1); [ "$CANVAS" = 1 ] && WANTED+=(2)
+         "$SITE/vllm/v1/sample/.canvas-read.patch" "$SITE/vllm/v1/sample/.exact-logprobs.patch")
+WANTED=(0 1 3); [ "$CANVAS" = 1 ] && WANTED+=(2)
 patch_state() {  # $1: a patch file; prints applied | stock | conflict
   if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo applied
   elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo stock

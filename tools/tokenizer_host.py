@@ -33,8 +33,10 @@ class TokenizerOnlyHost(BackendHost):
         added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
         return frozenset(self.tokenizer.all_special_ids) | frozenset(added)
 
-    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
+    async def read_token_logprobs(
+        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+    ) -> TokenRead:
         raise NotImplementedError("no model here")
 
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
         raise NotImplementedError("no model here")

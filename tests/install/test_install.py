@@ -27,18 +27,26 @@ PATCHED_FILES = (
     "vllm/v1/core/sched/async_scheduler.py",
     "vllm/v1/core/sched/scheduler.py",
     "vllm/model_executor/models/diffusion_gemma.py",
+    # patches/exact-logprobs
+    "vllm/v1/worker/gpu_model_runner.py",
 )
-# Files the model patches add to vLLM.
-ADDED_FILES = ("vllm/model_executor/models/laya.py", "vllm/v1/sample/canvas_read.py")
+# Files the patches add to vLLM.
+ADDED_FILES = (
+    "vllm/model_executor/models/laya.py",
+    "vllm/v1/sample/canvas_read.py",
+    "vllm/v1/sample/exact_logprobs.py",
+)
 INSTALL = ROOT / "install.sh"
 PATCH = ROOT / "patches" / "api-router-wire-v0.30.patch"
 MODEL_PATCH = ROOT / "patches" / "00584-laya-for-decision-v0.30.patch"
 CANVAS_PATCH = ROOT / "patches" / "00572-diffusion-canvas-read-v0.30.patch"
+EXACT_PATCH = ROOT / "patches" / "exact-logprobs-v0.30.patch"
 # Where install.sh records each patch as applied.
 RECORDS = {
     PATCH: "vllm/entrypoints/generate/.decisions-router.patch",
     MODEL_PATCH: "vllm/model_executor/models/.laya-decision.patch",
     CANVAS_PATCH: "vllm/v1/sample/.canvas-read.patch",
+    EXACT_PATCH: "vllm/v1/sample/.exact-logprobs.patch",
 }
 
 
@@ -110,13 +118,14 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     first = install(site)
     assert first.returncode == 0, first.stderr
     assert f"applied {PATCH.name}" in first.stdout and "copied the package" in first.stdout
-    assert f"applied {MODEL_PATCH.name}" in first.stdout
+    assert f"applied {MODEL_PATCH.name}" in first.stdout and f"applied {EXACT_PATCH.name}" in first.stdout
     installed = tree(site)
     target = site / "vllm" / "entrypoints" / "generate" / "decisions"
     assert tree(target) == tree(OVERLAY)
     assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
     assert '"LayaForDecision": ("laya", "LayaForDecision")' in (site / PATCHED_FILES[3]).read_text()
     assert (site / ADDED_FILES[0]).is_file() and not (site / ADDED_FILES[1]).exists()
+    assert (site / ADDED_FILES[2]).is_file() and "refine_logprobs(" in (site / PATCHED_FILES[-1]).read_text()
 
     second = install(site)
     assert second.returncode == 0, second.stderr
@@ -201,6 +210,7 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     assert old_patch != PATCH.read_text()
     (old / "patches" / PATCH.name).write_text(old_patch)
     shutil.copy(MODEL_PATCH, old / "patches" / MODEL_PATCH.name)
+    shutil.copy(EXACT_PATCH, old / "patches" / EXACT_PATCH.name)
     env = {**os.environ, "PYTHONPATH": str(site)}
     subprocess.run(["bash", str(old / "install.sh"), "--python", sys.executable], env=env, check=True,
                    capture_output=True)  # fmt: skip

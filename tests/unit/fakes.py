@@ -66,11 +66,13 @@ class TokenizerHost(BackendHost):
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(self.tokenizer.all_special_ids) | frozenset(self.tokenizer.added_tokens_decoder)
 
-    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
+    async def read_token_logprobs(
+        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+    ) -> TokenRead:
         self.reads.append((prompt_ids, token_ids))
         return TokenRead({t: self.logprob(prompt_ids, t) for t in token_ids if not self.drop(t)}, len(prompt_ids), 0)
 
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
         self.top_reads.append((prompt_ids, k))
         scores = {t: self.logprob(prompt_ids, t) for t in range(len(self.tokenizer))}
         top = sorted(scores, key=scores.__getitem__, reverse=True)[:k]

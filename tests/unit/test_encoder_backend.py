@@ -71,10 +71,10 @@ class LayaHost(BackendHost):
     def special_token_ids(self):
         return frozenset(self.tokenizer.all_special_ids)
 
-    async def read_token_logprobs(self, prompt_ids, token_ids, request_id):
+    async def read_token_logprobs(self, prompt_ids, token_ids, request_id, fp32=False):
         raise AssertionError("the encoder backend reads no logprobs")
 
-    async def read_top_logprobs(self, prompt_ids, k, request_id):
+    async def read_top_logprobs(self, prompt_ids, k, request_id, fp32=False):
         raise AssertionError("the encoder backend reads no logprobs")
 
 

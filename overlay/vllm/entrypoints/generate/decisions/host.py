@@ -66,6 +66,11 @@ class BackendHost(ABC):
     # Whether the engine can do read-only canvas reads (:meth:`read_canvas`): a diffusion model on a
     # vLLM with patches/00572.
     canvas_reads: bool = False
+    # The dtype the LM head computes logits in ("bfloat16", "float16", "float32").
+    logit_dtype: str = "float32"
+    # Why reads can't ask for fp32 log-probabilities under a half-precision LM head (None: they can,
+    # a vLLM with patches/exact-logprobs; see :meth:`read_token_logprobs`).
+    fp32_reads_missing: str | None = "this host can't recompute logits"
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -92,14 +97,17 @@ class BackendHost(ABC):
         """Ids the tokenizer never produces from plain text (template markers and the like)."""
 
     @abstractmethod
-    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
+    async def read_token_logprobs(
+        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+    ) -> TokenRead:
         """One forward pass over ``prompt_ids``: the next-token log-probability of each of
-        ``token_ids`` over the full vocabulary. No token is kept."""
+        ``token_ids`` over the full vocabulary. No token is kept. ``fp32``: recompute the returned
+        values in fp32 where :attr:`fp32_reads_missing` is None (ignored elsewhere)."""
 
     @abstractmethod
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
         """One forward pass over ``prompt_ids``: the ``k`` most likely next tokens and their
-        log-probabilities (``k = -1``: the whole vocabulary)."""
+        log-probabilities (``k = -1``: the whole vocabulary); ``fp32`` as for :meth:`read_token_logprobs`."""
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
         """Greedy generation of up to ``max_tokens`` tokens (for backends that read generated text)."""
@@ -153,6 +161,8 @@ class VllmHost(BackendHost):
             importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
         )
         self._model_config = model_config
+        self.logit_dtype = str(model_config.head_dtype).removeprefix("torch.")
+        self.fp32_reads_missing = fp32_reads_missing(engine_client.vllm_config)
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
         self.max_logprob_token_ids = MAX_LOGPROB_TOKEN_IDS
@@ -214,20 +224,28 @@ class VllmHost(BackendHost):
     def special_token_ids(self) -> frozenset[int]:
         return self._special_ids
 
-    async def read_token_logprobs(self, prompt_ids: list[int], token_ids: list[int], request_id: str) -> TokenRead:
+    async def read_token_logprobs(
+        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+    ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
         # logprob_token_ids returns full-vocabulary log-probabilities of exactly these ids.
         # prompt_logprobs stays unset: it would switch off prefix-cache reads. A read keeps no text,
         # so nothing is detokenized.
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False)
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False,
+                                extra_args=self._fp32_args(fp32))  # fmt: skip
         return only(await self._read(prompt_ids, params, request_id), token_ids)
 
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str) -> TokenRead:
+    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False)
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False,
+                                extra_args=self._fp32_args(fp32))  # fmt: skip
         return await self._read(prompt_ids, params, request_id)
+
+    def _fp32_args(self, fp32: bool) -> dict[str, Any] | None:
+        """``extra_args`` asking patches/exact-logprobs for fp32 values (None: not asked, or no patch)."""
+        return {"fp32_logprobs": True} if fp32 and self.fp32_reads_missing is None else None
 
     async def read_canvas(
         self, prompt_ids: list[int], canvas_ids: list[int], token_ids: list[int], max_steps: int, request_id: str
@@ -299,6 +317,17 @@ class VllmHost(BackendHost):
             prompt_tokens=len(prompt_ids),
             cached_tokens=int(final.num_cached_tokens or 0),
         )
+
+
+def fp32_reads_missing(vllm_config: Any) -> str | None:
+    """Why this engine can't recompute read log-probabilities in fp32 (None: it can)."""
+    if str(vllm_config.model_config.head_dtype) == "torch.float32":
+        return None  # the LM head computes fp32 logits already
+    if importlib.util.find_spec("vllm.v1.sample.exact_logprobs") is None:
+        return "this vLLM lacks patches/exact-logprobs-v0.30.patch (install.sh applies it)"
+    from vllm.v1.sample.exact_logprobs import unsupported_reason
+
+    return unsupported_reason(vllm_config)
 
 
 def only(read: TokenRead, token_ids: Sequence[int]) -> TokenRead:

@@ -14,6 +14,7 @@ from ..base import DecisionBackend, Reading
 from .answer_slot import AnswerSlotPlacer
 from .labels import LabelCatalog, pair_candidates
 from .options import LogitOptions
+from .precision import describe, fp32_check
 from .prompt import RENDER_VERSION, messages
 from .readouts import ReadoutRunner, plan
 from .self_check import PROBES, self_check
@@ -59,15 +60,18 @@ class LogitBackend(DecisionBackend):
         state, question = PROBES[0]
         rendered = await host.render_chat(messages(state, question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
+        slot = self.placer.place(rendered, ["A", "B"])
         return {"option_mass": check.option_mass, "reasoning_block": check.reasoning_block, "pairs": pairs,
-                "stencil": await stencil_check(host)}  # fmt: skip
+                "stencil": await stencil_check(host),
+                "fp32_missing": await fp32_check(host, slot.prompt_ids, slot.label_ids)}  # fmt: skip
 
     def adopt(self, facts: dict[str, Any]) -> None:
         if "failure" in facts:
             raise RuntimeError(facts["failure"])
         self.placer.reasoning_block = facts["reasoning_block"]
         self.catalog = LabelCatalog(self.catalog.markers, tuple(facts["pairs"]))
-        self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts)
+        missing = facts["fp32_missing"]
+        self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts, fp32_reads=missing is None)
         self.prompts.enabled = facts["stencil"]
         logger.info("decision prompts: state rendered %s", "once per request" if self.prompts.enabled else
                     "with each question (this tokenizer or template can't share it)")  # fmt: skip
@@ -75,6 +79,7 @@ class LogitBackend(DecisionBackend):
         logger.info("decision answer slot: option mass %.3f%s", facts["option_mass"],
                     f" with reasoning block {block!r}" if block else "")  # fmt: skip
         logger.info(self.describe_limits())
+        logger.info(describe(self.host, missing))
 
     def describe_limits(self) -> str:
         markers, wide, cap = len(self.catalog.markers), self.catalog.wide_capacity, self.host.max_logprob_token_ids

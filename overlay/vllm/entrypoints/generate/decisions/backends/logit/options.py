@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Readout = Literal["auto", "direct", "wide-direct", "two-stage"]
 LogprobMode = Literal["top-k", "exact"]
+Precision = Literal["float32", "model"]
 
 
 class LogitOptions(BaseModel):
@@ -20,6 +21,9 @@ class LogitOptions(BaseModel):
     readout: Readout = "auto"
     # top-k: vLLM's plain top-k list (window = --max-logprobs); exact: logprob_token_ids.
     logprobs: LogprobMode = "top-k"
+    # float32: option log-probabilities recomputed in fp32 under a bf16/fp16 LM head, where the engine
+    # can (patches/exact-logprobs); model: the LM head's own dtype.
+    precision: Precision = "float32"
     # How many stage-1 leaders a two-stage read sends to its final direct read.
     shortlist: int = Field(default=8, ge=2, le=26)
     # One option label per character; pairs of them make the wide-direct labels.

@@ -24,6 +24,7 @@ from ..base import Reading
 from .answer_slot import AnswerSlotPlacer
 from .labels import LabelCatalog
 from .options import LogitOptions
+from .precision import read_precision
 from .prompt import option_check, question_text
 from .reads import LabelRead, read_exact, read_top_k
 from .stencil import StencilPool
@@ -66,14 +67,16 @@ class ReadoutRunner:
     """Runs a planned read for one question through the host."""
 
     def __init__(self, host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog,
-                 prompts: StencilPool | None = None) -> None:  # fmt: skip
+                 prompts: StencilPool | None = None, fp32_reads: bool = False) -> None:  # fmt: skip
         self.host = host
         self.placer = placer
         self.catalog = catalog
         self.prompts = prompts or StencilPool(host, enabled=False)
+        # Whether reads asking for fp32 get it (precision.fp32_check passed at startup).
+        self.fp32_reads = fp32_reads
 
     async def labelled_read(self, state: str, question: CompiledQuestion, mode: str, request_id: str,
-                            fallback: bool = True) -> tuple[LabelRead, list[str]]:  # fmt: skip
+                            fallback: bool = True, fp32: bool = False) -> tuple[LabelRead, list[str]]:  # fmt: skip
         labels = self.catalog.labels(len(question.options))
         rendered = await self.prompts.prompt_ids(state, question_text(question, labels))
         slot = self.placer.place(rendered, labels)
@@ -84,23 +87,28 @@ class ReadoutRunner:
                 f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
             )
         if mode == "exact":
-            read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fallback)
+            read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fallback, fp32)
         else:
-            read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, request_id)
+            read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fp32)
         return read, labels
 
     async def run(self, plan: Plan, state: str, question: CompiledQuestion, options: LogitOptions,
                   request_id: str) -> Reading:  # fmt: skip
+        fp32 = options.precision == "float32" and self.fp32_reads
+        audit = {"logit_precision": read_precision(self.host, fp32)}
         if plan.readout == "two-stage":
-            return await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id)
-        read, labels = await self.labelled_read(state, question, plan.logprobs, request_id)
-        return reading(read, plan.readout, LabelCatalog.layout(labels))
+            result = await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id, fp32)
+        else:
+            read, labels = await self.labelled_read(state, question, plan.logprobs, request_id, fp32=fp32)
+            result = reading(read, plan.readout, LabelCatalog.layout(labels))
+        result.audit.update(audit)
+        return result
 
     async def two_stage(self, state: str, question: CompiledQuestion, mode: str, shortlist: int,
-                        request_id: str) -> Reading:  # fmt: skip
+                        request_id: str, fp32: bool = False) -> Reading:  # fmt: skip
         # Stage 1: each option alone, as yes/no. Exact reads here have no fallback.
         checks = [
-            self.labelled_read(state, option_check(question, option), mode, f"{request_id}-s1-{i}", fallback=False)
+            self.labelled_read(state, option_check(question, option), mode, f"{request_id}-s1-{i}", False, fp32)
             for i, option in enumerate(question.options)
         ]
         stage1 = [read for read, _ in await gather_or_cancel(checks)]
@@ -110,7 +118,7 @@ class ReadoutRunner:
         leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[: min(shortlist, len(first))]
         leaders.sort()
         finals = CompiledQuestion(question.qtype, question.instructions, tuple(question.options[i] for i in leaders))
-        final, labels = await self.labelled_read(state, finals, mode, f"{request_id}-s2")
+        final, labels = await self.labelled_read(state, finals, mode, f"{request_id}-s2", fp32=fp32)
         shared = sum(first[i] for i in leaders)
         probabilities = list(first)
         for i, p in zip(leaders, softmax(final.scores), strict=True):
