@@ -26,10 +26,12 @@ def add_server_arguments(parser: argparse.ArgumentParser, pid_for: str) -> None:
     parser.add_argument("--server-pid", type=int, help=f"with --port: the API server's PID, for {pid_for}")
 
 
-def serve(model: str, port: int, calibration_dir: str, log: Path) -> subprocess.Popen:
+def serve(
+    model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     env = {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir,
            "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TORCH_COMPILE_DISABLE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}  # fmt: skip
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **(env or {})}  # fmt: skip
     command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
                "--dtype", "bfloat16"]  # fmt: skip

@@ -70,13 +70,17 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         assert all(r.headers.get("retry-after") == "5" and "starting" in r.text for r in starting)
         (saved,) = saved_dir.glob("calibration-*.json")
         record = json.loads(saved.read_text())
-        answer = audit(first)
+        per_type_fits(first, record)
+        answer = audit(first)  # a predicate: a noul question
+        noul = record["by_type"]["noul"]
         assert answer["temperature_source"] == "calibrated"
-        assert answer["calibration_temperature"] == pytest.approx(record["applied_temperature"])
+        assert answer["temperature_scope"] == ("server" if noul["fallback"] else "noul")
+        assert answer["calibration_temperature"] == pytest.approx(noul["applied_temperature"])
         assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 200
         assert "decision calibration: T=" in first.log.read_text()
         overridden = audit(first, calibration_temperature=3.0)
         assert (overridden["calibration_temperature"], overridden["temperature_source"]) == (3.0, "request")
+        assert overridden["temperature_scope"] == "request"
     finally:
         first.stop()
 
@@ -84,7 +88,8 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     try:
         log = again.log.read_text()
         assert log.count("loaded from a saved result)") == 2 and "decision calibration saved to" not in log
-        assert audit(again)["calibration_temperature"] == pytest.approx(record["applied_temperature"])
+        assert audit(again)["calibration_temperature"] == pytest.approx(noul["applied_temperature"])
+        assert log.count("decision calibration (choice): ") == 2, "every type's fit is loaded too"
     finally:
         again.stop()
 
@@ -95,6 +100,20 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         assert len(list(saved_dir.glob("calibration-*.json"))) == 2
     finally:
         changed.stop()
+
+
+def per_type_fits(server: VllmServer, record: dict) -> None:
+    """The saved result holds a fit for each type in the file, each logged on its own line."""
+    log = server.log.read_text(errors="replace")
+    assert record["key"]["scheme"] == "per-type-v1"
+    assert set(record["by_type"]) == {"noul", "choice", "score"}
+    for name, fit in record["by_type"].items():
+        assert fit["used"] > 0 and f"decision calibration ({name}): " in log
+        if fit["fallback"] is None:
+            assert fit["applied_temperature"] == (fit["temperature"] if fit["kept"] else 1.0)
+        else:
+            assert fit["applied_temperature"] == record["applied_temperature"]
+            assert f"decision calibration ({name}): {fit['fallback']}, server-wide T applies" in log
 
 
 def shared_startup_work(server: VllmServer, saved_dir) -> None:
@@ -140,5 +159,6 @@ def test_failures_give_the_default_temperature_and_a_warning(tmp_path, saved_dir
         assert warning in server.log.read_text()
         answer = audit(server)
         assert (answer["calibration_temperature"], answer["temperature_source"]) == (1.0, "default")
+        assert answer["temperature_scope"] == "server"
     finally:
         server.stop()

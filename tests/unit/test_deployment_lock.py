@@ -68,7 +68,7 @@ async def test_concurrent_processes_calibrate_once(tmp_path):
     backends = [ScriptedBackend(lambda q: reads.append(q) or overconfident(q)) for _ in range(3)]
     results = await asyncio.gather(*(startup_calibration(b, settings(tmp_path, source), MODEL) for b in backends))
     assert len(reads) == 200, "one caller measured; the others loaded its result"
-    assert len({r.value for r in results}) == 1 and all(r.source == "calibrated" for r in results)
+    assert len({r.server.value for r in results}) == 1 and all(r.server.source == "calibrated" for r in results)
 
 
 async def test_a_failed_calibration_is_shared_within_a_run(tmp_path, caplog):
@@ -76,7 +76,7 @@ async def test_a_failed_calibration_is_shared_within_a_run(tmp_path, caplog):
     reads = []
     backends = [ScriptedBackend(lambda q: reads.append(q) or [0.0] * len(q.options)) for _ in range(2)]
     results = await asyncio.gather(*(startup_calibration(b, settings(tmp_path, source), MODEL) for b in backends))
-    assert [r.source for r in results] == ["default", "default"] and len(reads) == 200
+    assert [r.server.source for r in results] == ["default", "default"] and len(reads) == 200
     assert "failed in another API-server process of this server" in caplog.text
 
 

@@ -6,6 +6,7 @@ from http import HTTPStatus
 
 import pytest
 
+from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
 from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
@@ -46,6 +47,7 @@ async def test_answers_carry_probabilities_confidence_and_audit():
     assert answer.backend["option_logits"] == {"true": math.log(0.6), "false": math.log(0.2)}
     audit = answer.audit
     assert audit["temperature_source"] == "default" and audit["calibration_temperature"] == 1.0
+    assert audit["temperature_scope"] == "server"
     assert audit["option_mass"] == pytest.approx(0.8)
     assert audit["render_version"] == "scripted-1" and audit["served_model"] == "served"
     assert len(audit["state_sha256"]) == 64
@@ -84,10 +86,60 @@ async def test_configured_and_per_request_temperatures():
     scores = [math.log(0.9), math.log(0.1)]
     service = await started(ScriptedBackend(lambda q: scores), VLLM_TYPED_DECISIONS_TEMPERATURE="2.0")
     (a,) = (await service.decide("s", [noul()], "r")).results
-    assert a.audit["temperature_source"] == "configured"
+    assert applied(a) == (2.0, "configured", "server")
     assert a.probabilities[0] == pytest.approx(3 / 4)
     (b,) = (await service.decide("s", [noul()], "r", temperature=1.0)).results
-    assert b.audit["temperature_source"] == "request" and b.probabilities[0] == pytest.approx(0.9)
+    assert applied(b) == (1.0, "request", "request") and b.probabilities[0] == pytest.approx(0.9)
+
+
+CALIBRATED = Temperatures(
+    Temperature(2.0, "calibrated", "server"),
+    {"choice": Temperature(4.0, "calibrated", "choice"), "noul": Temperature(1.0, "calibrated", "noul")},
+)
+
+
+def applied(answer):
+    audit = answer.audit
+    return audit["calibration_temperature"], audit["temperature_source"], audit["temperature_scope"]
+
+
+async def calibrated_service(backend, **env):
+    async def calibrate():
+        return CALIBRATED
+
+    service = DecisionService(Settings.from_env(env), backend, "served")
+    await service.start(calibrate)
+    return service
+
+
+async def test_each_question_gets_its_types_temperature_unless_the_request_sets_one(caplog):
+    scores = [math.log(0.9), math.log(0.1)]
+    service = await calibrated_service(ScriptedBackend(lambda q: scores))
+    score = SCORE.compile(ScoreQuestion(criteria=["low", "high"]))
+    decision = await service.decide("s", [noul(), choice(2), score], "r")
+    assert [applied(a) for a in decision.results] == [
+        (1.0, "calibrated", "noul"),
+        (4.0, "calibrated", "choice"),
+        (2.0, "calibrated", "server"),  # no fit of its own: the server-wide one
+    ]
+    assert decision.results[0].probabilities[0] == pytest.approx(0.9)
+    assert decision.results[1].probabilities[0] == pytest.approx(0.9**0.25 / (0.9**0.25 + 0.1**0.25))
+    requested = await service.decide("s", [noul(), choice(2)], "r", temperature=3.0)
+    assert [applied(a) for a in requested.results] == [(3.0, "request", "request")] * 2
+    assert "decisions ready: backend=scripted, T=2.00 (calibrated, server); choice T=4.00 (calibrated), " in caplog.text
+
+
+async def test_a_configured_temperature_beats_calibration_for_every_type():
+    service = await calibrated_service(ScriptedBackend(lambda q: [0.0, -1.0]), VLLM_TYPED_DECISIONS_TEMPERATURE="1.5")
+    decision = await service.decide("s", [noul(), choice(2)], "r")
+    assert [applied(a) for a in decision.results] == [(1.5, "configured", "server")] * 2
+
+
+def test_temperatures_precedence():
+    assert CALIBRATED.applied("choice") == Temperature(4.0, "calibrated", "choice")
+    assert CALIBRATED.applied("plugin-type") == CALIBRATED.server
+    assert CALIBRATED.applied("choice", 0.5) == Temperature(0.5, "request", "request")
+    assert Temperatures().applied("choice") == Temperature(1.0, "default", "server")
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,11 @@ async def test_detail_levels_trim_extra(service):
     assert all("extra" not in a for a in none["answers"])
     basic = await openai.create_decision(service, {**OPENAI_REQUEST, "extra": {"detail": "basic"}}, "r")
     assert set(basic["answers"][0]["extra"]["backend"]) == {"name", "option_logits"}
-    assert "state_sha256" not in basic["answers"][0]["extra"]["audit"]
+    assert set(basic["answers"][0]["extra"]["audit"]) == {
+        "calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes"
+    }  # fmt: skip
+    full = await openai.create_decision(service, OPENAI_REQUEST, "r")
+    assert full["answers"][0]["extra"]["audit"]["temperature_scope"] == "server"
 
 
 INVALID = [("openai", *case) for case in OPENAI_INVALID] + [("jev", *case) for case in JEV_INVALID]

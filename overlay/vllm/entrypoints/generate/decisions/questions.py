@@ -96,6 +96,8 @@ class QuestionType(ABC):
     # Jev's own types: /v1/systemone keeps only ``jev_fields`` of their answers.
     jev: ClassVar[bool] = False
     jev_fields: ClassVar[tuple[str, ...]] = ()
+    # Whether the option order is part of the question (a scale's levels): debiasing then keeps it.
+    ordered: ClassVar[bool] = False
 
     def instructions(self, question: Any) -> str:
         return content_text(getattr(question, "instructions", None))
@@ -210,6 +212,7 @@ def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...
 class ScoreType(QuestionType):
     name = "score"
     model = ScoreQuestion
+    ordered = True
     jev = True
     jev_fields = ("score", "confidence", "legend", "probabilities")
 

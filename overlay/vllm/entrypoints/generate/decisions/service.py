@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -19,7 +18,10 @@ from vllm.logger import init_logger
 
 from .affinity import reads_about
 from .backends import DecisionBackend, backend_names, get_backend_class
+from .backends.base import checked_scores
+from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
+from .debias import Debias, read_question
 from .errors import DecisionError, EngineBusyError, NotReadyError
 from .plugins import failures_note
 from .questions import CHOICE, SCORE, CompiledQuestion
@@ -78,13 +80,12 @@ class DecisionService:
         self.ready = False
         # Why startup failed, when it did: requests then get 503 with this reason.
         self.unavailable: str | None = None
-        self.temperature, self.temperature_source = (
-            (settings.temperature, "configured") if settings.temperature else (1.0, "default")
-        )
+        configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
+        self.temperatures = Temperatures(configured or DEFAULT)
 
     async def start(
         self,
-        calibrate: Callable[[], Awaitable[tuple[float, str]]] | None = None,
+        calibrate: Callable[[], Awaitable[Temperatures]] | None = None,
         start_backend: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Startup work: the backend's own checks, then (unless a temperature is configured) calibration.
@@ -94,12 +95,10 @@ class DecisionService:
         except Exception as exc:
             self.unavailable = str(exc) or type(exc).__name__
             raise
-        if calibrate is not None and self.temperature_source == "default":
-            self.temperature, self.temperature_source = await calibrate()
+        if calibrate is not None and self.temperatures.server.source == "default":
+            self.temperatures = await calibrate()
         self.ready = True
-        logger.info(
-            "decisions ready: backend=%s, T=%s (%s)", self.backend.name, self.temperature, self.temperature_source
-        )
+        logger.info("decisions ready: backend=%s, %s", self.backend.name, self.temperatures.describe())
 
     def check_input(self, state: str) -> None:
         """Refuse an input too long to be worth tokenizing, before any work on it."""
@@ -143,11 +142,13 @@ class DecisionService:
         backend_options: dict[str, Any] | None = None,
         backend: str | None = None,
         seed: int | None = None,
+        debias: Debias | None = None,
     ) -> Decision:
         """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
 
         ``temperature`` is a per-request override of the server's calibration temperature; ``seed``
-        (``extra.seed``) reaches backends whose reads draw randomness.
+        (``extra.seed``) reaches backends whose reads draw randomness; ``debias`` (``extra.debias``)
+        overrides the server's VLLM_TYPED_DECISIONS_DEBIAS.
         """
         if self.unavailable is not None:
             raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
@@ -157,16 +158,28 @@ class DecisionService:
         self.check_limits(questions, where)
         chosen = await self.backend_named(backend)
         options = chosen.seeded(chosen.request_options(backend_options), seed)
-        applied = (temperature, "request") if temperature else (self.temperature, self.temperature_source)
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
         reads = (
-            self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", applied, options)
+            self._answer(
+                chosen,
+                state,
+                state_sha256,
+                q,
+                f"{request_id}-{i}",
+                temperature,
+                options,
+                debias or self.settings.debias,
+            )  # fmt: skip
             for i, q in enumerate(questions)
         )
         with reads_about(state_sha256):  # one engine replica for them all (affinity.py)
             return Decision(self.served_model, await gather_or_cancel(reads))
+
+    def temperature_for(self, question: CompiledQuestion, requested: float | None = None) -> Temperature:
+        """The T for one question: the request's, else the server's for its type (Temperatures.applied)."""
+        return self.temperatures.applied(question.qtype.name, requested)
 
     async def backend_named(self, name: str | None) -> DecisionBackend:
         """The server's backend, or another registered one built (and started) with its defaults."""
@@ -199,11 +212,12 @@ class DecisionService:
         state_sha256: str,
         question: CompiledQuestion,
         request_id: str,
-        applied: tuple[float, str],
+        requested: float | None,
         options: Any,
+        debias: Debias,
     ) -> Answer | Failure:
         try:
-            reading = await backend.read(state, question, request_id, options)
+            reading = await read_question(backend, state, question, request_id, options, debias)
             scores = checked_scores(reading, len(question.options), backend.name)
         except EngineBusyError:
             raise
@@ -215,15 +229,16 @@ class DecisionService:
             logger.exception("decision read failed for %s", request_id)
             return Failure(question, DecisionError(f"internal error: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
         options = question.options
-        temperature, source = applied
-        probabilities = softmax(scores, temperature)
+        applied = self.temperature_for(question, requested)
+        probabilities = softmax(scores, applied.value)
         audit = {
             "served_model": self.served_model,
             "state_sha256": state_sha256,
             "render_version": backend.render_version,
             "confidence_formula": CONFIDENCE_FORMULA,
-            "calibration_temperature": temperature,
-            "temperature_source": source,
+            "calibration_temperature": applied.value,
+            "temperature_source": applied.source,
+            "temperature_scope": applied.scope,
             "forward_passes": reading.forward_passes,
             "input_tokens": reading.input_tokens,
             "cached_input_tokens": reading.cached_input_tokens,
@@ -246,23 +261,3 @@ class DecisionService:
             input_tokens=reading.input_tokens,
             cached_tokens=reading.cached_input_tokens,
         )
-
-
-def checked_scores(reading: Any, options: int, backend: str) -> list[float]:
-    """A backend's scores as floats: one real number (or -inf) per option, not all -inf. Anything else
-    is the backend's fault, refused for this question rather than sent on as NaN."""
-    scores = getattr(reading, "scores", None)
-    try:
-        values = [float(score) for score in scores]  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        values = None
-    if values is None or len(values) != options:
-        count = len(values) if values is not None else repr(scores)[:40]
-        fault = f"returned {count} scores for {options} options"
-    elif any(math.isnan(v) or v == math.inf for v in values):
-        fault = "returned a score that is NaN or +inf"
-    elif all(v == -math.inf for v in values):
-        fault = "gave every option zero probability"
-    else:
-        return values
-    raise DecisionError(f"backend {backend!r} {fault}", HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -31,6 +31,7 @@ VARIABLES = (
     PREFIX + "CALIBRATION",
     PREFIX + "CALIBRATION_DIR",
     PREFIX + "STARTUP_WAIT",
+    PREFIX + "DEBIAS",
 )
 
 
@@ -52,6 +53,36 @@ class BackendSpec:
 
 
 @dataclass(frozen=True)
+class Debias:
+    """``off`` (one read in the client's order) or ``rotate`` (``rotations``: None for the default)."""
+
+    mode: str = "off"
+    rotations: int | None = None
+
+    def __str__(self) -> str:
+        return self.mode if self.rotations is None else f"{self.mode}:{self.rotations}"
+
+
+NO_DEBIAS = Debias()
+
+
+def parse_debias(text: str) -> Debias:
+    """``off``, ``rotate`` or ``rotate:N`` (N >= 1); ValueError with the accepted forms otherwise."""
+    mode, sep, count = text.strip().lower().partition(":")
+    if mode == "off" and not sep:
+        return NO_DEBIAS
+    if mode == "rotate":
+        if not sep:
+            return Debias("rotate")
+        if count.isdigit() and int(count) >= 1:
+            return Debias("rotate", int(count))
+    raise ValueError(f"{text!r}: expected off, rotate or rotate:N with N >= 1")
+
+
+DEFAULT_DEBIAS = NO_DEBIAS
+
+
+@dataclass(frozen=True)
 class Settings:
     backend: BackendSpec
     temperature: float | None
@@ -67,6 +98,8 @@ class Settings:
     calibration_dir: str
     # Seconds an API-server process waits for another one's startup work before doing it itself.
     startup_wait: float
+    # How answers are made independent of the clients' option order (debias.py).
+    debias: Debias = NO_DEBIAS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -83,6 +116,7 @@ class Settings:
             calibration=_calibration(env),
             calibration_dir=env.get(PREFIX + "CALIBRATION_DIR") or default_calibration_dir(env),
             startup_wait=_positive_float(env, PREFIX + "STARTUP_WAIT") or DEFAULT_STARTUP_WAIT,
+            debias=_debias(env),
         )
 
 
@@ -138,6 +172,17 @@ def _positive_float(env: Mapping[str, str], name: str) -> float | None:
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
     return _number(env, name, float, default, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
+
+
+def _debias(env: Mapping[str, str]) -> Debias:
+    name = PREFIX + "DEBIAS"
+    raw = env.get(name, "").strip()
+    if not raw:
+        return DEFAULT_DEBIAS
+    try:
+        return parse_debias(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={exc}") from None
 
 
 def default_calibration_dir(env: Mapping[str, str]) -> str:

@@ -106,10 +106,10 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
 
 async def _start(service: DecisionService, model: dict[str, Any]) -> None:
     from .calibration.startup import startup_calibration
+    from .calibration.temperature import Temperatures
 
-    async def calibrate() -> tuple[float, str]:
-        result = await startup_calibration(service.backend, service.settings, model)
-        return result.value, result.source
+    async def calibrate() -> Temperatures:
+        return await startup_calibration(service.backend, service.settings, model)
 
     async def start_backend() -> None:
         await start_backend_once(service.backend, service.settings, model)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
@@ -88,3 +90,23 @@ class DecisionBackend(ABC):
     async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
         """Score every option of ``question`` about ``state``; ``options`` are this request's
         (from :meth:`request_options`), or None for the startup options."""
+
+
+def checked_scores(reading: Any, options: int, backend: str) -> list[float]:
+    """A backend's scores as floats: one real number (or -inf) per option, not all -inf. Anything else
+    is the backend's fault, refused for this question rather than sent on as NaN."""
+    scores = getattr(reading, "scores", None)
+    try:
+        values = [float(score) for score in scores]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        values = None
+    if values is None or len(values) != options:
+        count = len(values) if values is not None else repr(scores)[:40]
+        fault = f"returned {count} scores for {options} options"
+    elif any(math.isnan(v) or v == math.inf for v in values):
+        fault = "returned a score that is NaN or +inf"
+    elif all(v == -math.inf for v in values):
+        fault = "gave every option zero probability"
+    else:
+        return values
+    raise DecisionError(f"backend {backend!r} {fault}", HTTPStatus.INTERNAL_SERVER_ERROR)

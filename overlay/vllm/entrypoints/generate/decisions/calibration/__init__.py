@@ -1,2 +1,2 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Startup calibration: fit one softmax temperature for the server and keep it only if it clearly helps."""
+"""Startup calibration: fit softmax temperatures (server-wide and per question type) and keep each only if it clearly helps."""

@@ -12,12 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..questions import CompiledQuestion
 from ..service import Answer, Decision, DecisionService
+from ..settings import parse_debias
 
 Detail = Literal["none", "basic", "full"]
 
 # What ``detail: basic`` keeps of an answer's extra; ``full`` keeps everything, ``none`` nothing.
 BASIC_BACKEND_FIELDS = ("name", "option_logits")
-BASIC_AUDIT_FIELDS = ("calibration_temperature", "temperature_source", "readout", "forward_passes")
+BASIC_AUDIT_FIELDS = ("calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes")
 
 
 class ExtraRequest(BaseModel):
@@ -30,6 +31,8 @@ class ExtraRequest(BaseModel):
     backend_options: dict[str, Any] | None = None
     seed: int | None = None
     detail: Detail = "full"
+    # off | rotate | rotate:N (debias.py); unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
+    debias: str | None = Field(default=None, pattern=r"^(off|rotate(:[1-9][0-9]*)?)$")
 
 
 async def decide(
@@ -51,6 +54,7 @@ async def decide(
         backend_options=extra.backend_options,
         backend=extra.backend,
         seed=extra.seed,
+        debias=parse_debias(extra.debias) if extra.debias is not None else None,
     )
     if (failure := decision.first_failure()) is not None:
         raise failure

@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The temperature an answer gets, as one value from calibration to the audit.
+
+A ``Temperature`` says what T is, where it came from (``source``) and whom it was fitted for (``scope``),
+so the audit can name exactly which T applied. ``Temperatures`` is the server's set: a server-wide T and
+each question type's own, with the precedence rule in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SERVER = "server"
+REQUEST = "request"
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """What ``extra.audit`` reports as ``calibration_temperature``, ``temperature_source`` and
+    ``temperature_scope``."""
+
+    value: float
+    source: str  # "request", "configured", "calibrated" or "default"
+    scope: str  # a question type's name, "server" or "request"
+
+
+DEFAULT = Temperature(1.0, "default", SERVER)
+
+
+@dataclass(frozen=True)
+class Temperatures:
+    """The server-wide T plus the question types calibrated on their own; any other type (too few
+    calibration questions, an edge fit, a plugin type never calibrated) gets the server-wide T."""
+
+    server: Temperature = DEFAULT
+    by_type: dict[str, Temperature] = field(default_factory=dict)
+
+    def for_type(self, name: str) -> Temperature:
+        return self.by_type.get(name, self.server)
+
+    def applied(self, qtype: str, requested: float | None = None) -> Temperature:
+        """Request > configured > calibrated (this type's, else server-wide) > default. A configured or
+        default server T comes with no per-type fits, so only the request can override it."""
+        if requested:
+            return Temperature(requested, "request", REQUEST)
+        return self.for_type(qtype)
+
+    def describe(self) -> str:
+        """One phrase for the startup log naming every T in force."""
+        text = f"T={self.server.value:.2f} ({self.server.source}, {self.server.scope})"
+        if self.by_type:
+            own = ", ".join(f"{name} T={t.value:.2f} ({t.source})" for name, t in sorted(self.by_type.items()))
+            text += f"; {own}; other types the server-wide T"
+        return text
