@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from serving import add_server_arguments, api_and_engine, serve, startup_seconds, stop  # noqa: E402
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
-from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import AnswerSlot, AnswerSlotPlacer  # noqa: E402
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import messages  # noqa: E402
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlot, AnswerSlotPlacer  # noqa: E402
+from vllm.entrypoints.generate.decisions.prompting.prompt import messages  # noqa: E402
 from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion  # noqa: E402
 
 WORDS = ["ticket", "payout", "invoice", "refund", "account", "billing", "outage", "login", "error", "delay", "customer", "order", "shipment", "contract", "renewal", "discount", "priority", "escalation", "warehouse", "region", "weekly", "monthly", "report", "status"]  # fmt: skip

@@ -1,6 +1,6 @@
 """Send multi-question decisions about fresh inputs to a running server and print the share of input
 tokens the engine served from its prefix cache (usage.input_tokens_details.cached_tokens), then the
-same again for the same inputs. Used for the README's scale-out figures: run it against one engine and
+same again for the same inputs. Used for the figures in docs/scale-out.md: run it against one engine and
 against ``--data-parallel-size 2`` to see whether the questions of one decision share one prefill.
 
 usage: python tools/cached_share.py [--url http://127.0.0.1:8000] [--requests 6] [--questions 8] [--words 800]

@@ -6,7 +6,7 @@ how many marker pairs (AA..ZZ) are too (the wide-direct capacity), and which emp
 the tokenizer supports.
 
 usage: python tools/check_tokenizers.py [MODELS_DIR]   (default: ~/.cache/vllm-decisions/models)
-Prints a Markdown table (the README carries its output).
+Prints a Markdown table (docs/backends.md carries its output).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import (
+from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
     AnswerSlotPlacer,
     supported_reasoning_blocks,
 )
-from vllm.entrypoints.generate.decisions.backends.logit.labels import pair_candidates
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import messages
-from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
+from vllm.entrypoints.generate.decisions.prompting.labels import pair_candidates
+from vllm.entrypoints.generate.decisions.prompting.prompt import messages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402

@@ -36,7 +36,6 @@ import json
 import math
 import random
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serving import add_server_arguments, serve, startup_seconds, stop  # noqa: E402
+from serving import add_server_arguments, target  # noqa: E402
 
 from vllm.entrypoints.generate.decisions.calibration import maths, question_file  # noqa: E402
 
@@ -245,19 +244,9 @@ def main() -> int:
     parser.add_argument("--cost-rounds", type=int, default=12)
     parser.add_argument("--json", default="quality-results.json")
     args = parser.parse_args()
-    if args.port:
-        results = asyncio.run(measure(f"http://127.0.0.1:{args.port}", args))
-    else:
-        port = 8191
-        with tempfile.TemporaryDirectory() as folder:
-            process = serve(
-                args.model, port, folder, Path(folder) / "serve.log", {"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}
-            )
-            try:
-                startup_seconds(f"http://127.0.0.1:{port}", process)
-                results = asyncio.run(measure(f"http://127.0.0.1:{port}", args))
-            finally:
-                stop(process)
+    # No startup calibration: the figures come from the raw option logits, and the tool fits its own T.
+    with target(args, 8191, {"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (url, _):
+        results = asyncio.run(measure(url, args))
     results.update(model=args.model, date=time.strftime("%Y-%m-%d"))
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))

@@ -77,14 +77,15 @@ def api_and_engine(pid: int | None, measure: Callable[[psutil.Process], float]) 
 
 
 @contextmanager
-def target(args: argparse.Namespace, port: int) -> Iterator[tuple[str, int | None]]:
-    """(url, API-server PID) of the server ``--port`` names, or of one started here and stopped after."""
+def target(args: argparse.Namespace, port: int, env: dict[str, str] | None = None) -> Iterator[tuple[str, int | None]]:
+    """(url, API-server PID) of the server ``--port`` names, or of one started here (with ``env``
+    added to its environment) and stopped after."""
     if args.port:
         yield f"http://127.0.0.1:{args.port}", args.server_pid
         return
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
-        process = serve(args.model, port, folder, Path(folder) / "serve.log")
+        process = serve(args.model, port, folder, Path(folder) / "serve.log", env)
         try:
             startup_seconds(url, process)
             yield url, process.pid

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import chat
+from vllm.entrypoints.generate.decisions.prompting.prompt import chat
 
 from ..conftest import model_path
 

@@ -1,7 +1,7 @@
 """patches/00572 (the DiffusionGemma canvas read) against stock vLLM 0.30.0, as far as a CPU can check
 it: it applies cleanly, every patched module imports, and the checks in canvas_patch_probe.py pass
 (arguments and their errors, the read maths, the sampler's denoise step with a canvas read). The
-engine path (Model Runner V2, Triton) needs a GPU; README says how to check it there."""
+engine path (Model Runner V2, Triton) needs a GPU; docs/canvas.md says how to check it there."""
 
 from __future__ import annotations
 

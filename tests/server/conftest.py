@@ -151,8 +151,10 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
     log = tmp_path_factory.mktemp("tiny-qwen") / "vllm-serve.log"
     # The example plugin claims Qwen2 models; naming logit here also tests selection by variable.
     # One of the example package's plugins fails to load here (test_faults.py): the server serves on.
+    # One read per question (debias off): test_load.py counts reads against the engine's queue.
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
-           "VLLM_TYPED_DECISIONS_BACKEND": "logit", "DECISIONS_TEST_PLUGIN_BROKEN": "1"}  # fmt: skip
+           "VLLM_TYPED_DECISIONS_BACKEND": "logit", "DECISIONS_TEST_PLUGIN_BROKEN": "1",
+           "VLLM_TYPED_DECISIONS_DEBIAS": "off"}  # fmt: skip
     with running(
         "tiny-qwen2-random",
         log,

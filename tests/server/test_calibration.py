@@ -27,10 +27,11 @@ def bundled_lines(count: int) -> list[str]:
     return text.splitlines()[-count:]
 
 
-def start(tmp_path, name: str, question_file, saved_dir, workers: int = 1) -> tuple[VllmServer, list[httpx.Response]]:
+def start(tmp_path, name: str, question_file, saved_dir, workers: int = 1,
+          **env: str) -> tuple[VllmServer, list[httpx.Response]]:  # fmt: skip
     """Start a server and poll a decision until every worker is ready; returns the 503s seen on the way."""
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION": str(question_file),
-           "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir)}  # fmt: skip
+           "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir), **env}  # fmt: skip
     args = ("--api-server-count", str(workers)) if workers > 1 else ()
     server = VllmServer(model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env, *args)
     starting: list[httpx.Response] = []
@@ -93,11 +94,13 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     finally:
         again.stop()
 
-    questions.write_text("\n".join(bundled_lines(199)) + "\n")
-    changed, _ = start(tmp_path, "changed", questions, saved_dir)
+    # The same questions read another way (one read each, not rotate, the default): a new calibration.
+    # (A changed question file is a new key too: tests/unit/test_calibration_startup.py.)
+    changed, _ = start(tmp_path, "changed", questions, saved_dir, VLLM_TYPED_DECISIONS_DEBIAS="off")
     try:
         assert "decision calibration saved to" in changed.log.read_text()
-        assert len(list(saved_dir.glob("calibration-*.json"))) == 2
+        keys = [json.loads(p.read_text())["key"]["debias"] for p in saved_dir.glob("calibration-*.json")]
+        assert sorted(keys) == ["off", "rotate"]
     finally:
         changed.stop()
 
@@ -136,7 +139,7 @@ def both_workers_answer_alike(server: VllmServer) -> None:
     both = {"ApiServer_0", "ApiServer_1"}
     assert workers_serving(server, "/v1/decisions") == workers_serving(server, "/v1/systemone") == both
     # One engine answers for both; in bf16 a read over cached prefix blocks differs from a fresh one by a
-    # little (README, What the numbers mean), so alike means within that.
+    # little (docs/wire-formats.md, What the numbers mean), so alike means within that.
     assert max(probabilities) - min(probabilities) < 0.05, f"the workers answered differently: {probabilities}"
 
 

@@ -31,17 +31,17 @@ def fresh_state(words: int) -> str:
     return f"{uuid.uuid4().hex} " + "the ticket mentions a delayed payout " * (words // 6)
 
 
-def openai_body(questions: int, words: int, **backend_options) -> dict:
-    return {"model": "m", "input": fresh_state(words), "extra": {"backend_options": backend_options},
+def openai_body(questions: int, words: int, debias: str = "rotate") -> dict:
+    return {"model": "m", "input": fresh_state(words), "extra": {"debias": debias},
             "questions": [{"type": "predicate", "instructions": f"Question {i}?"} for i in range(questions)]}  # fmt: skip
 
 
 def two_stage_body(path: str) -> dict:
-    choices = [f"team {i}" for i in range(40)]
+    choices = [f"team {i}" for i in range(20)]
     if path == "/v1/decisions":
-        return {"model": "m", "input": fresh_state(300), "extra": {"backend_options": {"readout": "two-stage"}},
+        return {"model": "m", "input": fresh_state(150), "extra": {"backend_options": {"readout": "two-stage"}, "debias": "off"},
                 "questions": [{"type": "choice", "instructions": "Which team?", "choices": [{"value": c} for c in choices]}]}  # fmt: skip
-    return {"state": fresh_state(300), "extra": {"backend_options": {"readout": "two-stage"}},
+    return {"state": fresh_state(150), "extra": {"backend_options": {"readout": "two-stage"}, "debias": "off"},
             "questions": {"team": {"type": "choice", "instructions": "Which team?", "criteria": dict.fromkeys(choices)}}}  # fmt: skip
 
 
@@ -50,11 +50,13 @@ def disconnect(server: VllmServer, path: str, body: dict) -> None:
         httpx.post(server.url + path, json=body, timeout=0.3)
 
 
+# (path, body, engine reads of the whole request): "single" reads its question twice (debias rotate,
+# the default); the others read once per question so that they finish within the control's time.
 CASES = {
-    "single": ("/v1/decisions", lambda: openai_body(1, 1300), 1),
-    "multi": ("/v1/decisions", lambda: openai_body(16, 1000), 16),
-    "two-stage": ("/v1/decisions", lambda: two_stage_body("/v1/decisions"), 41),
-    "two-stage-jev": ("/v1/systemone", lambda: two_stage_body("/v1/systemone"), 41),
+    "single": ("/v1/decisions", lambda: openai_body(1, 700), 2),
+    "multi": ("/v1/decisions", lambda: openai_body(16, 300, debias="off"), 16),
+    "two-stage": ("/v1/decisions", lambda: two_stage_body("/v1/decisions"), 21),
+    "two-stage-jev": ("/v1/systemone", lambda: two_stage_body("/v1/systemone"), 21),
 }
 
 
@@ -77,6 +79,7 @@ def test_control_the_same_requests_complete_and_count(server):
         started = time.monotonic()
         response = httpx.post(server.url + path, json=body(), timeout=120)
         assert response.status_code == 200, response.text
-        assert time.monotonic() - started < 6  # so the six seconds above would have seen it finish
+        took = time.monotonic() - started
+        assert took < 6, f"{path}: {took:.1f} s"  # so the six seconds above would have seen it finish
         time.sleep(0.2)
         assert finished(server)[0] - before[0] >= reads

@@ -100,7 +100,8 @@ def test_served_scores_are_the_reference_model_on_the_same_prompt(laya_server):
     from transformers import AutoTokenizer
 
     folder = model_path("tiny-laya")
-    answer = answered(laya_server, "/v1/systemone", {**JEV, "extra": {"detail": "full"}})["answers"]["unhappy"]
+    body = {**JEV, "extra": {"detail": "full", "debias": "off"}}  # one read, as the reference makes
+    answer = answered(laya_server, "/v1/systemone", body)["answers"]["unhappy"]
     ids, _ = laya_prompts.build_prompt(
         AutoTokenizer.from_pretrained(folder), STATE, "noul", "Is the customer unhappy?",
         ["false: no, the statement does not hold", "true: they complain"],

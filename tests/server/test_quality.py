@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 TICKETS = (
@@ -45,12 +47,17 @@ def test_reads_are_fp32_under_the_bf16_model_and_say_so(server, client):
 
 def test_rotate_gives_the_same_answer_whatever_the_order_sent(client):
     for state in TICKETS[:2]:
+        # Once first, so every order below is read over the same cached blocks: on this CPU in bf16 a
+        # read computed afresh and one over cached blocks differ by a few hundredths.
+        ask(client, state, TEAMS, debias="rotate")
         answers = [ask(client, state, order, debias="rotate") for order in (TEAMS, TEAMS[::-1], TEAMS[2:] + TEAMS[:2])]
         team = [{p["value"]: p["probability"] for p in a[0]["probabilities"]} for a in answers]
         assert team[1] == pytest.approx(team[0], abs=1e-6) and team[2] == pytest.approx(team[0], abs=1e-6)
         audit = answers[0][0]["extra"]["audit"]
         assert audit["debias"] == "rotate" and audit["forward_passes"] == 2 and len(audit["rotations"]) == 2
-        assert 0 < audit["rotation_agreement"] <= 1
+        chosen = json.dumps(answers[0][0]["choice"])
+        tops = [r["top"] for r in audit["rotations"]]
+        assert audit["rotation_agreement"] == sum(top == chosen for top in tops) / len(tops)
         # A score keeps its scale: the second reading is its levels reversed.
         score = answers[0][1]["extra"]["audit"]
         assert [r["reversed"] for r in score["rotations"]] == [False, True]

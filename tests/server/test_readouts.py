@@ -11,7 +11,8 @@ STATE = "Ticket: My payouts have been failing for 3 days and I need the money to
 
 
 def choice(count, **backend_options):
-    return {"model": "m", "input": STATE, "extra": {"backend_options": backend_options},
+    # One read per question (debias off): the readouts are what is tested here, rotations in test_quality.py.
+    return {"model": "m", "input": STATE, "extra": {"backend_options": backend_options, "debias": "off"},
             "questions": [{"type": "choice", "instructions": "Which city is mentioned?",
                            "choices": [{"value": f"city {i}"} for i in range(count)]}]}  # fmt: skip
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import AnswerSlotPlacer
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import messages
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer
+from vllm.entrypoints.generate.decisions.prompting.prompt import messages
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
 
 from ..conftest import model_path
@@ -41,7 +41,9 @@ def test_startup_check_switched_it_on(server):
 
 @pytest.mark.parametrize("state", STATES, ids=range(len(STATES)))
 def test_shared_rendering_matches_full_rendering(client, state):
-    body = {"model": "m", "input": state, "extra": {"backend_options": {"logprobs": "exact"}},
+    # One read per question in the head's own dtype (debias off, precision model), as /v1/completions reads.
+    body = {"model": "m", "input": state, "extra": {"backend_options": {"logprobs": "exact", "precision": "model"},
+                                                     "debias": "off"},
             "questions": [wire for wire, _ in QUESTIONS]}  # fmt: skip
     # Asked twice: the second time every full block of each prompt comes from the prefix cache, as it
     # will for the bare reads below. (On this CPU in bfloat16 a read computed afresh and one over cached

@@ -17,3 +17,15 @@ def any_tokenizer(request):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path(request.param))
+
+
+@pytest.fixture(autouse=True)
+def single_reads(request, monkeypatch):
+    """Unit tests of the service, the wires and calibration script one score per question in the order
+    sent, so they run with VLLM_TYPED_DECISIONS_DEBIAS's default at ``off``; test_debias.py covers the
+    rotations and the real default."""
+    if request.module.__name__.endswith("test_debias"):
+        return
+    from vllm.entrypoints.generate.decisions import settings
+
+    monkeypatch.setattr(settings, "DEFAULT_DEBIAS", settings.NO_DEBIAS)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from vllm.entrypoints.generate.decisions.backends import (
-    _BACKENDS,
-    DecisionBackend,
+from vllm.entrypoints.generate.decisions.backends import DecisionBackend, LogitBackend
+from vllm.entrypoints.generate.decisions.registry import (
     backend_options,
     choose_backend,
     register_backend,
+    unregister_backend,
 )
-from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.settings import SettingsError, parse_backend_spec
 
 
@@ -33,7 +32,7 @@ def claiming():
 
     register_backend(Claiming)
     yield Claiming
-    del _BACKENDS["claiming"]
+    unregister_backend("claiming")
 
 
 def test_a_plugin_claim_wins_over_the_default(claiming):

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from vllm.entrypoints.generate.decisions.calibration import question_file, results, store
-from vllm.entrypoints.generate.decisions.calibration.startup import startup_calibration
+from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Settings

@@ -8,13 +8,14 @@ import math
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends import CanvasBackend, choose_backend
+from vllm.entrypoints.generate.decisions.backends import CanvasBackend
 from vllm.entrypoints.generate.decisions.backends.canvas.options import CanvasOptions
 from vllm.entrypoints.generate.decisions.backends.canvas.samples import average, noise_tokens
-from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import AnswerSlotPlacer
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import messages
 from vllm.entrypoints.generate.decisions.errors import DecisionError
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer
+from vllm.entrypoints.generate.decisions.prompting.prompt import messages
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.registry import choose_backend
 from vllm.entrypoints.generate.decisions.scoring import softmax
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import BackendSpec, Settings

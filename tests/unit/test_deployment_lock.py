@@ -9,7 +9,7 @@ import sys
 import time
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.calibration.startup import startup_calibration
+from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.deployment_lock import exclusive
 from vllm.entrypoints.generate.decisions.startup import start_backend_once
 

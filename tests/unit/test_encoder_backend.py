@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends import EncoderBackend, choose_backend
+from vllm.entrypoints.generate.decisions.backends import EncoderBackend
 from vllm.entrypoints.generate.decisions.backends.encoder import laya_prompts
 from vllm.entrypoints.generate.decisions.errors import DecisionError
 from vllm.entrypoints.generate.decisions.host import BackendHost
@@ -21,6 +21,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
+from vllm.entrypoints.generate.decisions.registry import choose_backend
 from vllm.entrypoints.generate.decisions.settings import BackendSpec
 
 from ..conftest import model_path

@@ -14,9 +14,9 @@ import sys
 from transformers import AutoTokenizer
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.backends.logit.labels import LabelCatalog
 from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import RENDER_VERSION
+from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
+from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
     NOUL,

@@ -8,15 +8,15 @@ import math
 import pytest
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.backends.logit.answer_slot import (
+from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
+from vllm.entrypoints.generate.decisions.backends.logit.readouts import plan
+from vllm.entrypoints.generate.decisions.errors import DecisionError
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
     ANSWER_CUE,
     AnswerSlotPlacer,
     supported_reasoning_blocks,
 )
-from vllm.entrypoints.generate.decisions.backends.logit.labels import LabelCatalog
-from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
-from vllm.entrypoints.generate.decisions.backends.logit.readouts import plan
-from vllm.entrypoints.generate.decisions.errors import DecisionError
+from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
 from vllm.entrypoints.generate.decisions.settings import Settings, SettingsError
 

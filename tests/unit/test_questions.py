@@ -14,9 +14,9 @@ from vllm.entrypoints.generate.decisions.questions import (
     ScoreQuestion,
     choice_options,
     content_text,
-    get_question_type,
-    register_question_type,
+    rendering_limit,
 )
+from vllm.entrypoints.generate.decisions.registry import question_type, register_question_type
 
 
 def test_noul_options_are_yes_then_no_with_criteria():
@@ -70,21 +70,20 @@ def test_reserved_names_cannot_be_registered():
 
     with pytest.raises(ValueError, match="reserved"):
         register_question_type(Predicate)
-    assert get_question_type("predicate") is None
+    assert question_type("predicate") is None
 
 
-def test_json_content_renders_as_indented_json_and_stops_at_the_limit(monkeypatch):
+def test_json_content_renders_as_indented_json_and_stops_at_the_limit():
     import json
 
-    from vllm.entrypoints.generate.decisions import questions
     from vllm.entrypoints.generate.decisions.errors import DecisionError
-    from vllm.entrypoints.generate.decisions.questions import content_text
 
     value = {"ticket": {"id": 7, "tags": ["a", "é"], "nested": {"deep": [1.5, None, True]}}}
     assert content_text(value) == json.dumps(value, indent=2, ensure_ascii=False)
     deep: dict = {}
     for _ in range(300):
         deep = {"a": deep}  # about 2 KB of JSON that renders to about 90,000 characters
-    monkeypatch.setattr(questions, "max_rendered_chars", 10_000)
-    with pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS"):
+    assert len(content_text(deep)) > 10_000  # the default limit (1,000,000) lets it through
+    with rendering_limit(10_000), pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS"):
         content_text(deep)
+    assert len(content_text(deep)) > 10_000, "the limit holds only inside its block"

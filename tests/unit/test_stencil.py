@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit.prompt import chat, question_text
 from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
     PLACEHOLDER,
     StencilPool,
     build_stencil,
     stencil_check,
 )
+from vllm.entrypoints.generate.decisions.prompting.prompt import chat, question_text
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
 
 from .fakes import TokenizerHost

@@ -8,14 +8,17 @@ the standard question prompt) and a question type with :func:`register_question_
 ``vllm.decision_question_types`` entry-point groups. See backends/README.md.
 """
 
-from .backends import DecisionBackend, Reading, register_backend
-from .backends.logit.prompt import messages as standard_messages
+from .backends import DecisionBackend, Reading
+from .backends.base import BackendUnavailable
 from .errors import DecisionError
 from .host import BackendHost, Generation, TokenRead
-from .questions import CompiledQuestion, Option, QuestionModel, QuestionType, register_question_type
+from .prompting.prompt import messages as standard_messages
+from .questions import CompiledQuestion, Option, QuestionModel, QuestionType
+from .registry import register_backend, register_question_type
 
 __all__ = [
     "BackendHost",
+    "BackendUnavailable",
     "CompiledQuestion",
     "DecisionBackend",
     "DecisionError",

@@ -3,9 +3,9 @@
 
 A model reading lettered options favours some positions and letters over others, whatever the
 evidence. With ``rotate`` the options of an unordered question (choice, yes/no, plugin types) are
-first put in a canonical order (sorted by key), so the client's order can't matter; the question is
-then read under N cyclic rotations of that order, each option in a different position, all reads
-submitted together so they share the state's prefix-cache blocks. An ordered question (a score's
+first put in a canonical order (sorted by the text the prompt shows), so the client's order can't
+matter; the question is then read under N cyclic rotations of that order, each option in a different
+position, all reads submitted together so they share the state's prefix-cache blocks. An ordered question (a score's
 levels) keeps its scale: its second reading lists the levels reversed.
 
 The readings are combined by averaging each option's log-probability over the readings (each
@@ -41,7 +41,9 @@ def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
     if question.qtype.ordered:
         forward = list(range(count))
         return [forward] if debias.rotations == 1 else [forward, forward[::-1]]
-    canonical = sorted(range(count), key=lambda i: question.options[i].key)
+    # By what the prompt shows, so options that render alike on both wires (a boolean false and the
+    # string "false") land in the same place; the key only breaks ties between identical texts.
+    canonical = sorted(range(count), key=lambda i: (question.options[i].text, question.options[i].key))
     wanted = min(count, debias.rotations or DEFAULT_ROTATIONS)
     shifts = sorted({round(j * count / wanted) for j in range(wanted)})
     return [canonical[s:] + canonical[:s] for s in shifts]

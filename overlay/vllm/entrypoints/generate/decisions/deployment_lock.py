@@ -16,12 +16,14 @@ import asyncio
 import fcntl
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from vllm.logger import init_logger
 
+from .calibration import store
 from .settings import PREFIX
 
 logger = init_logger(__name__)
@@ -69,6 +71,30 @@ async def _acquire(fd: int, wait_s: float, what: str) -> bool:
                            "doing it here", what, wait_s, PREFIX)  # fmt: skip
             return False
         await asyncio.sleep(POLL_S)
+
+
+async def once_per_server(directory: Path, key: dict[str, Any], kind: str, wait_s: float,
+                          produce: Callable[[], Awaitable[dict[str, Any]]],
+                          reusable: Callable[[dict[str, Any]], bool]) -> tuple[dict[str, Any], bool]:  # fmt: skip
+    """The record of ``kind`` for ``key``, and whether it was loaded: a saved record that ``reusable``
+    accepts (made by another API-server process of this server, or for calibration by an earlier
+    run), else one ``produce`` makes now and saves for the others. Under the lock, so one process
+    produces while the others wait."""
+    async with exclusive(store.lock_path(directory, key, kind), wait_s, kind):
+        saved = store.load(directory, key, kind)
+        if saved is not None and reusable(saved):
+            return saved, True
+        record = await produce()
+        try:
+            logger.info("decision %s saved to %s", kind, store.save(directory, key, record, kind))
+        except OSError as exc:
+            logger.warning("decision %s not saved (%sCALIBRATION_DIR=%s): %s", kind, PREFIX, directory, exc)
+        return record, False
+
+
+def this_run(record: dict[str, Any]) -> bool:
+    """Whether a saved record was made by this server run."""
+    return record.get("run") == run_id()
 
 
 _RUN: str | None = None

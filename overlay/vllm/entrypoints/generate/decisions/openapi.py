@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
 
-from .questions import get_question_type, question_type_names
+from .registry import question_type, question_type_names
 from .wire.jev import SystemOneRequest
 from .wire.openai import BUILT_IN, DecisionsRequest
 from .wire.openai_input import INPUT_ITEM
@@ -50,7 +50,7 @@ def schema_of(model: type[BaseModel] | TypeAdapter) -> dict[str, Any]:
 
 def openai_body() -> dict[str, Any]:
     schema = schema_of(DecisionsRequest)
-    plugins = [get_question_type(name) for name in question_type_names()]
+    plugins = [question_type(name) for name in question_type_names()]
     questions = [schema_of(model) for model in BUILT_IN.values()]
     questions += [named(schema_of(qtype.model)) for qtype in plugins if qtype is not None and not qtype.jev]
     schema["properties"]["questions"]["items"] = {"anyOf": questions}
@@ -65,7 +65,7 @@ def named(schema: dict[str, Any]) -> dict[str, Any]:
 
 def jev_body() -> dict[str, Any]:
     schema = schema_of(SystemOneRequest)
-    types = [get_question_type(name) for name in question_type_names()]
+    types = [question_type(name) for name in question_type_names()]
     schema["properties"]["questions"]["additionalProperties"] = {
         "anyOf": [schema_of(qtype.model) for qtype in types if qtype is not None]
     }

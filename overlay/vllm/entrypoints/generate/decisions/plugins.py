@@ -14,22 +14,13 @@ from importlib.metadata import entry_points
 
 from vllm.logger import init_logger
 
-from .backends import DecisionBackend, register_backend
-from .questions import QuestionType, register_question_type
+from .backends import DecisionBackend
+from .questions import QuestionType
+from .registry import record_failure, register_backend, register_question_type
 
 logger = init_logger(__name__)
 
 GROUPS = {"vllm.decision_backends": "backend", "vllm.decision_question_types": "question type"}
-
-# Plugins that failed to load at startup, by entry-point name: why.
-FAILED: dict[str, str] = {}
-
-
-def failures_note() -> str:
-    """A clause for refusals that might be explained by a plugin that failed to load."""
-    if not FAILED:
-        return ""
-    return "; plugins that failed to load: " + ", ".join(f"{name} ({why})" for name, why in FAILED.items())
 
 
 def load_plugins() -> list[str]:
@@ -49,7 +40,7 @@ def load_plugins() -> list[str]:
                     target()
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-                FAILED[point.name] = reason
+                record_failure(point.name, reason)
                 logger.error("decision plugin %r (%s, %s) failed to load and is left out: %s",
                              point.name, point.value, group, reason)  # fmt: skip
                 continue

@@ -3,15 +3,17 @@
 probability vector over those options into its answer fields.
 
 Every backend reads a distribution over options, so a type never sees a backend and a backend
-never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; plugins register
-more with :func:`register_question_type`.
+never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; registry.py holds
+them and the types plugins register.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -19,9 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from .errors import DecisionError
 from .settings import DEFAULT_MAX_INPUT_CHARS, PREFIX
-
-# Names OpenAI's format gives a meaning of its own; no plugin may take them.
-RESERVED_TYPE_NAMES = frozenset({"predicate", "refusal"})
 
 
 @dataclass(frozen=True)
@@ -63,11 +62,22 @@ Content = str | int | float | bool | dict[str, Any] | list[Any]
 Instructions = Content | None
 
 
-# The most characters a JSON value may render to: VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS, set at startup.
-# Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
-# so the rendering stops here rather than after the text is built.
-max_rendered_chars = DEFAULT_MAX_INPUT_CHARS
+# The most characters a JSON value may render to: the request's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS,
+# set around its parsing by :func:`rendering_limit`. Indented JSON grows with the square of its depth (a
+# few KiB of nested objects render to megabytes), so the rendering stops here rather than after the
+# text is built.
+_render_limit: ContextVar[int] = ContextVar("decisions_render_limit", default=DEFAULT_MAX_INPUT_CHARS)
 _INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
+
+
+@contextmanager
+def rendering_limit(chars: int) -> Iterator[None]:
+    """Content rendered inside this block stops at ``chars`` characters (the server's settings)."""
+    token = _render_limit.set(chars)
+    try:
+        yield
+    finally:
+        _render_limit.reset(token)
 
 
 def content_text(content: Content | None) -> str:
@@ -76,12 +86,12 @@ def content_text(content: Content | None) -> str:
         return ""
     if isinstance(content, str):
         return content
-    chunks, size = [], 0
+    chunks, size, limit = [], 0, _render_limit.get()
     for chunk in _INDENTED.iterencode(content):
         size += len(chunk)
-        if size > max_rendered_chars:
+        if size > limit:
             raise DecisionError(
-                f"a JSON value in the request renders to more than {max_rendered_chars} characters of text "
+                f"a JSON value in the request renders to more than {limit} characters of text "
                 f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
             )
         chunks.append(chunk)
@@ -227,28 +237,6 @@ class ScoreType(QuestionType):
         }
 
 
-# --- the registry -----------------------------------------------------------------------------
-
-_QUESTION_TYPES: dict[str, QuestionType] = {}
-
-
-def register_question_type(qtype: QuestionType | type[QuestionType]) -> QuestionType:
-    """Make a question type available on both endpoints. Usable as a class decorator."""
-    instance = qtype() if isinstance(qtype, type) else qtype
-    if instance.name in RESERVED_TYPE_NAMES:
-        raise ValueError(f"question type name {instance.name!r} is reserved by OpenAI's format")
-    _QUESTION_TYPES[instance.name] = instance
-    return instance
-
-
-def get_question_type(name: str) -> QuestionType | None:
-    return _QUESTION_TYPES.get(name)
-
-
-def question_type_names() -> list[str]:
-    return sorted(_QUESTION_TYPES)
-
-
-NOUL = register_question_type(NoulType)
-CHOICE = register_question_type(ChoiceType)
-SCORE = register_question_type(ScoreType)
+NOUL = NoulType()
+CHOICE = ChoiceType()
+SCORE = ScoreType()

@@ -17,14 +17,14 @@ from typing import Any
 from vllm.logger import init_logger
 
 from .affinity import reads_about
-from .backends import DecisionBackend, backend_names, get_backend_class
+from .backends import DecisionBackend
 from .backends.base import checked_scores
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .debias import Debias, read_question
 from .errors import DecisionError, EngineBusyError, NotReadyError
-from .plugins import failures_note
 from .questions import CHOICE, SCORE, CompiledQuestion
+from .registry import backend_class, backend_names, failures_note
 from .scoring import CONFIDENCE_FORMULA, confidence, softmax
 from .settings import PREFIX, Settings
 
@@ -70,12 +70,16 @@ class Decision:
 
 
 class DecisionService:
-    def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str) -> None:
+    def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str,
+                 starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.backend = backend
         # Other registered backends, built with their defaults the first time a request names one.
         self._others: dict[str, DecisionBackend] = {}
         self._building = asyncio.Lock()
+        # Starts a backend: the default one at startup and any other a request names, the same way
+        # (startup.py passes the once-per-server start; alone, the backend's own start hook).
+        self.starter = starter or (lambda chosen: chosen.start())
         self.served_model = served_model
         self.ready = False
         # Why startup failed, when it did: requests then get 503 with this reason.
@@ -83,15 +87,11 @@ class DecisionService:
         configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
         self.temperatures = Temperatures(configured or DEFAULT)
 
-    async def start(
-        self,
-        calibrate: Callable[[], Awaitable[Temperatures]] | None = None,
-        start_backend: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
+    async def start(self, calibrate: Callable[[], Awaitable[Temperatures]] | None = None) -> None:
         """Startup work: the backend's own checks, then (unless a temperature is configured) calibration.
         Requests get 503 until this finishes; if the backend's checks fail, 503 with the reason."""
         try:
-            await (start_backend or self.backend.start)()
+            await self.starter(self.backend)
         except Exception as exc:
             self.unavailable = str(exc) or type(exc).__name__
             raise
@@ -189,7 +189,7 @@ class DecisionService:
             return self._others[name]
         async with self._building:
             if name not in self._others:
-                cls = get_backend_class(name)
+                cls = backend_class(name)
                 if cls is None:
                     loaded = ", ".join(backend_names())
                     raise DecisionError(
@@ -197,7 +197,7 @@ class DecisionService:
                     )
                 try:
                     other = cls(self.backend.host, None, self.settings)
-                    await other.start()
+                    await self.starter(other)
                 except Exception as exc:
                     raise DecisionError(
                         f"backend {name!r} could not start for this model: {exc}", HTTPStatus.SERVICE_UNAVAILABLE

@@ -79,7 +79,7 @@ def parse_debias(text: str) -> Debias:
     raise ValueError(f"{text!r}: expected off, rotate or rotate:N with N >= 1")
 
 
-DEFAULT_DEBIAS = NO_DEBIAS
+DEFAULT_DEBIAS = Debias("rotate")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Settings:
     # Seconds an API-server process waits for another one's startup work before doing it itself.
     startup_wait: float
     # How answers are made independent of the clients' option order (debias.py).
-    debias: Debias = NO_DEBIAS
+    debias: Debias = DEFAULT_DEBIAS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -8,7 +8,6 @@ own checks) runs as a task, so vLLM's ``/health`` comes up while decision reques
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,12 @@ from starlette.datastructures import State
 from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
-from . import questions
-from .backends import DecisionBackend, backend_names, backend_options, choose_backend
-from .deployment_lock import exclusive, identify_run, run_id
+from .backends import DecisionBackend
+from .backends.base import BackendUnavailable
+from .deployment_lock import identify_run, once_per_server, run_id, this_run
 from .host import VllmHost
 from .plugins import load_plugins
+from .registry import backend_names, backend_options, choose_backend
 from .service import DecisionService
 from .settings import Settings
 
@@ -40,7 +40,6 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
 
     settings = Settings.from_env()
     identify_run(getattr(args, "api_server_count", None))
-    questions.max_rendered_chars = settings.max_input_chars
     load_plugins()
     host = VllmHost(
         engine_client,
@@ -50,10 +49,12 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     )
     backend_cls = choose_backend(settings.backend, host.architectures)
     backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
-    service = DecisionService(settings, backend, host.served_model)
+    model = deployment(engine_client, host.served_model)
+    service = DecisionService(settings, backend, host.served_model,
+                              starter=lambda chosen: start_backend_once(chosen, settings, model))  # fmt: skip
     state.decision_service = service
     state.decision_auth = api_key_checker(args)
-    state.decision_startup = asyncio.create_task(_start(service, deployment(engine_client, host.served_model)))
+    state.decision_startup = asyncio.create_task(_start(service, model))
     logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", backend.name,
                 "configured" if settings.backend.name else "chosen for the model", host.architectures,
                 ", ".join(backend_names()))  # fmt: skip
@@ -81,40 +82,36 @@ def deployment(engine_client: EngineClient, served_model: str) -> dict[str, Any]
 
 
 async def start_backend_once(backend: DecisionBackend, settings: Settings, model: dict[str, Any]) -> None:
-    """The backend's startup check, run by one API-server process of this server and adopted by the
-    others (deployment_lock.py); backends without a shareable check start in every process."""
-    from .calibration import store
-
+    """Start ``backend`` once per server: one API-server process runs its start hook and the others adopt
+    the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too."""
     key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args),
            "min_option_mass": settings.min_option_mass}  # fmt: skip
-    directory = Path(settings.calibration_dir)
-    async with exclusive(store.lock_path(directory, key, "startup"), settings.startup_wait,
-                         "startup check"):  # fmt: skip
-        saved = store.load(directory, key, "startup")
-        if saved is not None and saved.get("run") == run_id():
-            logger.info("decision startup check: adopting the result of another API-server process")
-            backend.adopt(saved["facts"])
-            return
-        facts = await backend.startup_check()
-        if facts is None:
-            await backend.start()
-            return
-        with contextlib.suppress(OSError):
-            store.save(directory, key, {"facts": facts, "run": run_id()}, "startup")
-        backend.adopt(facts)
+
+    async def started() -> dict[str, Any]:
+        try:
+            return {"facts": await backend.start(), "run": run_id()}
+        except BackendUnavailable as exc:
+            return {"failure": str(exc), "run": run_id()}
+
+    record, loaded = await once_per_server(Path(settings.calibration_dir), key, "startup", settings.startup_wait,
+                                           started, this_run)  # fmt: skip
+    if "failure" in record:
+        raise BackendUnavailable(record["failure"])
+    if loaded and record["facts"] is None:
+        await backend.start()
+    elif loaded:
+        logger.info("decision startup check: adopting the result of another API-server process")
+        backend.adopt(record["facts"])
 
 
 async def _start(service: DecisionService, model: dict[str, Any]) -> None:
-    from .calibration.startup import startup_calibration
+    from .calibration.run import startup_calibration
     from .calibration.temperature import Temperatures
 
     async def calibrate() -> Temperatures:
         return await startup_calibration(service.backend, service.settings, model)
 
-    async def start_backend() -> None:
-        await start_backend_once(service.backend, service.settings, model)
-
     try:
-        await service.start(calibrate, start_backend)
+        await service.start(calibrate)
     except Exception:
         logger.exception("decision startup failed; decision requests will get 503")

@@ -18,6 +18,10 @@ from ..settings import Settings
 from ..validation import validation_message
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend can't serve the model it was started on; the message says why."""
+
+
 @dataclass
 class Reading:
     """A backend's raw result for one question.
@@ -73,18 +77,18 @@ class DecisionBackend(ABC):
         it from here; the others ignore it."""
         return options
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
-        """Startup work done once before the first request (self-checks, caches)."""
+    async def start(self) -> dict[str, Any] | None:
+        """The one startup hook: checks and preparation before the first request, for the default
+        backend and for one a request names alike. Raise :class:`BackendUnavailable` when this model
+        can't be served (requests then get a 503 saying why).
 
-    async def startup_check(self) -> dict[str, Any] | None:
-        """For startup work worth doing once per server rather than once per API-server process: run
-        it and return what it found as JSON-able facts (``{"failure": why}`` when it failed), which
-        :meth:`adopt` applies here and in the other processes. None (the default): every process
-        runs :meth:`start` itself."""
+        Work worth doing once per server rather than once per API-server process (reading the model,
+        say) is shared by returning what it found as JSON-able facts: the other processes of this
+        server then :meth:`adopt` them instead of starting. None (the default): each process starts."""
         return None
 
     def adopt(self, facts: dict[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Apply :meth:`startup_check`'s facts (raise with their failure, if any)."""
+        """Apply the facts another API-server process's :meth:`start` returned."""
 
     @abstractmethod
     async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..questions import CHOICE, NOUL, SCORE, CompiledQuestion, content_text, get_question_type
+from ..questions import CHOICE, NOUL, SCORE, CompiledQuestion, content_text
+from ..registry import question_type
 
 BUNDLED = "bundled"
 
@@ -72,7 +73,7 @@ def parse_line(number: int, line: str) -> LabelledQuestion:
             raise ValueError("not a JSON object")
         raw = record["question"]
         kind = raw.get("type") if isinstance(raw, dict) else None
-        qtype = get_question_type(kind) if isinstance(kind, str) else None
+        qtype = question_type(kind) if isinstance(kind, str) else None
         if qtype is None:
             raise ValueError(f"unknown question type in {raw!r:.80}")
         question = qtype.compile(qtype.model.model_validate(raw))

@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DecisionError
-from ..plugins import failures_note
-from ..questions import CompiledQuestion, content_text, get_question_type
+from ..questions import CompiledQuestion, content_text, rendering_limit
+from ..registry import failures_note, question_type
 from ..service import Answer, Decision, DecisionService
 from ..validation import detail_message, is_field_name
 from .common import ExtraRequest, answer_extra, decide, response_id
@@ -64,7 +64,7 @@ def compile_question(question_id: str, raw: Any) -> CompiledQuestion:
     kind = raw.get("type")
     if isinstance(kind, str) and kind in IMAGE_ONLY_TYPES:
         raise JevValidationError.at(("questions", question_id, "type"), IMAGE_ONLY_TYPES[kind])
-    qtype = get_question_type(kind) if isinstance(kind, str) else None
+    qtype = question_type(kind) if isinstance(kind, str) else None
     if qtype is None:
         raise JevValidationError.at(
             ("questions", question_id, "type"), f"unknown question type {kind!r}" + failures_note()
@@ -123,7 +123,8 @@ def response_json(request: SystemOneRequest, ids: list[str], decision: Decision)
 
 
 async def create_systemone(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
-    request, state, ids, questions = parse_request(body)
+    with rendering_limit(service.settings.max_input_chars):
+        request, state, ids, questions = parse_request(body)
     where = [f"questions.{question_id}" for question_id in ids]
     decision = await decide(service, request.extra, state, questions, where, request_id)
     return response_json(request, ids, decision)

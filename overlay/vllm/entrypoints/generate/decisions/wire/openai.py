@@ -12,7 +12,6 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictStr, ValidationError, field_validator
 
 from ..errors import DecisionError
-from ..plugins import failures_note
 from ..questions import (
     CHOICE,
     NOUL,
@@ -20,9 +19,10 @@ from ..questions import (
     CompiledQuestion,
     NoulQuestion,
     choice_options,
-    get_question_type,
     level_options,
+    rendering_limit,
 )
+from ..registry import failures_note, question_type
 from ..service import Answer, Decision, DecisionService
 from ..validation import validation_message
 from .common import ExtraRequest, answer_extra, decide, response_id
@@ -122,7 +122,7 @@ def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQ
     if not isinstance(raw, dict):
         raise DecisionError(f"questions[{index}]: must be an object")
     kind = raw.get("type")
-    qtype = get_question_type(kind) if isinstance(kind, str) else None
+    qtype = question_type(kind) if isinstance(kind, str) else None
     if qtype is None or qtype.jev:
         raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}" + failures_note())
     name = raw.get("name")
@@ -199,7 +199,8 @@ def response_json(request: DecisionsRequest, names: list[str | None], decision: 
 
 
 async def create_decision(service: DecisionService, body: Any, request_id: str) -> dict[str, Any]:
-    request, state, names, questions = parse_request(body)
+    with rendering_limit(service.settings.max_input_chars):
+        request, state, names, questions = parse_request(body)
     where = [f"questions[{i}]" for i in range(len(questions))]
     decision = await decide(service, request.extra, state, questions, where, request_id)
     return response_json(request, names, decision)

@@ -19,14 +19,13 @@ from vllm.logger import init_logger
 from ...concurrency import gather_or_cancel
 from ...errors import DecisionError
 from ...host import BackendHost, TokenRead
+from ...prompting.answer_slot import AnswerSlotPlacer
+from ...prompting.labels import MARKERS, LabelCatalog
+from ...prompting.prompt import RENDER_VERSION, messages
 from ...questions import CompiledQuestion
 from ...scoring import softmax
 from ...settings import Settings
-from ..base import DecisionBackend, Reading
-from ..logit.answer_slot import AnswerSlotPlacer
-from ..logit.labels import LabelCatalog
-from ..logit.options import LogitOptions
-from ..logit.prompt import RENDER_VERSION, messages
+from ..base import BackendUnavailable, DecisionBackend, Reading
 from .options import CanvasOptions
 from .samples import average, noise_tokens
 
@@ -47,7 +46,7 @@ class CanvasBackend(DecisionBackend):
     def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
         super().__init__(host, options or CanvasOptions(), settings)
         self.placer = AnswerSlotPlacer(host)
-        self.catalog = LabelCatalog(tuple(LogitOptions().markers), ())
+        self.catalog = LabelCatalog(tuple(MARKERS), ())
         self.turn_close: int | None = None
 
     def seeded(self, options: Any, seed: int | None) -> Any:
@@ -55,13 +54,13 @@ class CanvasBackend(DecisionBackend):
 
     async def start(self) -> None:
         if not self.host.canvas_reads:
-            raise RuntimeError(
+            raise BackendUnavailable(
                 "this server can't do read-only canvas reads: the canvas backend needs a diffusion model "
                 "(DiffusionGemma) on a vLLM with patches/00572-diffusion-canvas-read-v0.30.patch "
                 "(./install.sh --with-canvas)"
             )
         if self.host.vocab_size <= 0:
-            raise RuntimeError("the engine did not say its vocabulary size, which the canvas noise is drawn from")
+            raise BackendUnavailable("the engine did not say its vocabulary size, which the canvas noise is drawn from")
         self.turn_close = await turn_close_id(self.host)
         logger.info("canvas backend: turn-close token %d, %s", self.turn_close, self.options)
 
@@ -131,8 +130,10 @@ async def turn_close_id(host: BackendHost) -> int:
     chat = [{"role": "user", "content": "Which letter?"}, {"role": "assistant", "content": _PROBE_REPLY}]
     text = await host.render_chat_text(chat)
     if text is None or _PROBE_REPLY not in text:
-        raise RuntimeError("could not render an assistant turn to find the template's turn-close marker")
+        raise BackendUnavailable("could not render an assistant turn to find the template's turn-close marker")
     after = host.encode(text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :])
     if not after or after[0] not in host.special_token_ids():
-        raise RuntimeError("the chat template closes an assistant turn with no special token; the canvas needs one")
+        raise BackendUnavailable(
+            "the chat template closes an assistant turn with no special token; the canvas needs one"
+        )
     return after[0]

@@ -11,7 +11,7 @@ from vllm.logger import init_logger
 
 from ...errors import DecisionError
 from ...questions import CompiledQuestion
-from ..base import DecisionBackend, Reading
+from ..base import BackendUnavailable, DecisionBackend, Reading
 from .checkpoint import LAYA_TYPES, LayaConfig, PromptBuilder, load_prompt_builder, read_laya_config
 from .laya_prompts import PROMPT_VERSION
 from .layout import laya_options
@@ -31,7 +31,7 @@ class EncoderBackend(DecisionBackend):
         config, builder = read_laya_config(self.host), load_prompt_builder(self.host)
         tokenizer = self.host.tokenizer
         if getattr(tokenizer, "mask_token_id", None) != config.mask_token_id:
-            raise RuntimeError(
+            raise BackendUnavailable(
                 f"the tokenizer's [MASK] is {getattr(tokenizer, 'mask_token_id', None)}, "
                 f"laya_config.mask_token_id is {config.mask_token_id}: the model would find no option markers"
             )
@@ -42,7 +42,7 @@ class EncoderBackend(DecisionBackend):
                 head_max_len=config.head_max_len, option_max_tokens=config.option_max_tokens,
             )  # fmt: skip
             if len(ids) < 2 or ids[1] != config.question_type_token_ids[qtype]:
-                raise RuntimeError(
+                raise BackendUnavailable(
                     f"{builder.source} Laya prompts for {qtype} questions start with token "
                     f"{ids[1:2]}, but laya_config.question_type_token_ids names "
                     f"{config.question_type_token_ids[qtype]}: prompts and checkpoint disagree"

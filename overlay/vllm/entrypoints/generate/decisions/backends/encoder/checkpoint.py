@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 
 from ...host import BackendHost
 from ...validation import validation_message
+from ..base import BackendUnavailable
 from . import laya_prompts
 
 logger = init_logger(__name__)
@@ -52,14 +53,16 @@ class LayaConfig(BaseModel):
 def read_laya_config(host: BackendHost) -> LayaConfig:
     block = host.checkpoint_config().get("laya_config")
     if not isinstance(block, dict):
-        raise RuntimeError("the served checkpoint's config.json has no laya_config block; is it a Laya checkpoint?")
+        raise BackendUnavailable(
+            "the served checkpoint's config.json has no laya_config block; is it a Laya checkpoint?"
+        )
     try:
         config = LayaConfig.model_validate(block)
     except ValidationError as exc:
-        raise RuntimeError(validation_message(exc, "config.json laya_config")) from None
+        raise BackendUnavailable(validation_message(exc, "config.json laya_config")) from None
     missing = [t for t in LAYA_TYPES if t not in config.question_types or t not in config.question_type_token_ids]
     if missing:
-        raise RuntimeError(f"laya_config names no question type row or token for {', '.join(missing)}")
+        raise BackendUnavailable(f"laya_config names no question type row or token for {', '.join(missing)}")
     return config
 
 
@@ -88,5 +91,5 @@ def load_prompt_builder(host: BackendHost) -> PromptBuilder:
     exec(compile(source, "laya_prompts.py (checkpoint)", "exec"), module.__dict__)  # noqa: S102 - trusted by flag
     build: Any = getattr(module, "build_prompt", None)
     if not callable(build):
-        raise RuntimeError("the checkpoint's laya_prompts.py defines no build_prompt function")
+        raise BackendUnavailable("the checkpoint's laya_prompts.py defines no build_prompt function")
     return PromptBuilder(build, "checkpoint")

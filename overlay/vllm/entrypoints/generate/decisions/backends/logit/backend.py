@@ -8,14 +8,14 @@ from typing import Any
 from vllm.logger import init_logger
 
 from ...host import BackendHost
+from ...prompting.answer_slot import AnswerSlotPlacer
+from ...prompting.labels import LabelCatalog, pair_candidates
+from ...prompting.prompt import RENDER_VERSION, messages
 from ...questions import CompiledQuestion
 from ...settings import PREFIX, Settings, SettingsError
-from ..base import DecisionBackend, Reading
-from .answer_slot import AnswerSlotPlacer
-from .labels import LabelCatalog, pair_candidates
+from ..base import BackendUnavailable, DecisionBackend, Reading
 from .options import LogitOptions
 from .precision import describe, fp32_check
-from .prompt import RENDER_VERSION, messages
 from .readouts import ReadoutRunner, plan
 from .self_check import PROBES, self_check
 from .stencil import StencilPool, stencil_check
@@ -44,19 +44,22 @@ class LogitBackend(DecisionBackend):
         self.prompts = StencilPool(host, enabled=False)
         self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
 
-    async def start(self) -> None:
-        self.adopt(await self.startup_check())
+    async def start(self) -> dict[str, Any]:
+        """The answer-slot self-check, the label pairs, the stencil and precision checks, as facts that
+        every API-server process adopts."""
+        facts = await self.check()
+        self.adopt(facts)
+        return facts
 
-    async def startup_check(self) -> dict[str, Any]:
-        """The answer-slot self-check, the label pairs and the stencil check, as facts to adopt."""
+    async def check(self) -> dict[str, Any]:
         host = self.host
         if host.logprobs_mode != "raw_logprobs":
-            return {"failure": f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
-                               "the logit backend needs raw_logprobs (the default)"}  # fmt: skip
+            raise BackendUnavailable(f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
+                                     "the logit backend needs raw_logprobs (the default)")  # fmt: skip
         minimum = self.settings.min_option_mass
         check = await self_check(host, self.placer, self.catalog, minimum)
         if not check.passed:
-            return {"failure": check.failure(minimum, f"{PREFIX}MIN_OPTION_MASS")}
+            raise BackendUnavailable(check.failure(minimum, f"{PREFIX}MIN_OPTION_MASS"))
         state, question = PROBES[0]
         rendered = await host.render_chat(messages(state, question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
@@ -66,8 +69,6 @@ class LogitBackend(DecisionBackend):
                 "fp32_missing": await fp32_check(host, slot.prompt_ids, slot.label_ids)}  # fmt: skip
 
     def adopt(self, facts: dict[str, Any]) -> None:
-        if "failure" in facts:
-            raise RuntimeError(facts["failure"])
         self.placer.reasoning_block = facts["reasoning_block"]
         self.catalog = LabelCatalog(self.catalog.markers, tuple(facts["pairs"]))
         missing = facts["fp32_missing"]

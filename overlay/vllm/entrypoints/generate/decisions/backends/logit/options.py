@@ -4,10 +4,11 @@ and overridable per request (``extra.backend_options``)."""
 
 from __future__ import annotations
 
-import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ...prompting.labels import MARKERS
 
 Readout = Literal["auto", "direct", "wide-direct", "two-stage"]
 LogprobMode = Literal["top-k", "exact"]
@@ -27,7 +28,7 @@ class LogitOptions(BaseModel):
     # How many stage-1 leaders a two-stage read sends to its final direct read.
     shortlist: int = Field(default=8, ge=2, le=26)
     # One option label per character; pairs of them make the wide-direct labels.
-    markers: str = string.ascii_uppercase
+    markers: str = MARKERS
 
     @field_validator("markers")
     @classmethod

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from ...concurrency import gather_or_cancel
 from ...errors import DecisionError
 from ...host import BackendHost
+from ...prompting.answer_slot import AnswerSlotPlacer
+from ...prompting.labels import LabelCatalog
+from ...prompting.prompt import option_check, question_text
 from ...questions import CompiledQuestion
 from ...scoring import softmax
 from ..base import Reading
-from .answer_slot import AnswerSlotPlacer
-from .labels import LabelCatalog
 from .options import LogitOptions
 from .precision import read_precision
-from .prompt import option_check, question_text
 from .reads import LabelRead, read_exact, read_top_k
 from .stencil import StencilPool
 

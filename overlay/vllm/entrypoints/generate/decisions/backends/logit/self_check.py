@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...host import BackendHost
+from ...prompting.answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
+from ...prompting.labels import LabelCatalog
+from ...prompting.prompt import messages
 from ...questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
-from .answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
-from .labels import LabelCatalog
-from .prompt import messages
 from .reads import read_exact
 
 PROBES = (

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from ...host import BackendHost
-from .prompt import chat
+from ...prompting.prompt import chat
 
 # Stands in for the question text while the template is rendered; a state containing it is rendered
 # question by question instead.

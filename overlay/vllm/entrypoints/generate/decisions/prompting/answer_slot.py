@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...errors import DecisionError
-from ...host import BackendHost
+from ..errors import DecisionError
+from ..host import BackendHost
 
 ANSWER_CUE = "Answer:"
 

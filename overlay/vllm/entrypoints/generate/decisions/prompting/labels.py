@@ -4,8 +4,12 @@ tokenizer keeps as single tokens at the answer slot. How many pairs qualify depe
 
 from __future__ import annotations
 
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# The default markers: one capital letter per option.
+MARKERS = string.ascii_uppercase
 
 
 def pair_candidates(markers: str) -> list[str]:

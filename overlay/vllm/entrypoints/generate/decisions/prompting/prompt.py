@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...questions import NOUL, CompiledQuestion, Option, yes_no_options
+from ..questions import NOUL, CompiledQuestion, Option, yes_no_options
 
 RENDER_VERSION = "direct-letters-2026-11-30.1"
 

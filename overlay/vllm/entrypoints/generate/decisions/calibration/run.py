@@ -10,7 +10,6 @@ cause. A saved result for the same deployment is loaded instead of measuring aga
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,10 @@ from vllm.logger import init_logger
 
 from ..backends import DecisionBackend
 from ..debias import read_question
-from ..deployment_lock import exclusive, run_id
+from ..deployment_lock import once_per_server, run_id, this_run
 from ..errors import DecisionError
-from ..settings import NO_DEBIAS, PREFIX, Debias, Settings
-from . import by_type, question_file, results, store
+from ..settings import NO_DEBIAS, Debias, Settings
+from . import by_type, question_file, results
 from .maths import calibrate
 from .temperature import DEFAULT, Temperatures
 
@@ -67,73 +66,73 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
     key = {**deployment, "backend": backend.name, "backend_args": dict(settings.backend.args),
            "render_version": backend.render_version, "questions_sha256": questions.sha256,
            "scheme": results.SCHEME, "debias": str(settings.debias)}  # fmt: skip
-    directory = Path(settings.calibration_dir)
-    # With several API-server processes, one calibrates and the others load what it saved.
-    async with exclusive(store.lock_path(directory, key), settings.startup_wait, "calibration"):
-        return await calibrate_or_load(backend, questions, directory, key, settings.debias)
-
-
-async def calibrate_or_load(backend: DecisionBackend, questions: question_file.QuestionFile, directory: Path,
-                            key: dict[str, Any], debias: Debias = NO_DEBIAS) -> Temperatures:  # fmt: skip
-    saved = store.load(directory, key)
-    if saved is not None and "failed" in saved:
-        if saved.get("run") == run_id():
+    record, loaded = await once_per_server(
+        Path(settings.calibration_dir), key, "calibration", settings.startup_wait,
+        lambda: measure_and_fit(backend, questions, settings.debias), reusable,
+    )  # fmt: skip
+    if "failed" in record:
+        if loaded:
             logger.warning("decision calibration failed in another API-server process of this server, "
-                           "T=1.0 (default): %s", saved["failed"])  # fmt: skip
-            return Temperatures(DEFAULT)
-        saved = None  # an earlier run's failure: try again
-    if saved is not None:
-        try:
-            temperatures = results.restore(saved)
-            log(saved, loaded=True)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            logger.warning("decision calibration: the saved result is malformed (%r), measuring again", exc)
-        else:
-            return temperatures
+                           "T=1.0 (default): %s", record["failed"])  # fmt: skip
+        return Temperatures(DEFAULT)
+    log(record, loaded)
+    return results.restore(record)
+
+
+def reusable(saved: dict[str, Any]) -> bool:
+    """A saved fit that restores whole, or this run's failure (an earlier run's failure is tried again)."""
+    if "failed" in saved:
+        return this_run(saved)
+    try:
+        results.restore(saved)
+        log_lines(saved, loaded=True)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        logger.warning("decision calibration: the saved result is malformed (%r), measuring again", exc)
+        return False
+    return True
+
+
+async def measure_and_fit(backend: DecisionBackend, questions: question_file.QuestionFile,
+                          debias: Debias = NO_DEBIAS) -> dict[str, Any]:  # fmt: skip
+    """The calibration record for this deployment: the fits, or this run's failure."""
     started = time.monotonic()
     answered, skipped = await measure(backend, questions, debias)
     if len(answered) < MIN_ANSWERED:
-        return failed(directory, key, f"only {len(answered)} of {len(questions.questions)} questions were "
-                                      f"answered (need {MIN_ANSWERED})")  # fmt: skip
+        return failed(f"only {len(answered)} of {len(questions.questions)} questions were answered "
+                      f"(need {MIN_ANSWERED})")  # fmt: skip
     scores = [reading.scores for _, reading in answered]
     correct = [item.correct for item, _ in answered]
     groups = [item.group for item, _ in answered]
     try:
         result = await asyncio.to_thread(calibrate, scores, correct, groups)
     except ValueError as exc:
-        return failed(directory, key, str(exc))
+        return failed(str(exc))
     if result.at_edge:
-        return failed(directory, key, f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], "
-                                      "which points to broken scores")  # fmt: skip
+        return failed(f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], which points to "
+                      "broken scores")  # fmt: skip
     # Every type in the file, in file order: one with no answered question is reported as too few.
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
     types = [item.question.qtype.name for item, _ in answered]
     fits = await asyncio.to_thread(by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED)
-    record = results.summary(result, fits, questions, len(answered), skipped, time.monotonic() - started)
-    try:
-        path = store.save(directory, key, record)
-        logger.info("decision calibration saved to %s", path)
-    except OSError as exc:
-        logger.warning("decision calibration not saved (%s=%s): %s", PREFIX + "CALIBRATION_DIR", directory, exc)
-    log(record, loaded=False)
-    return results.restore(record)
+    return results.summary(result, fits, questions, len(answered), skipped, time.monotonic() - started)
+
+
+def log_lines(record: dict[str, Any], loaded: bool) -> list[tuple[bool, str]]:
+    """(is a warning, line): the server-wide line, then one per question type; a type whose own fit
+    was refused (not merely too few questions) is a warning. Raises on a malformed record."""
+    return [(False, results.log_line(record, loaded))] + [
+        (entry["fallback"] is not None and entry["used"] >= MIN_ANSWERED, results.type_log_line(name, entry))
+        for name, entry in record["by_type"].items()
+    ]
 
 
 def log(record: dict[str, Any], loaded: bool) -> None:
-    """The server-wide line, then one per question type; a type whose own fit was refused (not merely
-    too few questions) is a warning."""
-    lines = [(False, results.log_line(record, loaded))] + [
-        (entry["fallback"] is not None and entry["used"] >= MIN_ANSWERED, results.type_log_line(name, entry))
-        for name, entry in record["by_type"].items()
-    ]  # all formatted first: a malformed saved record raises before anything is logged
-    for refused, line in lines:
+    for refused, line in log_lines(record, loaded):
         (logger.warning if refused else logger.info)(line)
 
 
-def failed(directory: Path, key: dict[str, Any], reason: str) -> Temperatures:
-    """The default temperature, saved as this run's outcome so the other API-server processes of this
-    server don't measure again (a restart does)."""
+def failed(reason: str) -> dict[str, Any]:
+    """This run's failure, saved so the other API-server processes of this server don't measure again
+    (a restart does); the server applies T = 1.0 (default)."""
     logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
-    with contextlib.suppress(OSError):
-        store.save(directory, key, {"failed": reason, "run": run_id()})
-    return Temperatures(DEFAULT)
+    return {"failed": reason, "run": run_id()}
