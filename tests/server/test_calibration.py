@@ -59,7 +59,8 @@ def saved_dir(tmp_path_factory):
 
 def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir):
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("\n".join(bundled_lines(200)) + "\n")
+    # 55 yes/no, 37 choice (too few for a fit of its own: the server-wide T serves it) and 58 score.
+    questions.write_text("\n".join(bundled_lines(150)) + "\n")
 
     first, starting = start(tmp_path, "first", questions, saved_dir, workers=2)
     try:
@@ -77,7 +78,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         assert answer["temperature_source"] == "calibrated"
         assert answer["temperature_scope"] == ("server" if noul["fallback"] else "noul")
         assert answer["calibration_temperature"] == pytest.approx(noul["applied_temperature"])
-        assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 200
+        assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 150
         assert "decision calibration: T=" in first.log.read_text()
         overridden = audit(first, calibration_temperature=3.0)
         assert (overridden["calibration_temperature"], overridden["temperature_source"]) == (3.0, "request")

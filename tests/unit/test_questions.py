@@ -23,7 +23,7 @@ def test_noul_options_are_yes_then_no_with_criteria():
     q = NOUL.compile(NoulQuestion(instructions="Urgent?", criteria={"true": "time-sensitive"}))
     assert [o.key for o in q.options] == ["true", "false"]
     assert [o.text for o in q.options] == ["Yes: time-sensitive", "No"]
-    assert NOUL.answer([0.8, 0.2], q.options) == {"noul": 0.8}
+    assert NOUL.answer([0.8, 0.2], q.options) == {"probability": 0.8}
 
 
 def test_choice_keys_are_json_text_and_values_stay_typed():
@@ -42,9 +42,7 @@ def test_choice_answer_takes_first_option_on_a_tie():
 def test_score_is_probability_weighted_level_index():
     q = SCORE.compile(ScoreQuestion(instructions="How?", criteria=["Calm", "Frustrated", "Angry"]))
     answer = SCORE.answer([0.2, 0.3, 0.5], q.options)
-    assert answer["score"] == pytest.approx(0.3 + 1.0)
-    assert answer["legend"] == {"0": "Calm", "1": "Frustrated", "2": "Angry"}
-    assert answer["probabilities"] == {"0": 0.2, "1": 0.3, "2": 0.5}
+    assert answer == {"score": pytest.approx(0.3 + 1.0)}
 
 
 def test_unknown_question_fields_are_refused():

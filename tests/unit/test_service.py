@@ -42,7 +42,7 @@ async def test_answers_carry_probabilities_confidence_and_audit():
     (answer,) = decision.results
     assert isinstance(answer, Answer)
     assert answer.probabilities == pytest.approx([0.75, 0.25])
-    assert answer.fields == {"noul": pytest.approx(0.75)}
+    assert answer.fields == {"probability": pytest.approx(0.75)}
     assert answer.confidence == pytest.approx(0.5)
     assert answer.backend["option_logits"] == {"true": math.log(0.6), "false": math.log(0.2)}
     audit = answer.audit

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
 
-from .registry import question_type, question_type_names
+from .registry import built_in_question_type, question_type, question_type_names
 from .wire.jev import SystemOneRequest
 from .wire.openai import BUILT_IN, DecisionsRequest
 from .wire.openai_input import INPUT_ITEM
@@ -50,9 +50,9 @@ def schema_of(model: type[BaseModel] | TypeAdapter) -> dict[str, Any]:
 
 def openai_body() -> dict[str, Any]:
     schema = schema_of(DecisionsRequest)
-    plugins = [question_type(name) for name in question_type_names()]
+    plugins = [question_type(name) for name in question_type_names() if not built_in_question_type(name)]
     questions = [schema_of(model) for model in BUILT_IN.values()]
-    questions += [named(schema_of(qtype.model)) for qtype in plugins if qtype is not None and not qtype.jev]
+    questions += [named(schema_of(qtype.model)) for qtype in plugins if qtype is not None]
     schema["properties"]["questions"]["items"] = {"anyOf": questions}
     schema["properties"]["input"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": schema_of(INPUT_ITEM)}]}
     return schema

@@ -99,13 +99,14 @@ def content_text(content: Content | None) -> str:
 
 
 class QuestionType(ABC):
-    """A kind of question. Subclasses set ``name`` and ``model`` and implement the two methods."""
+    """A kind of question. Subclasses set ``name`` and ``model`` and implement the two methods.
+
+    A type knows no wire format: its :meth:`answer` fields are what the answer means (the built-in
+    types': the yes probability, the chosen value, the expected level), and each wire shapes its own
+    answers from them (wire/openai.py, wire/jev.py); a plugin type's fields go out whole on both."""
 
     name: ClassVar[str]
     model: ClassVar[type[BaseModel]]
-    # Jev's own types: /v1/systemone keeps only ``jev_fields`` of their answers.
-    jev: ClassVar[bool] = False
-    jev_fields: ClassVar[tuple[str, ...]] = ()
     # Whether the option order is part of the question (a scale's levels): debiasing then keeps it.
     ordered: ClassVar[bool] = False
 
@@ -154,15 +155,13 @@ def yes_no_options(when_yes: Content | None = None, when_no: Content | None = No
 class NoulType(QuestionType):
     name = "noul"
     model = NoulQuestion
-    jev = True
-    jev_fields = ("noul",)
 
     def options(self, question: NoulQuestion) -> Sequence[Option]:
         criteria = question.criteria or NoulCriteria()
         return yes_no_options(criteria.true, criteria.false)
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
-        return {"noul": probabilities[0]}
+        return {"probability": probabilities[0]}
 
 
 # --- one of several ---------------------------------------------------------------------------
@@ -188,17 +187,12 @@ def choice_options(items: Sequence[tuple[StrictStr | StrictBool, Content | None]
 class ChoiceType(QuestionType):
     name = "choice"
     model = ChoiceQuestion
-    jev = True
-    jev_fields = ("choice", "probabilities", "confidence")
 
     def options(self, question: ChoiceQuestion) -> Sequence[Option]:
         return choice_options(list(question.criteria.items()))
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
-        return {
-            "choice": options[top_index(probabilities)].value,
-            "probabilities": {str(o.value): p for o, p in zip(options, probabilities, strict=True)},
-        }
+        return {"choice": options[top_index(probabilities)].value}
 
 
 # --- ordered levels ---------------------------------------------------------------------------
@@ -223,18 +217,12 @@ class ScoreType(QuestionType):
     name = "score"
     model = ScoreQuestion
     ordered = True
-    jev = True
-    jev_fields = ("score", "confidence", "legend", "probabilities")
 
     def options(self, question: ScoreQuestion) -> Sequence[Option]:
         return level_options([(content_text(level), None) for level in question.criteria])
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
-        return {
-            "score": sum(i * p for i, p in enumerate(probabilities)),
-            "legend": {o.key: o.label for o in options},
-            "probabilities": {o.key: p for o, p in zip(options, probabilities, strict=True)},
-        }
+        return {"score": sum(i * p for i, p in enumerate(probabilities))}
 
 
 NOUL = NoulType()

@@ -26,6 +26,7 @@ RESERVED_TYPE_NAMES = frozenset({"predicate", "refusal"})
 _backends: dict[str, type[DecisionBackend]] = {}
 _question_types: dict[str, QuestionType] = {}
 _built_in: set[str] = set()
+_built_in_types: set[str] = set()
 # Plugins that failed to load, by entry-point name: why.
 _failures: dict[str, str] = {}
 
@@ -100,6 +101,11 @@ def question_type_names() -> list[str]:
     return sorted(_question_types)
 
 
+def built_in_question_type(name: str) -> bool:
+    """Jev's ``noul``, ``choice`` and ``score``: each wire has its own shape for them."""
+    return name in _built_in_types
+
+
 # --- plugins that failed ----------------------------------------------------------------------
 
 
@@ -119,3 +125,4 @@ for _backend in (LogitBackend, EncoderBackend, CanvasBackend):
 for _qtype in (NOUL, CHOICE, SCORE):
     register_question_type(_qtype)
 _built_in.update(_backends)
+_built_in_types.update(_question_types)

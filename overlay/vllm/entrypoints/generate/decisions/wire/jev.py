@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DecisionError
 from ..questions import CompiledQuestion, content_text, rendering_limit
-from ..registry import failures_note, question_type
+from ..registry import built_in_question_type, failures_note, question_type
 from ..service import Answer, Decision, DecisionService
 from ..validation import detail_message, is_field_name
 from .common import ExtraRequest, answer_extra, decide, response_id
@@ -88,14 +88,41 @@ def parse_request(body: Any) -> tuple[SystemOneRequest, str, list[str], list[Com
     return request, content_text(request.state), ids, [compile_question(i, request.questions[i]) for i in ids]
 
 
+def noul_answer(answer: Answer) -> dict[str, Any]:
+    return {"noul": answer.fields["probability"]}
+
+
+def choice_answer(answer: Answer) -> dict[str, Any]:
+    options, probabilities = answer.question.options, answer.probabilities
+    return {
+        "choice": answer.fields["choice"],
+        "probabilities": {str(o.value): p for o, p in zip(options, probabilities, strict=True)},
+        "confidence": answer.confidence,
+    }
+
+
+def score_answer(answer: Answer) -> dict[str, Any]:
+    options, probabilities = answer.question.options, answer.probabilities
+    return {
+        "score": answer.fields["score"],
+        "confidence": answer.confidence,
+        "legend": {o.key: o.label for o in options},
+        "probabilities": {o.key: p for o, p in zip(options, probabilities, strict=True)},
+    }
+
+
+# Jev's answer shape for each of its own question types; any other type's answer goes out whole.
+ANSWER_SHAPES = {"noul": noul_answer, "choice": choice_answer, "score": score_answer}
+
+
 def answer_json(answer: Answer, detail: str) -> dict[str, Any]:
     qtype = answer.question.qtype
-    fields = {**answer.fields, "confidence": answer.confidence}
-    if qtype.jev:
-        result = {"type": qtype.name, **{k: fields[k] for k in qtype.jev_fields}}
+    shape = ANSWER_SHAPES.get(qtype.name) if built_in_question_type(qtype.name) else None
+    if shape is not None:
+        result = {"type": qtype.name, **shape(answer)}
     else:
         probabilities = {o.key: p for o, p in zip(answer.question.options, answer.probabilities, strict=True)}
-        result = {"type": qtype.name, "probabilities": probabilities, **fields}
+        result = {"type": qtype.name, "probabilities": probabilities, **answer.fields, "confidence": answer.confidence}
     extra = answer_extra(answer, detail)  # type: ignore[arg-type]
     if extra is not None:
         result["extra"] = extra

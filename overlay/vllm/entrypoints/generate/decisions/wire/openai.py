@@ -22,7 +22,7 @@ from ..questions import (
     level_options,
     rendering_limit,
 )
-from ..registry import failures_note, question_type
+from ..registry import built_in_question_type, failures_note, question_type
 from ..service import Answer, Decision, DecisionService
 from ..validation import validation_message
 from .common import ExtraRequest, answer_extra, decide, response_id
@@ -123,7 +123,7 @@ def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQ
         raise DecisionError(f"questions[{index}]: must be an object")
     kind = raw.get("type")
     qtype = question_type(kind) if isinstance(kind, str) else None
-    if qtype is None or qtype.jev:
+    if qtype is None or built_in_question_type(qtype.name):
         raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}" + failures_note())
     name = raw.get("name")
     if "name" in raw and not isinstance(name, str):
@@ -145,30 +145,49 @@ def parse_request(body: Any) -> tuple[DecisionsRequest, str, list[str | None], l
     return request, state, [n for n, _ in named], [q for _, q in named]
 
 
+def predicate_answer(answer: Answer) -> dict[str, Any]:
+    return {"type": "predicate", "probability": answer.fields["probability"]}
+
+
+def choice_answer(answer: Answer) -> dict[str, Any]:
+    options, probabilities = answer.question.options, answer.probabilities
+    return {
+        "type": "choice",
+        "choice": answer.fields["choice"],
+        "probabilities": [{"value": o.value, "probability": p} for o, p in zip(options, probabilities, strict=True)],
+        "confidence": answer.confidence,
+    }
+
+
+def score_answer(answer: Answer) -> dict[str, Any]:
+    options, probabilities = answer.question.options, answer.probabilities
+    return {
+        "type": "score",
+        "score": answer.fields["score"],
+        "probabilities": [
+            {"label": o.label, "value": o.value, "probability": p} for o, p in zip(options, probabilities, strict=True)
+        ],
+        "confidence": answer.confidence,
+    }
+
+
+def plugin_answer(answer: Answer) -> dict[str, Any]:
+    """A plugin type's answer, whole: its own fields, the confidence and (unless it has its own) the
+    probabilities by option key."""
+    options, probabilities = answer.question.options, answer.probabilities
+    fields = {"type": answer.question.qtype.name, **answer.fields, "confidence": answer.confidence}
+    fields.setdefault("probabilities", {o.key: p for o, p in zip(options, probabilities, strict=True)})
+    return fields
+
+
+# OpenAI's answer shape for each built-in question type (compiled from predicate, choice and score).
+ANSWER_SHAPES = {"noul": predicate_answer, "choice": choice_answer, "score": score_answer}
+
+
 def answer_json(name: str | None, answer: Answer, detail: str) -> dict[str, Any]:
-    qtype, options, probs = answer.question.qtype, answer.question.options, answer.probabilities
-    if qtype is NOUL:
-        fields: dict[str, Any] = {"type": "predicate", "probability": probs[0]}
-    elif qtype is CHOICE:
-        fields = {
-            "type": "choice",
-            "choice": answer.fields["choice"],
-            "probabilities": [{"value": o.value, "probability": p} for o, p in zip(options, probs, strict=True)],
-            "confidence": answer.confidence,
-        }
-    elif qtype is SCORE:
-        fields = {
-            "type": "score",
-            "score": answer.fields["score"],
-            "probabilities": [
-                {"label": o.label, "value": o.value, "probability": p} for o, p in zip(options, probs, strict=True)
-            ],
-            "confidence": answer.confidence,
-        }
-    else:
-        fields = {"type": qtype.name, **answer.fields, "confidence": answer.confidence}
-        fields.setdefault("probabilities", {o.key: p for o, p in zip(options, probs, strict=True)})
-    result = {"name": name, **fields}
+    kind = answer.question.qtype.name
+    shape = ANSWER_SHAPES.get(kind) if built_in_question_type(kind) else None
+    result = {"name": name, **(shape or plugin_answer)(answer)}
     extra = answer_extra(answer, detail)  # type: ignore[arg-type]
     if extra is not None:
         result["extra"] = extra
