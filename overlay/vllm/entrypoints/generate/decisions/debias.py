@@ -5,8 +5,8 @@ A model reading lettered options favours some positions and letters over others,
 evidence. With ``rotate`` the options of an unordered question (choice, yes/no, plugin types) are
 first put in a canonical order (sorted by the text the prompt shows), so the client's order can't
 matter; the question is then read under N cyclic rotations of that order, each option in a different
-position, all reads submitted together so they share the state's prefix-cache blocks. An ordered question (a score's
-levels) keeps its scale: its second reading lists the levels reversed.
+position, all reads submitted together so they share the state's prefix-cache blocks. An ordered
+question (a score's levels) keeps its scale: its second reading lists the levels reversed.
 
 The readings are combined by averaging each option's log-probability over the readings (each
 reading normalised over the options first). If a position adds the same bias to whichever option
@@ -26,6 +26,7 @@ from .backends.base import DecisionBackend, Reading, checked_scores
 from .concurrency import gather_or_cancel
 from .errors import DecisionError
 from .questions import CompiledQuestion, top_index
+from .scoring import log_softmax
 from .settings import Debias
 
 # Readings of ``rotate`` without a count: two for every type (a yes/no both ways, a score forwards and
@@ -60,7 +61,10 @@ async def read_question(backend: DecisionBackend, state: str, question: Compiled
         for i, order in enumerate(plan)
     ]
     readings = await gather_or_cancel(reads)
-    per_order = [in_client_order(checked_scores(r, len(question.options), backend.name), o) for r, o in zip(readings, plan, strict=True)]  # fmt: skip
+    per_order = [
+        in_client_order(checked_scores(reading, len(question.options), backend.name), order)
+        for reading, order in zip(readings, plan, strict=True)
+    ]
     return combined(question, debias, plan, readings, per_order)
 
 
@@ -76,16 +80,9 @@ def in_client_order(scores: Sequence[float], order: Sequence[int]) -> list[float
     return back
 
 
-def normalised(scores: Sequence[float]) -> list[float]:
-    """Log-softmax over the options: each reading counts as a distribution, whatever its scale."""
-    top = max(scores)
-    total = top + math.log(sum(math.exp(s - top) for s in scores if s != -math.inf))
-    return [s - total for s in scores]
-
-
 def combined(question: CompiledQuestion, debias: Debias, plan: list[list[int]], readings: Sequence[Reading],
              per_order: list[list[float]]) -> Reading:  # fmt: skip
-    rows = [normalised(scores) for scores in per_order]
+    rows = [log_softmax(scores) for scores in per_order]
     scores = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
     if all(s == -math.inf for s in scores):
         raise DecisionError("the rotations of this question agree on no option (each gives the others zero)")

@@ -20,6 +20,14 @@ def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
     return [w / total for w in weights]
 
 
+def log_softmax(scores: Sequence[float]) -> list[float]:
+    """Log-probabilities over the options (``-inf`` stays ``-inf``): a reading as a distribution,
+    whatever the scale of its scores."""
+    top = max(scores)
+    total = top + math.log(sum(math.exp(s - top) for s in scores if s != -math.inf))
+    return [s - total for s in scores]
+
+
 def confidence(probabilities: Sequence[float]) -> float:
     """``(k * max - 1) / (k - 1)``: 1.0 when all mass is on one option, 0.0 when uniform."""
     k = len(probabilities)
