@@ -9,6 +9,7 @@ import math
 import pytest
 
 from vllm.entrypoints.generate.decisions.backends import CanvasBackend
+from vllm.entrypoints.generate.decisions.backends.base import facts_json
 from vllm.entrypoints.generate.decisions.backends.canvas.options import CanvasOptions
 from vllm.entrypoints.generate.decisions.backends.canvas.samples import average, noise_tokens
 from vllm.entrypoints.generate.decisions.errors import DecisionError
@@ -59,7 +60,7 @@ def test_one_read_is_the_logit_prompt_then_noise_and_the_turn_close(host):
     direct = asyncio.run(host.read_canvas(prompt, canvas, label_ids, 1, "again"))
     expected = softmax([direct.logprobs[t] for t in label_ids])
     assert [math.exp(s) for s in reading.scores] == pytest.approx(expected, abs=1e-9)
-    assert reading.meta == {"seed": 11, "samples": {"n": 1, "stderr": {"true": 0.0, "false": 0.0}, "agreement": 1.0},
+    assert facts_json(reading.meta) == {"seed": 11, "samples": {"n": 1, "stderr": {"true": 0.0, "false": 0.0}, "agreement": 1.0},
                             "canvas_width": 2, "max_steps": 1}  # fmt: skip
     assert reading.readout == "direct" and reading.forward_passes == 1 and 0 < reading.option_mass < 1
 
@@ -78,11 +79,11 @@ def test_samples_average_noise_draws_from_one_seed(host):
     ]
     mean = [sum(col) / 5 for col in zip(*per_read, strict=True)]
     assert [math.exp(s) for s in reading.scores] == pytest.approx(mean, abs=1e-9)
-    stderr = reading.meta["samples"]["stderr"]
+    stderr = reading.meta.samples.stderr
     for key, column, m in zip(('"billing"', '"tech"', '"sales"'), zip(*per_read, strict=True), mean, strict=True):
         assert stderr[key] == pytest.approx(math.sqrt(sum((p - m) ** 2 for p in column) / 4 / 5))
     top = max(range(3), key=lambda i: mean[i])
-    assert reading.meta["samples"]["agreement"] == sum(max(range(3), key=lambda i: p[i]) == top for p in per_read) / 5
+    assert reading.meta.samples.agreement == sum(max(range(3), key=lambda i: p[i]) == top for p in per_read) / 5
     assert reading.forward_passes == 5 and reading.cached_input_tokens > 0  # reads after the first hit the cache
     assert read(backend, question).scores == reading.scores  # the same seed, the same canvases
 
@@ -92,8 +93,8 @@ def test_extra_seed_reaches_the_reads_and_no_seed_draws_one(host):
     service = DecisionService(Settings.from_env({}), backend, "tiny")
     service.ready = True
     answer = asyncio.run(service.decide(STATE, [QUESTION], "r", seed=42)).results[0]
-    assert answer.backend["seed"] == 42 and host.canvas_calls[-1][1][0] == noise_tokens(42, 1, host.vocab_size)[0]
-    drawn = read(backend).meta["seed"]
+    assert answer.backend.facts["seed"] == 42 and host.canvas_calls[-1][1][0] == noise_tokens(42, 1, host.vocab_size)[0]
+    drawn = read(backend).meta.seed
     assert isinstance(drawn, int) and 0 <= drawn < 2**63
 
 

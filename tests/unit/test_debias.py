@@ -42,9 +42,9 @@ def log_softmax(values):
 
 async def test_off_reads_once_in_the_clients_order():
     backend = ScriptedBackend(biased)
-    reading = await read_question(backend, "s", choice(["sales", "billing"]), "r", None, NO_DEBIAS)
-    assert reading.scores == pytest.approx([0.0 + 1.5, 0.3 + 0.7])
-    assert reading.forward_passes == 1 and "debias" not in reading.audit
+    read = await read_question(backend, "s", choice(["sales", "billing"]), "r", None, NO_DEBIAS)
+    assert read.reading.scores == pytest.approx([0.0 + 1.5, 0.3 + 0.7])
+    assert read.reading.forward_passes == 1 and read.debias is None
 
 
 async def test_a_full_rotation_is_independent_of_the_order_sent_and_cancels_the_position_bias():
@@ -53,7 +53,7 @@ async def test_a_full_rotation_is_independent_of_the_order_sent_and_cancels_the_
     truth = dict(zip(EVIDENCE, log_softmax(list(EVIDENCE.values())), strict=True))
     answers = []
     for order in itertools.permutations(EVIDENCE):
-        reading = await read_question(backend, "s", choice(order), "r", None, full)
+        reading = (await read_question(backend, "s", choice(order), "r", None, full)).reading
         assert reading.forward_passes == 4
         by_key = dict(zip(order, log_softmax(reading.scores), strict=True))
         assert by_key == pytest.approx(truth, abs=1e-9)
@@ -65,7 +65,7 @@ async def test_fewer_rotations_still_ignore_the_order_sent():
     backend = ScriptedBackend(biased)
     seen = set()
     for order in itertools.permutations(EVIDENCE):
-        reading = await read_question(backend, "s", choice(order), "r", None, parse_debias("rotate:2"))
+        reading = (await read_question(backend, "s", choice(order), "r", None, parse_debias("rotate:2"))).reading
         seen.add(tuple(round(s, 12) for _, s in sorted(zip(order, reading.scores, strict=True))))
         assert reading.forward_passes == 2
     assert len(seen) == 1
@@ -73,15 +73,15 @@ async def test_fewer_rotations_still_ignore_the_order_sent():
 
 async def test_the_audit_names_each_rotation_and_their_agreement():
     backend = ScriptedBackend(biased)
-    reading = await read_question(backend, "s", choice(["sales", "billing", "account"]), "r", None,
-                                  parse_debias("rotate:3"))  # fmt: skip
-    audit = reading.audit
-    assert audit["debias"] == "rotate:3" and len(audit["rotations"]) == 3
+    read = await read_question(backend, "s", choice(["sales", "billing", "account"]), "r", None,
+                               parse_debias("rotate:3"))  # fmt: skip
+    audit = read.debias
+    assert audit is not None and audit.debias == "rotate:3" and len(audit.rotations) == 3
     # The canonical order is by key (the JSON text of the value): account, billing, sales.
-    assert [r["first"] for r in audit["rotations"]] == ['"account"', '"billing"', '"sales"']
+    assert [r.first for r in audit.rotations] == ['"account"', '"billing"', '"sales"']
     # With this bias the first position wins every reading; only one of the three agrees with the answer.
-    assert [r["top"] for r in audit["rotations"]] == ['"account"', '"billing"', '"sales"']
-    assert audit["rotation_agreement"] == pytest.approx(1 / 3)
+    assert [r.top for r in audit.rotations] == ['"account"', '"billing"', '"sales"']
+    assert audit.rotation_agreement == pytest.approx(1 / 3)
 
 
 def test_a_score_keeps_its_scale_and_adds_the_reversed_reading():
@@ -103,8 +103,9 @@ def test_yes_no_reads_both_ways_and_a_large_choice_caps_its_rotations():
 
 async def test_rotations_of_a_score_report_reversed_readings():
     question = SCORE.compile(ScoreQuestion(instructions="How bad?", criteria=["low", "mid", "high"]))
-    reading = await read_question(ScriptedBackend(biased), "s", question, "r", None, parse_debias("rotate"))
-    assert [r["reversed"] for r in reading.audit["rotations"]] == [False, True]
+    read = await read_question(ScriptedBackend(biased), "s", question, "r", None, parse_debias("rotate"))
+    reading = read.reading
+    assert read.debias is not None and [r.reversed for r in read.debias.rotations] == [False, True]
     # The bias favours the first position: low in one reading, high in the other; they cancel.
     assert reading.scores[0] == pytest.approx(reading.scores[2])
 

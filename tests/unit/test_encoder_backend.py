@@ -121,9 +121,9 @@ def test_noul_is_read_false_then_true_and_answered_true_then_false(folder):
     assert ids == expected and len(markers) == 2
     slots = reference_outputs(folder, ids)
     assert reading.scores == [slots[1], slots[0]]  # our order is true, false
-    assert reading.meta["act_scores"] == slots[2:] and len(slots[2:]) == 3
-    assert reading.meta["prompt_source"] == "built-in" and reading.forward_passes == 1
-    assert reading.meta["checkpoint_temperature"] == 1.2  # the checkpoint's noul:2 bucket
+    assert reading.meta.act_scores == slots[2:] and len(slots[2:]) == 3
+    assert reading.meta.prompt_source == "built-in" and reading.forward_passes == 1
+    assert reading.meta.checkpoint_temperature == 1.2  # the checkpoint's noul:2 bucket
     assert reading.input_tokens == len(ids) and reading.readout == "direct"
     assert len(set(reading.scores)) == 2
 
@@ -135,7 +135,7 @@ def test_choice_and_score_keep_their_order_and_say_level(folder):
                                                                                     "returns": "sending back"}))  # fmt: skip
     reading = read(backend, choice)
     assert reading.scores == reference_outputs(folder, host.pooled[-1])[:3]
-    assert reading.meta["checkpoint_temperature"] == 0.8  # the choice:3-5 bucket
+    assert reading.meta.checkpoint_temperature == 0.8  # the choice:3-5 bucket
     score = SCORE.compile(ScoreQuestion(instructions="How urgent?", criteria=["not", "somewhat", "very"]))
     read(backend, score)
     text = host.tokenizer.decode(host.pooled[-1])
@@ -185,11 +185,11 @@ def test_the_checkpoint_builder_runs_only_with_trust_remote_code(folder):
     assert wording != BUILDER
     question = NOUL.compile(NoulQuestion(instructions="Late?"))
     untrusted = LayaHost(folder, trust_remote_code=False, files={"laya_prompts.py": wording})
-    assert read(started(untrusted), question).meta["prompt_source"] == "built-in"
+    assert read(started(untrusted), question).meta.prompt_source == "built-in"
     trusted = LayaHost(folder, trust_remote_code=True, files={"laya_prompts.py": wording})
-    assert read(started(trusted), question).meta["prompt_source"] == "checkpoint"
+    assert read(started(trusted), question).meta.prompt_source == "checkpoint"
     assert trusted.pooled[-1] != untrusted.pooled[-1]  # the checkpoint's own wording was used
-    assert read(started(LayaHost(folder, True, files={})), question).meta["prompt_source"] == "built-in"
+    assert read(started(LayaHost(folder, True, files={})), question).meta.prompt_source == "built-in"
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
 from vllm.entrypoints.generate.decisions.backends.logit.readouts import plan
+from vllm.entrypoints.generate.decisions.backends.logit.reads import ReadFacts
 from vllm.entrypoints.generate.decisions.errors import DecisionError
 from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
     ANSWER_CUE,
@@ -86,7 +87,7 @@ async def test_direct_read_returns_the_label_log_probabilities(smollm2_tokenizer
     (prompt_ids, label_ids), *_ = host.reads
     assert reading.scores == [-float(t % 5) - 0.5 for t in label_ids]
     assert reading.option_mass == pytest.approx(sum(math.exp(s) for s in reading.scores))
-    assert (reading.forward_passes, reading.readout, reading.meta) == (1, "direct", {"logprobs": "exact"})
+    assert (reading.forward_passes, reading.readout, reading.meta) == (1, "direct", ReadFacts(logprobs="exact"))
     text = host.decode(prompt_ids)
     assert "The state." in text and "A. a: first" in text and "C. c" in text
 
@@ -96,8 +97,8 @@ async def test_top_k_floors_labels_outside_the_window(smollm2_tokenizer):
     b_id = host.encode(" B")[-1]
     host.logprob = lambda prompt, token: -0.1 if token == b_id else -3.0 - token / 1e5
     reading = await LogitBackend(host).read("s", choice(3), "r")
-    assert reading.meta["logprobs"] == "top-k" and reading.meta["topk_window"] == 5
-    assert reading.meta["floored"] == ["A", "C"]
+    assert reading.meta.logprobs == "top-k" and reading.meta.topk_window == 5
+    assert reading.meta.floored == ["A", "C"]
     # The 5-wide window holds B and the four next-best tokens (ids 0-3); its lowest value is the floor.
     floor = -3.0 - 3 / 1e5
     assert reading.scores[1] == -0.1 and reading.scores[0] == reading.scores[2] == floor
@@ -108,7 +109,7 @@ async def test_incomplete_exact_read_falls_back_and_says_so(smollm2_tokenizer):
     c_id = smollm2_tokenizer.encode(" C", add_special_tokens=False)[-1]
     host = TokenizerHost(smollm2_tokenizer, drop=lambda token: token == c_id)
     reading = await LogitBackend(host, LogitOptions(logprobs="exact")).read("s", choice(3), "r")
-    assert reading.meta["degraded"] is True and "lacked 1 of 3" in reading.meta["degraded_reason"]
+    assert reading.meta.degraded is True and "lacked 1 of 3" in reading.meta.degraded_reason
     assert reading.forward_passes == 2 and len(host.top_reads) == 1
 
 
@@ -129,7 +130,7 @@ async def test_wide_direct_uses_pairs_after_the_markers(smollm2_tokenizer):
     backend.catalog = LabelCatalog(backend.catalog.markers, tuple(pairs))
     backend.runner.catalog = backend.catalog
     reading = await backend.read("s", choice(26 + len(pairs)), "r")
-    assert reading.readout == "wide-direct" and reading.audit["label_layout"] == "markers+pairs"
+    assert reading.readout == "wide-direct" and reading.audit.label_layout == "markers+pairs"
     assert host.decode(host.reads[-1][0]).count(f"{pairs[-1]}. option {25 + len(pairs)}") == 1
 
 
@@ -148,7 +149,7 @@ async def test_two_stage_finalists_share_their_stage_one_mass(smollm2_tokenizer)
     backend = LogitBackend(host, LogitOptions(logprobs="exact", readout="two-stage", shortlist=3))
     reading = await backend.read("s", choice(6), "r")
     assert reading.readout == "two-stage" and reading.forward_passes == 7
-    assert reading.meta["shortlist"] == ['"option 0"', '"option 1"', '"option 2"']
+    assert reading.meta.shortlist == ['"option 0"', '"option 1"', '"option 2"']
     probs = [math.exp(s) for s in reading.scores]
     assert sum(probs) == pytest.approx(1.0)
     first = [0.8] * 3 + [0.1] * 3

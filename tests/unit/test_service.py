@@ -44,8 +44,8 @@ async def test_answers_carry_probabilities_confidence_and_audit():
     assert answer.probabilities == pytest.approx([0.75, 0.25])
     assert answer.fields == {"probability": pytest.approx(0.75)}
     assert answer.confidence == pytest.approx(0.5)
-    assert answer.backend["option_logits"] == {"true": math.log(0.6), "false": math.log(0.2)}
-    audit = answer.audit
+    assert answer.backend.option_logits == {"true": math.log(0.6), "false": math.log(0.2)}
+    audit = answer.audit.as_json()
     assert audit["temperature_source"] == "default" and audit["calibration_temperature"] == 1.0
     assert audit["temperature_scope"] == "server"
     assert audit["option_mass"] == pytest.approx(0.8)
@@ -99,7 +99,7 @@ CALIBRATED = Temperatures(
 
 
 def applied(answer):
-    audit = answer.audit
+    audit = answer.audit.as_json()
     return audit["calibration_temperature"], audit["temperature_source"], audit["temperature_scope"]
 
 
@@ -205,7 +205,7 @@ async def test_scores_of_other_number_types_are_accepted():
 
     service = await started(ScriptedBackend(lambda q: [np.float32(-0.1), np.float64(-2.0)]))
     (answer,) = (await service.decide("state", [noul()], "r")).results
-    assert isinstance(answer, Answer) and type(answer.backend["option_logits"]["true"]) is float
+    assert isinstance(answer, Answer) and type(answer.backend.option_logits["true"]) is float
 
 
 async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads():

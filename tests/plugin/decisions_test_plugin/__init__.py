@@ -31,13 +31,15 @@ class PlainLettersOptions(BaseModel):
     space: bool = False
 
 
-class PlainLettersBackend(DecisionBackend):
+class PlainLettersBackend(DecisionBackend[PlainLettersOptions]):
     name = "plain-letters"
     architectures = ("Qwen2ForCausalLM",)
     options_model = PlainLettersOptions
     render_version = "plain-letters-1"
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+    async def read(
+        self, state: str, question: CompiledQuestion, request_id: str, options: PlainLettersOptions | None = None
+    ) -> Reading:
         options = options or self.options or PlainLettersOptions()
         letters = [chr(ord("A") + i) for i in range(len(question.options))]
         if len(letters) > 26:

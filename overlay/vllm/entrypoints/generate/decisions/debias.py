@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
+
+from pydantic import BaseModel
 
 from .backends.base import DecisionBackend, Reading, checked_scores
 from .concurrency import gather_or_cancel
@@ -32,6 +34,32 @@ from .settings import Debias
 # Readings of ``rotate`` without a count: two for every type (a yes/no both ways, a score forwards and
 # reversed, a choice from two starts half a cycle apart), so its cost is the same for every question.
 DEFAULT_ROTATIONS = 2
+
+
+class Rotation(BaseModel):
+    """One reading of a debiased question: the option it listed first, whether it reversed a scale,
+    and the option it put on top."""
+
+    first: str
+    reversed: bool
+    top: str
+
+
+class DebiasAudit(BaseModel):
+    """What a debiased answer's ``extra.audit`` says about its readings."""
+
+    debias: str
+    rotations: list[Rotation]
+    # The share of readings whose top option is the combined answer's.
+    rotation_agreement: float
+
+
+@dataclass
+class DebiasedReading:
+    """A question's reading in the client's option order; ``debias`` is None for a single read."""
+
+    reading: Reading
+    debias: DebiasAudit | None = None
 
 
 def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
@@ -51,10 +79,10 @@ def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
 
 
 async def read_question(backend: DecisionBackend, state: str, question: CompiledQuestion, request_id: str,
-                        options: Any, debias: Debias) -> Reading:  # fmt: skip
+                        options: Any, debias: Debias) -> DebiasedReading:  # fmt: skip
     """The backend's reading of ``question``, debiased as asked; scores in the client's option order."""
     if debias.mode == "off":
-        return await backend.read(state, question, request_id, options)
+        return DebiasedReading(await backend.read(state, question, request_id, options))
     plan = orders(question, debias)
     reads = [
         backend.read(state, reordered(question, order), f"{request_id}-r{i}" if len(plan) > 1 else request_id, options)
@@ -81,7 +109,7 @@ def in_client_order(scores: Sequence[float], order: Sequence[int]) -> list[float
 
 
 def combined(question: CompiledQuestion, debias: Debias, plan: list[list[int]], readings: Sequence[Reading],
-             per_order: list[list[float]]) -> Reading:  # fmt: skip
+             per_order: list[list[float]]) -> DebiasedReading:  # fmt: skip
     rows = [log_softmax(scores) for scores in per_order]
     scores = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
     if all(s == -math.inf for s in scores):
@@ -92,16 +120,15 @@ def combined(question: CompiledQuestion, debias: Debias, plan: list[list[int]], 
     masses = [r.option_mass for r in readings if r.option_mass is not None]
     first = readings[0]
     rotations = [
-        {"first": keys[order[0]], "reversed": question.qtype.ordered and i > 0, "top": top}
+        Rotation(first=keys[order[0]], reversed=question.qtype.ordered and i > 0, top=top)
         for i, (order, top) in enumerate(zip(plan, tops, strict=True))
     ]
-    audit = {
-        **first.audit,
-        "debias": str(debias),
-        "rotations": rotations,
-        "rotation_agreement": sum(top == winner for top in tops) / len(tops),
-    }
-    return Reading(
+    audit = DebiasAudit(
+        debias=str(debias),
+        rotations=rotations,
+        rotation_agreement=sum(top == winner for top in tops) / len(tops),
+    )
+    reading = Reading(
         scores=scores,
         forward_passes=sum(r.forward_passes for r in readings),
         input_tokens=sum(r.input_tokens for r in readings),
@@ -109,5 +136,6 @@ def combined(question: CompiledQuestion, debias: Debias, plan: list[list[int]], 
         readout=first.readout,
         option_mass=sum(masses) / len(masses) if masses else None,
         meta=first.meta,
-        audit=audit,
+        audit=first.audit,
     )
+    return DebiasedReading(reading, audit)

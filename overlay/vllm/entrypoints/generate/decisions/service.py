@@ -18,13 +18,14 @@ from vllm.logger import init_logger
 
 from .affinity import reads_about
 from .backends import DecisionBackend
-from .backends.base import checked_scores
+from .backends.base import checked_scores, facts_json
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .debias import Debias, read_question
 from .errors import DecisionError, EngineBusyError, NotReadyError
 from .questions import CHOICE, SCORE, CompiledQuestion
 from .registry import backend_class, backend_names, failures_note
+from .reports import AuditRecord, BackendReport
 from .scoring import CONFIDENCE_FORMULA, confidence, softmax
 from .settings import PREFIX, Settings
 
@@ -37,8 +38,8 @@ class Answer:
     probabilities: list[float]
     confidence: float
     fields: dict[str, Any]
-    backend: dict[str, Any]
-    audit: dict[str, Any]
+    backend: BackendReport
+    audit: AuditRecord
     input_tokens: int
     cached_tokens: int
 
@@ -217,7 +218,8 @@ class DecisionService:
         debias: Debias,
     ) -> Answer | Failure:
         try:
-            reading = await read_question(backend, state, question, request_id, options, debias)
+            read = await read_question(backend, state, question, request_id, options, debias)
+            reading = read.reading
             scores = checked_scores(reading, len(question.options), backend.name)
         except EngineBusyError:
             raise
@@ -231,26 +233,27 @@ class DecisionService:
         options = question.options
         applied = self.temperature_for(question, requested)
         probabilities = softmax(scores, applied.value)
-        audit = {
-            "served_model": self.served_model,
-            "state_sha256": state_sha256,
-            "render_version": backend.render_version,
-            "confidence_formula": CONFIDENCE_FORMULA,
-            "calibration_temperature": applied.value,
-            "temperature_source": applied.source,
-            "temperature_scope": applied.scope,
-            "forward_passes": reading.forward_passes,
-            "input_tokens": reading.input_tokens,
-            "cached_input_tokens": reading.cached_input_tokens,
-            "option_mass": reading.option_mass,
-            "readout": reading.readout,
-            **reading.audit,
-        }
-        facts = {
-            "name": backend.name,
-            "option_logits": {o.key: s for o, s in zip(options, scores, strict=True)},
-            **reading.meta,
-        }
+        audit = AuditRecord(
+            served_model=self.served_model,
+            state_sha256=state_sha256,
+            render_version=backend.render_version,
+            confidence_formula=CONFIDENCE_FORMULA,
+            calibration_temperature=applied.value,
+            temperature_source=applied.source,
+            temperature_scope=applied.scope,
+            forward_passes=reading.forward_passes,
+            input_tokens=reading.input_tokens,
+            cached_input_tokens=reading.cached_input_tokens,
+            option_mass=reading.option_mass,
+            readout=reading.readout,
+            backend=facts_json(reading.audit),
+            debias=read.debias,
+        )
+        facts = BackendReport(
+            name=backend.name,
+            option_logits={o.key: s for o, s in zip(options, scores, strict=True)},
+            facts=facts_json(reading.meta),
+        )
         return Answer(
             question=question,
             probabilities=probabilities,

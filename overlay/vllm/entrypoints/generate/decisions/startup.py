@@ -12,6 +12,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.datastructures import State
 
 from vllm.engine.protocol import EngineClient
@@ -89,9 +90,10 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
 
     async def started() -> dict[str, Any]:
         try:
-            return {"facts": await backend.start(), "run": run_id()}
+            facts = await backend.start()
         except BackendUnavailable as exc:
             return {"failure": str(exc), "run": run_id()}
+        return {"facts": shareable(backend, facts), "run": run_id()}
 
     record, loaded = await once_per_server(Path(settings.calibration_dir), key, "startup", settings.startup_wait,
                                            started, this_run)  # fmt: skip
@@ -99,9 +101,18 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
         raise BackendUnavailable(record["failure"])
     if loaded and record["facts"] is None:
         await backend.start()
-    elif loaded:
+    elif loaded and backend.facts_model is not None:
         logger.info("decision startup check: adopting the result of another API-server process")
-        backend.adopt(record["facts"])
+        backend.adopt(backend.facts_model.model_validate(record["facts"]))
+
+
+def shareable(backend: DecisionBackend, facts: BaseModel | None) -> dict[str, Any] | None:
+    """The facts ``start`` returned, as JSON for the other processes; None when it shares none."""
+    if facts is None:
+        return None
+    if backend.facts_model is None or not isinstance(facts, backend.facts_model):
+        raise TypeError(f"backend {backend.name!r}: start() returned {type(facts).__name__}, not its facts_model")
+    return facts.model_dump(mode="json")
 
 
 async def _start(service: DecisionService, model: dict[str, Any]) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from ..errors import DecisionError
 from ..host import BackendHost
@@ -22,12 +23,23 @@ class BackendUnavailable(RuntimeError):
     """A backend can't serve the model it was started on; the message says why."""
 
 
+# What a reading reports beyond its scores: a pydantic model of the backend's own (what the built-in
+# backends use; fields left unset are not reported), or a plain JSON object.
+Facts: TypeAlias = BaseModel | Mapping[str, JsonValue]
+
+
+def facts_json(facts: Facts) -> dict[str, Any]:
+    """``facts`` as the JSON object an answer carries."""
+    return facts.model_dump(exclude_unset=True) if isinstance(facts, BaseModel) else dict(facts)
+
+
 @dataclass
 class Reading:
     """A backend's raw result for one question.
 
     ``scores`` holds one raw score per option (log-probabilities for the logit backend);
-    ``meta`` lands in the answer's ``extra.backend``; the token and pass counts feed the audit.
+    ``meta`` lands in the answer's ``extra.backend`` and ``audit`` in its ``extra.audit``; the token
+    and pass counts feed the audit.
     """
 
     scores: list[float]
@@ -36,15 +48,20 @@ class Reading:
     cached_input_tokens: int
     readout: str
     option_mass: float | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    audit: dict[str, Any] = field(default_factory=dict)
+    meta: Facts = field(default_factory=dict)
+    audit: Facts = field(default_factory=dict)
 
 
-class DecisionBackend(ABC):
+# A backend's options: its ``options_model`` (None for a backend that takes none).
+OptionsT = TypeVar("OptionsT", bound=BaseModel | None)
+
+
+class DecisionBackend(ABC, Generic[OptionsT]):
     """A way of reading a distribution over a question's options from the served model.
 
     Backends reach the engine only through the :class:`BackendHost` they are built with, which keeps
-    them testable without an engine and independent of vLLM's internals.
+    them testable without an engine and independent of vLLM's internals. A backend is generic in its
+    options model (``DecisionBackend[MyOptions]``): ``self.options`` and ``read``'s ``options`` are one.
     """
 
     name: ClassVar[str]
@@ -52,15 +69,18 @@ class DecisionBackend(ABC):
     architectures: ClassVar[tuple[str, ...]] = ()
     # The pydantic model of this backend's startup arguments; unknown arguments fail at startup.
     options_model: ClassVar[type[BaseModel] | None] = None
+    # The pydantic model of what ``start`` returns for the other API-server processes to ``adopt``.
+    facts_model: ClassVar[type[BaseModel] | None] = None
     # Names the prompt layout, so answers and saved calibrations can say which prompt they saw.
     render_version: ClassVar[str] = "none"
 
-    def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
+    def __init__(self, host: BackendHost, options: OptionsT | None = None, settings: Settings | None = None) -> None:
         self.host = host
-        self.options = options
+        # None only for a backend without options (OptionsT None); one with options fills in its defaults.
+        self.options: OptionsT = cast(OptionsT, options)
         self.settings = settings or Settings.from_env({})
 
-    def request_options(self, overrides: dict[str, Any] | None) -> Any:
+    def request_options(self, overrides: dict[str, Any] | None) -> OptionsT:
         """The startup options with a request's ``backend_options`` laid over them, validated."""
         if not overrides:
             return self.options
@@ -68,30 +88,33 @@ class DecisionBackend(ABC):
             raise DecisionError(f"extra.backend_options: the {self.name!r} backend takes no per-request options")
         base = self.options.model_dump() if self.options is not None else {}
         try:
-            return self.options_model.model_validate({**base, **overrides})
+            return self.options_model.model_validate({**base, **overrides})  # type: ignore[return-value]
         except ValidationError as exc:
             raise DecisionError(validation_message(exc, "extra.backend_options")) from None
 
-    def seeded(self, options: Any, seed: int | None) -> Any:
+    def seeded(self, options: OptionsT, seed: int | None) -> OptionsT:
         """``options`` for a request that sent ``extra.seed``: backends whose reads draw randomness take
         it from here; the others ignore it."""
         return options
 
-    async def start(self) -> dict[str, Any] | None:
+    async def start(self) -> BaseModel | None:
         """The one startup hook: checks and preparation before the first request, for the default
         backend and for one a request names alike. Raise :class:`BackendUnavailable` when this model
         can't be served (requests then get a 503 saying why).
 
         Work worth doing once per server rather than once per API-server process (reading the model,
-        say) is shared by returning what it found as JSON-able facts: the other processes of this
-        server then :meth:`adopt` them instead of starting. None (the default): each process starts."""
+        say) is shared by returning what it found as an instance of :attr:`facts_model`: the other
+        processes of this server then :meth:`adopt` it instead of starting. None (the default): each
+        process starts."""
         return None
 
-    def adopt(self, facts: dict[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Apply the facts another API-server process's :meth:`start` returned."""
+    def adopt(self, facts: Any) -> None:  # noqa: B027 - optional hook
+        """Apply the facts (a :attr:`facts_model`) another API-server process's :meth:`start` returned."""
 
     @abstractmethod
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+    async def read(
+        self, state: str, question: CompiledQuestion, request_id: str, options: OptionsT | None = None
+    ) -> Reading:
         """Score every option of ``question`` about ``state``; ``options`` are this request's
         (from :meth:`request_options`), or None for the startup options."""
 

@@ -1,17 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A calibration's saved record: every fit made (server-wide at the top level, each question type under
-``by_type``), the temperatures it gives, and its log lines.
+"""A calibration's saved record, typed: every fit made (server-wide at the top level, each question type
+under ``by_type``), the temperatures it gives, and its log lines.
 
-A fresh calibration and a loaded one both turn their record into temperatures with :func:`restore`, so
-a restart applies exactly what the first start did.
+A fresh calibration and a loaded one both go through :class:`CalibrationRecord` and
+:meth:`CalibrationRecord.temperatures`, so a restart applies exactly what the first start did, and a
+malformed saved file fails validation instead of serving a wrong T.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field
 
 from . import question_file
 from .by_type import TypeFit
@@ -21,77 +23,109 @@ from .temperature import SERVER, Temperature, Temperatures
 # Part of the saved result's key: a record in another layout (the single-T one before it) is not reused.
 SCHEME = "per-type-v1"
 
+# A temperature as saved: a positive, finite number (strict: no strings, no booleans).
+PositiveT = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 
-def fit_fields(result: CalibrationResult | None) -> dict[str, Any]:
+
+class Fit(BaseModel):
     """One fit's numbers; all None when no fit was made."""
-    if result is None:
-        return dict.fromkeys(("temperature", "kept", "ece_raw", "ece_raw_interval", "ece_calibrated",
-                              "ece_calibrated_interval"))  # fmt: skip
-    return {
-        "temperature": result.temperature,
-        "kept": result.kept,
-        "ece_raw": result.ece_raw,
-        "ece_raw_interval": list(result.ece_raw_interval),
-        "ece_calibrated": result.ece_calibrated,
-        "ece_calibrated_interval": list(result.ece_calibrated_interval),
-    }
+
+    temperature: float | None = None
+    kept: bool | None = None
+    ece_raw: float | None = None
+    ece_raw_interval: tuple[float, float] | None = None
+    ece_calibrated: float | None = None
+    ece_calibrated_interval: tuple[float, float] | None = None
+
+    @staticmethod
+    def fields(result: CalibrationResult | None) -> dict[str, Any]:
+        if result is None:
+            return {}
+        fit = Fit(
+            temperature=result.temperature,
+            kept=result.kept,
+            ece_raw=result.ece_raw,
+            ece_raw_interval=result.ece_raw_interval,
+            ece_calibrated=result.ece_calibrated,
+            ece_calibrated_interval=result.ece_calibrated_interval,
+        )
+        return fit.model_dump()
 
 
-def type_entry(fit: TypeFit, server_applied: float) -> dict[str, Any]:
-    """A type's fit; ``applied_temperature`` is what its answers get (the server-wide T on a fallback)."""
-    applied = fit.result.applied_temperature if fit.result is not None and fit.fallback is None else server_applied
-    return {**fit_fields(fit.result), "applied_temperature": applied, "used": fit.used, "fallback": fit.fallback}
+class TypeRecord(Fit):
+    """A question type's fit; ``applied_temperature`` is what its answers get (the server-wide T on a
+    fallback, named by ``fallback``)."""
+
+    applied_temperature: PositiveT
+    used: int
+    fallback: str | None
+
+    @classmethod
+    def of(cls, fit: TypeFit, server_applied: float) -> TypeRecord:
+        own = fit.result is not None and fit.fallback is None
+        applied = fit.result.applied_temperature if own and fit.result is not None else server_applied
+        return cls(**Fit.fields(fit.result), applied_temperature=applied, used=fit.used, fallback=fit.fallback)
+
+    def log_line(self, name: str) -> str:
+        """This type's fit, or why the server-wide T serves it."""
+        if self.fallback is not None:
+            return f"decision calibration ({name}): {self.fallback}, server-wide T applies"
+        verdict = "kept" if self.kept else "not kept, T=1.0"
+        return (
+            f"decision calibration ({name}): T={self.temperature:.2f} {verdict} (ECE {self.ece_raw:.3f} -> "
+            f"{self.ece_calibrated:.3f}, {self.used} questions)"
+        )
 
 
-def summary(result: CalibrationResult, fits: dict[str, TypeFit], questions: question_file.QuestionFile,
-            answered: int, skipped: list[str], seconds: float) -> dict[str, Any]:  # fmt: skip
-    import vllm
-
-    return {
-        **fit_fields(result),
-        "applied_temperature": result.applied_temperature,
-        "by_type": {name: type_entry(fit, result.applied_temperature) for name, fit in fits.items()},
-        "questions": {"file": questions.name, "total": len(questions.questions), "used": answered, "skipped": skipped},
-        "seconds": round(seconds, 1),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "vllm_version": vllm.__version__,
-    }
+class QuestionsUsed(BaseModel):
+    file: str
+    total: int
+    used: int
+    skipped: list[str]
 
 
-def _temperature(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"not a temperature: {value!r}")
-    return float(value)
+class CalibrationRecord(Fit):
+    """A whole calibration: the server-wide fit, one per question type, and what it was measured on."""
 
+    applied_temperature: PositiveT
+    by_type: dict[str, TypeRecord]
+    questions: QuestionsUsed
+    seconds: float
+    date: str
+    vllm_version: str
 
-def restore(record: dict[str, Any]) -> Temperatures:
-    """The temperatures a record gives; raises (KeyError, TypeError, ValueError, AttributeError) on a
-    malformed one."""
-    by_type = {
-        name: Temperature(_temperature(entry["applied_temperature"]), "calibrated", name)
-        for name, entry in record["by_type"].items()
-        if entry["fallback"] is None
-    }
-    return Temperatures(Temperature(_temperature(record["applied_temperature"]), "calibrated", SERVER), by_type)
+    @classmethod
+    def of(cls, result: CalibrationResult, fits: dict[str, TypeFit], questions: question_file.QuestionFile,
+           answered: int, skipped: list[str], seconds: float) -> CalibrationRecord:  # fmt: skip
+        import vllm
 
+        return cls(
+            **Fit.fields(result),
+            applied_temperature=result.applied_temperature,
+            by_type={name: TypeRecord.of(fit, result.applied_temperature) for name, fit in fits.items()},
+            questions=QuestionsUsed(
+                file=questions.name, total=len(questions.questions), used=answered, skipped=skipped
+            ),  # fmt: skip
+            seconds=round(seconds, 1),
+            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            vllm_version=vllm.__version__,
+        )
 
-def log_line(record: dict[str, Any], loaded: bool) -> str:
-    """The server-wide fit in one line."""
-    q = record["questions"]
-    verdict = "kept" if record["kept"] else "not kept, T=1.0"
-    return (
-        f"decision calibration: T={record['temperature']:.2f} {verdict} (ECE {record['ece_raw']:.3f} -> "
-        f"{record['ece_calibrated']:.3f}, {q['used']}/{q['total']} questions, {Path(q['file']).name}, "
-        + ("loaded from a saved result)" if loaded else f"{record['seconds']:.0f} s)")
-    )
+    def temperatures(self) -> Temperatures:
+        """The temperatures this record gives: server-wide, and each type that kept its own fit."""
+        by_type = {
+            name: Temperature(entry.applied_temperature, "calibrated", name)
+            for name, entry in self.by_type.items()
+            if entry.fallback is None
+        }
+        return Temperatures(Temperature(self.applied_temperature, "calibrated", SERVER), by_type)
 
-
-def type_log_line(name: str, entry: dict[str, Any]) -> str:
-    """One type's fit, or why the server-wide T serves it."""
-    if entry["fallback"] is not None:
-        return f"decision calibration ({name}): {entry['fallback']}, server-wide T applies"
-    verdict = "kept" if entry["kept"] else "not kept, T=1.0"
-    return (
-        f"decision calibration ({name}): T={entry['temperature']:.2f} {verdict} (ECE {entry['ece_raw']:.3f} -> "
-        f"{entry['ece_calibrated']:.3f}, {entry['used']} questions)"
-    )
+    def log_line(self, loaded: bool) -> str:
+        """The server-wide fit in one line."""
+        q = self.questions
+        verdict = "kept" if self.kept else "not kept, T=1.0"
+        return (
+            f"decision calibration: T={self.temperature:.2f} {verdict} (ECE {self.ece_raw:.3f} -> "
+            f"{self.ece_calibrated:.3f}, {q.used}/{q.total} questions, {Path(q.file).name}, "
+            + ("loaded from a saved result)" if loaded else f"{self.seconds:.0f} s)")
+        )

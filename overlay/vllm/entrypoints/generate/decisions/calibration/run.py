@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from vllm.logger import init_logger
 
 from ..backends import DecisionBackend
@@ -23,6 +25,7 @@ from ..errors import DecisionError
 from ..settings import NO_DEBIAS, Debias, Settings
 from . import by_type, question_file, results
 from .maths import calibrate
+from .results import CalibrationRecord
 from .temperature import DEFAULT, Temperatures
 
 logger = init_logger(__name__)
@@ -41,7 +44,8 @@ async def measure(backend: DecisionBackend, questions: question_file.QuestionFil
         async with gate:
             try:
                 request_id = f"decision-calibration-{index}"
-                return item, await read_question(backend, item.state, item.question, request_id, None, debias)
+                read = await read_question(backend, item.state, item.question, request_id, None, debias)
+                return item, read.reading
             except DecisionError as exc:
                 logger.debug("calibration question %s skipped: %s", item.id, exc.message)
                 return item, None
@@ -75,19 +79,20 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
             logger.warning("decision calibration failed in another API-server process of this server, "
                            "T=1.0 (default): %s", record["failed"])  # fmt: skip
         return Temperatures(DEFAULT)
-    log(record, loaded)
-    return results.restore(record)
+    fits = CalibrationRecord.model_validate(record)
+    log(fits, loaded)
+    return fits.temperatures()
 
 
 def reusable(saved: dict[str, Any]) -> bool:
-    """A saved fit that restores whole, or this run's failure (an earlier run's failure is tried again)."""
+    """A saved fit that validates, or this run's failure (an earlier run's failure is tried again)."""
     if "failed" in saved:
         return this_run(saved)
     try:
-        results.restore(saved)
-        log_lines(saved, loaded=True)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        logger.warning("decision calibration: the saved result is malformed (%r), measuring again", exc)
+        CalibrationRecord.model_validate(saved)
+    except ValidationError as exc:
+        logger.warning("decision calibration: the saved result is malformed (%s), measuring again",
+                       exc.errors(include_url=False)[0])  # fmt: skip
         return False
     return True
 
@@ -114,19 +119,20 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
     types = [item.question.qtype.name for item, _ in answered]
     fits = await asyncio.to_thread(by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED)
-    return results.summary(result, fits, questions, len(answered), skipped, time.monotonic() - started)
+    record = CalibrationRecord.of(result, fits, questions, len(answered), skipped, time.monotonic() - started)
+    return record.model_dump(mode="json")
 
 
-def log_lines(record: dict[str, Any], loaded: bool) -> list[tuple[bool, str]]:
+def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]:
     """(is a warning, line): the server-wide line, then one per question type; a type whose own fit
-    was refused (not merely too few questions) is a warning. Raises on a malformed record."""
-    return [(False, results.log_line(record, loaded))] + [
-        (entry["fallback"] is not None and entry["used"] >= MIN_ANSWERED, results.type_log_line(name, entry))
-        for name, entry in record["by_type"].items()
+    was refused (not merely too few questions) is a warning."""
+    return [(False, record.log_line(loaded))] + [
+        (entry.fallback is not None and entry.used >= MIN_ANSWERED, entry.log_line(name))
+        for name, entry in record.by_type.items()
     ]
 
 
-def log(record: dict[str, Any], loaded: bool) -> None:
+def log(record: CalibrationRecord, loaded: bool) -> None:
     for refused, line in log_lines(record, loaded):
         (logger.warning if refused else logger.info)(line)
 

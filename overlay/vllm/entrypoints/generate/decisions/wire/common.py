@@ -16,10 +16,6 @@ from ..settings import parse_debias
 
 Detail = Literal["none", "basic", "full"]
 
-# What ``detail: basic`` keeps of an answer's extra; ``full`` keeps everything, ``none`` nothing.
-BASIC_BACKEND_FIELDS = ("name", "option_logits")
-BASIC_AUDIT_FIELDS = ("calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes")
-
 
 class ExtraRequest(BaseModel):
     """Everything a decision request can ask for that neither wire format has a field for."""
@@ -69,13 +65,10 @@ def finite(value: float | None) -> float | None:
 def answer_extra(answer: Answer, detail: Detail) -> dict[str, Any] | None:
     if detail == "none":
         return None
-    backend = dict(answer.backend)
+    basic = detail == "basic"
+    backend = answer.backend.as_json(basic)
     backend["option_logits"] = {k: finite(v) for k, v in backend["option_logits"].items()}
-    audit = dict(answer.audit)
-    if detail == "basic":
-        backend = {k: backend[k] for k in BASIC_BACKEND_FIELDS if k in backend}
-        audit = {k: audit[k] for k in BASIC_AUDIT_FIELDS if k in audit}
-    return {"backend": backend, "audit": audit}
+    return {"backend": backend, "audit": answer.audit.as_json(basic)}
 
 
 def response_id(prefix: str) -> tuple[str, int]:

@@ -14,6 +14,8 @@ import random
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel
+
 from vllm.logger import init_logger
 
 from ...concurrency import gather_or_cancel
@@ -37,19 +39,38 @@ CANVAS_WIDTH = 2
 _PROBE_REPLY = "The answer is B."
 
 
-class CanvasBackend(DecisionBackend):
+class SampleFacts(BaseModel):
+    n: int
+    # Per option: the standard error of its probability over the samples.
+    stderr: dict[str, float]
+    # The share of samples whose top option is the averaged top option.
+    agreement: float
+
+
+class CanvasFacts(BaseModel):
+    """What each answer's ``extra.backend`` says about its canvas reads."""
+
+    seed: int
+    samples: SampleFacts
+    canvas_width: int
+    max_steps: int
+
+
+class CanvasBackend(DecisionBackend[CanvasOptions]):
     name = "canvas"
     architectures = ("DiffusionGemmaForBlockDiffusion",)
     options_model = CanvasOptions
     render_version = RENDER_VERSION
 
-    def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
+    def __init__(
+        self, host: BackendHost, options: CanvasOptions | None = None, settings: Settings | None = None
+    ) -> None:
         super().__init__(host, options or CanvasOptions(), settings)
         self.placer = AnswerSlotPlacer(host)
         self.catalog = LabelCatalog(tuple(MARKERS), ())
         self.turn_close: int | None = None
 
-    def seeded(self, options: Any, seed: int | None) -> Any:
+    def seeded(self, options: CanvasOptions, seed: int | None) -> CanvasOptions:
         return options if seed is None else options.model_copy(update={"seed": seed})
 
     async def start(self) -> None:
@@ -64,7 +85,9 @@ class CanvasBackend(DecisionBackend):
         self.turn_close = await turn_close_id(self.host)
         logger.info("canvas backend: turn-close token %d, %s", self.turn_close, self.options)
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+    async def read(
+        self, state: str, question: CompiledQuestion, request_id: str, options: CanvasOptions | None = None
+    ) -> Reading:
         options, turn_close = options or self.options, self.turn_close
         if turn_close is None:
             raise DecisionError("the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
@@ -102,16 +125,16 @@ class CanvasBackend(DecisionBackend):
             cached_input_tokens=sum(r.cached_tokens for r in reads),
             readout="direct",
             option_mass=sum(sum(math.exp(v) for v in read_scores) for read_scores in scores) / len(scores),
-            meta={
-                "seed": seed,
-                "samples": {
-                    "n": options.samples,
-                    "stderr": dict(zip(keys, together.stderr, strict=True)),
-                    "agreement": together.agreement,
-                },
-                "canvas_width": CANVAS_WIDTH,
-                "max_steps": options.max_steps,
-            },
+            meta=CanvasFacts(
+                seed=seed,
+                samples=SampleFacts(
+                    n=options.samples,
+                    stderr=dict(zip(keys, together.stderr, strict=True)),
+                    agreement=together.agreement,
+                ),
+                canvas_width=CANVAS_WIDTH,
+                max_steps=options.max_steps,
+            ),
         )
 
 

@@ -7,10 +7,14 @@ import math
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel
+
 from vllm.logger import init_logger
 
 from ...errors import DecisionError
+from ...host import BackendHost
 from ...questions import CompiledQuestion
+from ...settings import Settings
 from ..base import BackendUnavailable, DecisionBackend, Reading
 from .checkpoint import LAYA_TYPES, LayaConfig, PromptBuilder, load_prompt_builder, read_laya_config
 from .laya_prompts import PROMPT_VERSION
@@ -19,7 +23,18 @@ from .layout import laya_options
 logger = init_logger(__name__)
 
 
-class EncoderBackend(DecisionBackend):
+class EncoderFacts(BaseModel):
+    """What each answer's ``extra.backend`` says about the encoder's read."""
+
+    # Which Laya prompt builder wrote the prompt: the checkpoint's own or the built-in one.
+    prompt_source: str
+    # The checkpoint's act-head outputs, reported as they are.
+    act_scores: list[float]
+    # The temperature the checkpoint ships for this question type and option count, if any.
+    checkpoint_temperature: float | None
+
+
+class EncoderBackend(DecisionBackend[None]):
     name = "encoder"
     architectures = ("LayaForDecision",)
     render_version = PROMPT_VERSION
@@ -54,7 +69,10 @@ class EncoderBackend(DecisionBackend):
     def _max_len(self, config: LayaConfig) -> int:
         return min(config.max_len, self.host.max_model_len)
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+    def __init__(self, host: BackendHost, options: None = None, settings: Settings | None = None) -> None:
+        super().__init__(host, None, settings)
+
+    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: None = None) -> Reading:
         config, builder = self._config, self._builder
         if config is None or builder is None:
             raise DecisionError("the encoder backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
@@ -95,11 +113,11 @@ class EncoderBackend(DecisionBackend):
             input_tokens=len(ids),
             cached_input_tokens=0,
             readout="direct",
-            meta={
-                "prompt_source": builder.source,
-                "act_scores": values[count:],
-                "checkpoint_temperature": config.checkpoint_temperature(qtype, count),
-            },
+            meta=EncoderFacts(
+                prompt_source=builder.source,
+                act_scores=values[count:],
+                checkpoint_temperature=config.checkpoint_temperature(qtype, count),
+            ),
         )
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import BaseModel
 
 from vllm.logger import init_logger
 
@@ -23,12 +23,29 @@ from .stencil import StencilPool, stencil_check
 logger = init_logger(__name__)
 
 
-class LogitBackend(DecisionBackend):
+class StartupFacts(BaseModel):
+    """What the startup checks found, adopted by every API-server process of the server."""
+
+    # The self-check's option mass; the reasoning block the answer slot closes ("" when the template opens none).
+    option_mass: float
+    reasoning_block: str
+    # Marker pairs that are single tokens on this tokenizer: the wide-direct labels.
+    pairs: list[str]
+    # Whether the state can be rendered and tokenized once per request (stencil.py).
+    stencil: bool
+    # Why fp32 reads are unavailable, or None when they passed their check (precision.py).
+    fp32_missing: str | None
+
+
+class LogitBackend(DecisionBackend[LogitOptions]):
     name = "logit"
     render_version = RENDER_VERSION
     options_model = LogitOptions
+    facts_model = StartupFacts
 
-    def __init__(self, host: BackendHost, options: Any = None, settings: Settings | None = None) -> None:
+    def __init__(
+        self, host: BackendHost, options: LogitOptions | None = None, settings: Settings | None = None
+    ) -> None:
         super().__init__(host, options or LogitOptions(), settings)
         markers = self.options.markers
         # The default 26 letters may exceed the default window (20): top-k then floors the rest. A marker
@@ -44,14 +61,14 @@ class LogitBackend(DecisionBackend):
         self.prompts = StencilPool(host, enabled=False)
         self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> StartupFacts:
         """The answer-slot self-check, the label pairs, the stencil and precision checks, as facts that
         every API-server process adopts."""
         facts = await self.check()
         self.adopt(facts)
         return facts
 
-    async def check(self) -> dict[str, Any]:
+    async def check(self) -> StartupFacts:
         host = self.host
         if host.logprobs_mode != "raw_logprobs":
             raise BackendUnavailable(f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
@@ -64,20 +81,20 @@ class LogitBackend(DecisionBackend):
         rendered = await host.render_chat(messages(state, question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
         slot = self.placer.place(rendered, ["A", "B"])
-        return {"option_mass": check.option_mass, "reasoning_block": check.reasoning_block, "pairs": pairs,
-                "stencil": await stencil_check(host),
-                "fp32_missing": await fp32_check(host, slot.prompt_ids, slot.label_ids)}  # fmt: skip
+        return StartupFacts(option_mass=check.option_mass, reasoning_block=check.reasoning_block, pairs=pairs,
+                            stencil=await stencil_check(host),
+                            fp32_missing=await fp32_check(host, slot.prompt_ids, slot.label_ids))  # fmt: skip
 
-    def adopt(self, facts: dict[str, Any]) -> None:
-        self.placer.reasoning_block = facts["reasoning_block"]
-        self.catalog = LabelCatalog(self.catalog.markers, tuple(facts["pairs"]))
-        missing = facts["fp32_missing"]
+    def adopt(self, facts: StartupFacts) -> None:
+        self.placer.reasoning_block = facts.reasoning_block
+        self.catalog = LabelCatalog(self.catalog.markers, tuple(facts.pairs))
+        missing = facts.fp32_missing
         self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts, fp32_reads=missing is None)
-        self.prompts.enabled = facts["stencil"]
+        self.prompts.enabled = facts.stencil
         logger.info("decision prompts: state rendered %s", "once per request" if self.prompts.enabled else
                     "with each question (this tokenizer or template can't share it)")  # fmt: skip
-        block = facts["reasoning_block"]
-        logger.info("decision answer slot: option mass %.3f%s", facts["option_mass"],
+        block = facts.reasoning_block
+        logger.info("decision answer slot: option mass %.3f%s", facts.option_mass,
                     f" with reasoning block {block!r}" if block else "")  # fmt: skip
         logger.info(self.describe_limits())
         logger.info(describe(self.host, missing))
@@ -92,7 +109,9 @@ class LogitBackend(DecisionBackend):
             + (f" (window {window} = --max-logprobs)" if self.options.logprobs == "top-k" else "")
         )
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+    async def read(
+        self, state: str, question: CompiledQuestion, request_id: str, options: LogitOptions | None = None
+    ) -> Reading:
         options = options or self.options
         chosen = plan(len(question.options), options, self.catalog, self.host.max_logprob_token_ids)
         return await self.runner.run(chosen, state, question, options, request_id)

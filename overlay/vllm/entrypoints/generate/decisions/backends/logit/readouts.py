@@ -26,7 +26,7 @@ from ...scoring import softmax
 from ..base import Reading
 from .options import LogitOptions
 from .precision import read_precision
-from .reads import LabelRead, read_exact, read_top_k
+from .reads import LabelRead, ReadAudit, read_exact, read_top_k
 from .stencil import StencilPool
 
 TOKEN_ID_CAP_HINT = (
@@ -95,14 +95,13 @@ class ReadoutRunner:
     async def run(self, plan: Plan, state: str, question: CompiledQuestion, options: LogitOptions,
                   request_id: str) -> Reading:  # fmt: skip
         fp32 = options.precision == "float32" and self.fp32_reads
-        audit = {"logit_precision": read_precision(self.host, fp32)}
         if plan.readout == "two-stage":
-            result = await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id, fp32)
-        else:
-            read, labels = await self.labelled_read(state, question, plan.logprobs, request_id, fp32=fp32)
-            result = reading(read, plan.readout, LabelCatalog.layout(labels))
-        result.audit.update(audit)
-        return result
+            return await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id, fp32)
+        read, labels = await self.labelled_read(state, question, plan.logprobs, request_id, fp32=fp32)
+        return reading(read, plan.readout, self.audit(labels, fp32))
+
+    def audit(self, labels: list[str], fp32: bool) -> ReadAudit:
+        return ReadAudit(label_layout=LabelCatalog.layout(labels), logit_precision=read_precision(self.host, fp32))
 
     async def two_stage(self, state: str, question: CompiledQuestion, mode: str, shortlist: int,
                         request_id: str, fp32: bool = False) -> Reading:  # fmt: skip
@@ -132,16 +131,17 @@ class ReadoutRunner:
             cached_input_tokens=sum(r.cached_tokens for r in reads),
             readout="two-stage",
             option_mass=final.option_mass,
-            meta={
-                **final.meta,
-                "stage1_scores": {keys[i]: math.log(p) if p > 0 else None for i, p in enumerate(p_yes)},
-                "shortlist": [keys[i] for i in leaders],
-            },
-            audit={"label_layout": LabelCatalog.layout(labels)},
+            meta=final.facts.model_copy(
+                update={
+                    "stage1_scores": {keys[i]: math.log(p) if p > 0 else None for i, p in enumerate(p_yes)},
+                    "shortlist": [keys[i] for i in leaders],
+                }
+            ),
+            audit=self.audit(labels, fp32),
         )
 
 
-def reading(read: LabelRead, readout: str, layout: str) -> Reading:
+def reading(read: LabelRead, readout: str, audit: ReadAudit) -> Reading:
     return Reading(
         scores=read.scores,
         forward_passes=read.forward_passes,
@@ -149,6 +149,6 @@ def reading(read: LabelRead, readout: str, layout: str) -> Reading:
         cached_input_tokens=read.cached_tokens,
         readout=readout,
         option_mass=read.option_mass,
-        meta=read.meta,
-        audit={"label_layout": layout},
+        meta=read.facts,
+        audit=audit,
     )

@@ -13,10 +13,34 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel
 
 from ...errors import DecisionError
 from ...host import BackendHost, TokenRead
+
+
+class ReadFacts(BaseModel):
+    """How the labels were read, in each answer's ``extra.backend``: the fields a read sets."""
+
+    logprobs: Literal["top-k", "exact"]
+    # top-k reads, and exact reads completed from one: the window, and the labels it floored.
+    topk_window: int | None = None
+    floored: list[str] | None = None
+    # An exact read the engine returned incomplete, completed from a top-k read.
+    degraded: bool | None = None
+    degraded_reason: str | None = None
+    # Two-stage reads: each option's stage-1 log-probability (null for zero), and the finalists.
+    stage1_scores: dict[str, float | None] | None = None
+    shortlist: list[str] | None = None
+
+
+class ReadAudit(BaseModel):
+    """What the logit backend adds to each answer's ``extra.audit``."""
+
+    label_layout: str
+    logit_precision: str
 
 
 @dataclass
@@ -26,7 +50,7 @@ class LabelRead:
     forward_passes: int
     input_tokens: int
     cached_tokens: int
-    meta: dict[str, Any] = field(default_factory=dict)
+    facts: ReadFacts = field(default_factory=lambda: ReadFacts(logprobs="exact"))
 
 
 def top_k_window(host: BackendHost) -> int:
@@ -56,8 +80,8 @@ async def read_top_k(host: BackendHost, prompt_ids: list[int], labels: Sequence[
     window = top_k_window(host)
     read = await host.read_top_logprobs(prompt_ids, window, request_id, fp32)
     scores, floored = scores_from(read, labels, ids, min(read.logprobs.values()))
-    meta = {"logprobs": "top-k", "topk_window": window, "floored": floored}
-    return LabelRead(scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, meta)
+    facts = ReadFacts(logprobs="top-k", topk_window=window, floored=floored)
+    return LabelRead(scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, facts)
 
 
 async def read_exact(host: BackendHost, prompt_ids: list[int], labels: Sequence[str], ids: Sequence[int],
@@ -69,13 +93,15 @@ async def read_exact(host: BackendHost, prompt_ids: list[int], labels: Sequence[
     missing = [label for label, token in zip(labels, ids, strict=True) if token not in read.logprobs]
     if not missing:
         scores, _ = scores_from(read, labels, ids, -math.inf)
-        return LabelRead(scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, {"logprobs": "exact"})
+        return LabelRead(
+            scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, ReadFacts(logprobs="exact")
+        )
     reason = f"the engine's exact read lacked {len(missing)} of {len(ids)} label log-probabilities"
     if not fallback:
         raise DecisionError(f"{reason}; this read has no fallback (try logprobs=top-k)", HTTPStatus.SERVICE_UNAVAILABLE)
     top = await host.read_top_logprobs(prompt_ids, top_k_window(host), f"{request_id}-fallback", fp32)
     merged = TokenRead({**top.logprobs, **read.logprobs}, read.prompt_tokens, read.cached_tokens + top.cached_tokens)
     scores, floored = scores_from(merged, labels, ids, min(top.logprobs.values()))
-    meta = {"logprobs": "exact", "degraded": True, "degraded_reason": reason, "floored": floored,
-            "topk_window": top_k_window(host)}  # fmt: skip
-    return LabelRead(scores, mass(merged, ids), 2, read.prompt_tokens + top.prompt_tokens, merged.cached_tokens, meta)
+    facts = ReadFacts(logprobs="exact", degraded=True, degraded_reason=reason, floored=floored,
+                      topk_window=top_k_window(host))  # fmt: skip
+    return LabelRead(scores, mass(merged, ids), 2, read.prompt_tokens + top.prompt_tokens, merged.cached_tokens, facts)

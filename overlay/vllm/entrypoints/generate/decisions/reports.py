@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What an answer reports beyond its probabilities, typed: the backend's facts (``extra.backend``) and
+the audit record (``extra.audit``), each with what ``detail: basic`` keeps of it.
+
+The backend's own entries (``Reading.meta`` and ``Reading.audit``) are laid in flat beside the
+service's, so a client reads one object per block whichever backend answered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from .debias import DebiasAudit
+
+
+class BackendReport(BaseModel):
+    """``extra.backend``: which backend answered, each option's raw score, and the backend's facts."""
+
+    BASIC: ClassVar[tuple[str, ...]] = ("name", "option_logits")
+
+    name: str
+    option_logits: dict[str, float]
+    facts: dict[str, Any] = {}
+
+    def as_json(self, basic: bool = False) -> dict[str, Any]:
+        own = {"name": self.name, "option_logits": dict(self.option_logits)}
+        return own if basic else {**self.facts, **own}
+
+
+class AuditRecord(BaseModel):
+    """``extra.audit``: what produced the numbers, enough to reproduce or question them."""
+
+    BASIC: ClassVar[tuple[str, ...]] = (
+        "calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes",
+    )  # fmt: skip
+
+    served_model: str
+    state_sha256: str
+    render_version: str
+    confidence_formula: str
+    calibration_temperature: float
+    temperature_source: str
+    temperature_scope: str
+    forward_passes: int
+    input_tokens: int
+    cached_input_tokens: int
+    option_mass: float | None
+    readout: str
+    # The backend's own audit entries (``Reading.audit``), and the readings behind a debiased answer.
+    backend: dict[str, Any] = {}
+    debias: DebiasAudit | None = None
+
+    def as_json(self, basic: bool = False) -> dict[str, Any]:
+        record = {
+            **self.backend,
+            **self.model_dump(exclude={"backend", "debias"}),
+            **(self.debias.model_dump() if self.debias is not None else {}),
+        }
+        return {k: record[k] for k in self.BASIC if k in record} if basic else record
