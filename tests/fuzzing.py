@@ -186,6 +186,24 @@ def corpus_cases() -> Iterator[tuple[str, bytes]]:
         yield entry["path"], body
 
 
+def request_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
+    """The request body schema of ``path`` in an OpenAPI ``document``, its ``$ref``s resolved."""
+    components = document.get("components", {}).get("schemas", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/components/schemas/"):
+                target = components[reference.removeprefix("#/components/schemas/")]
+                return resolve({**target, **{k: v for k, v in node.items() if k != "$ref"}})
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"])
+
+
 def keys_in(value: Any) -> set[str]:
     return {key for holder in containers(value) if isinstance(holder, dict) for key in holder}
 
@@ -222,8 +240,12 @@ def unhelpful(path: str, body: bytes, response: httpx.Response) -> str | None:
             if all(entry.get("loc") and entry.get("msg") for entry in detail):
                 return None  # Jev's validation errors locate every problem
             message = json.dumps(detail)
+        elif isinstance(detail, dict):
+            if not detail.get("error_type"):
+                return f"{response.status_code} without detail.error_type: {response.text[:200]}"
+            message = str(detail.get("message") or "")
         else:
-            message = str(detail or "")
+            return f"{response.status_code} not in Jev's error shape: {response.text[:200]}"
     if not message:
         return f"{response.status_code} with no message"
     try:

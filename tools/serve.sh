@@ -4,12 +4,14 @@
 # usage: tools/serve.sh [--once] [extra vllm serve args...]
 #   --once   stop the server after the sample answer (a smoke test)
 # env: MODEL (default: the SmolLM2-135M-Instruct built by set-up), PORT (default 8000)
+# The context is SmolLM2's full 8,192 tokens (a 255-option choice with short descriptions needs about
+# 4,600); a later --max-model-len among the extra args wins, e.g. for a model with a shorter one.
 set -euo pipefail
 ONCE=0; [ "${1:-}" = --once ] && { ONCE=1; shift; }
 source "$(dirname "$0")/env/common.sh"
 MODEL=${MODEL:-$MODELS/smollm2-135m-instruct}
 PORT=${PORT:-8000}
-ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enable-prefix-caching)
+ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 8192 --enable-prefix-caching)
 if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then ARGS+=(--enforce-eager --block-size 32 --dtype bfloat16); fi
 VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" >&2 &
 SERVER=$!

@@ -17,9 +17,14 @@ import pytest
 from ..conftest import OVERLAY, ROOT
 
 PATCHED_FILES = (
+    # patches/api-router-wire
     "vllm/envs.py",
     "vllm/entrypoints/launchers/api_server/routers.py",
     "vllm/entrypoints/launchers/api_server/app_state.py",
+    "vllm/entrypoints/launchers/cli_args.py",
+    "vllm/entrypoints/launchers/run_batch.py",
+    "vllm/entrypoints/serve/middleware/register.py",
+    # patches/00584
     "vllm/model_executor/models/registry.py",
     # patches/00572 (--with-canvas)
     "vllm/sampling_params.py",
@@ -123,7 +128,9 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     target = site / "vllm" / "entrypoints" / "generate" / "decisions"
     assert tree(target) == tree(OVERLAY)
     assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
-    assert '"LayaForDecision": ("laya", "LayaForDecision")' in (site / PATCHED_FILES[3]).read_text()
+    assert "check_environment()" in (site / PATCHED_FILES[3]).read_text()
+    registry = (site / "vllm" / "model_executor" / "models" / "registry.py").read_text()
+    assert '"LayaForDecision": ("laya", "LayaForDecision")' in registry
     assert (site / ADDED_FILES[0]).is_file() and not (site / ADDED_FILES[1]).exists()
     assert (site / ADDED_FILES[2]).is_file() and "refine_logprobs(" in (site / PATCHED_FILES[-1]).read_text()
 

@@ -19,6 +19,11 @@ import pytest
 from ..conftest import model_path
 
 START_TIMEOUT_S = 300
+# SmolLM2 is served with its full context, as tools/serve.sh does: a 255-option choice with short
+# descriptions needs more than 4,096 tokens. The tiny test models exercise engine paths, not long
+# prompts, and keep a short one.
+CONTEXT = {"smollm2-135m-instruct": 8192}
+SHORT_CONTEXT = 2048
 
 
 def free_port() -> int:
@@ -39,7 +44,7 @@ class VllmServer:
             str(Path(sys.executable).parent / "vllm"), "serve", self.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
-            "--max-model-len", "2048", "--enable-prefix-caching", *args,
+            "--max-model-len", str(CONTEXT.get(model.name, SHORT_CONTEXT)), "--enable-prefix-caching", *args,
         ]  # fmt: skip
         full_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))},
@@ -122,9 +127,10 @@ def answered(server: VllmServer, path: str, body: dict) -> dict:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> VllmServer:
     """SmolLM2-135M-Instruct with decisions on. Strict environment validation proves that every
-    VLLM_TYPED_DECISIONS_* variable we read is declared to vLLM."""
+    VLLM_TYPED_DECISIONS_* variable we read is declared to vLLM. The switch is spelt ``true``, a value that
+    once stopped vLLM at startup; test_disabled.py serves with it empty (off)."""
     env = {
-        "VLLM_ENABLE_TYPED_DECISIONS": "1",
+        "VLLM_ENABLE_TYPED_DECISIONS": "true",
         "VLLM_TYPED_DECISIONS_MAX_QUESTIONS": "16",
         "VLLM_TYPED_DECISIONS_MAX_CHOICES": "255",
         "VLLM_TYPED_DECISIONS_MAX_LEVELS": "10",
@@ -166,6 +172,9 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
         # A small engine queue, so test_load.py can fill it; no other test here sends more than 4 reads.
         "--max-num-queued-reqs",
         str(TINY_QWEN_QUEUE),
+        # vLLM's request log and load tracking, which the decision routes take part in (test_vllm_handling.py).
+        "--enable-log-requests",
+        "--enable-server-load-tracking",
         ready=lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}),
     ) as instance:
         yield instance

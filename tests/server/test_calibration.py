@@ -16,6 +16,7 @@ import pytest
 
 from ..conftest import model_path
 from .conftest import VllmServer, all_workers_ready, answered, workers_serving
+from .test_metrics import Samples, decision_samples, total
 
 QUESTION = {"model": "m", "input": "The sky is blue.", "questions": [{"type": "predicate", "instructions": "Blue?"}]}
 
@@ -65,6 +66,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     first, starting = start(tmp_path, "first", questions, saved_dir, workers=2)
     try:
         shared_startup_work(first, saved_dir)
+        counted = decision_samples(first)  # before both workers answer (metrics.py)
         both_workers_answer_alike(first)
         health = httpx.get(f"{first.url}/health", timeout=10)
         assert health.status_code == 200
@@ -73,6 +75,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         (saved,) = saved_dir.glob("calibration-*.json")
         record = json.loads(saved.read_text())
         per_type_fits(first, record)
+        metrics_of_both_workers(first, counted, record)
         answer = audit(first)  # a predicate: a noul question
         noul = record["by_type"]["noul"]
         assert answer["temperature_source"] == "calibrated"
@@ -118,6 +121,24 @@ def per_type_fits(server: VllmServer, record: dict) -> None:
         else:
             assert fit["applied_temperature"] == record["applied_temperature"]
             assert f"decision calibration ({name}): {fit['fallback']}, server-wide T applies" in log
+
+
+def metrics_of_both_workers(server: VllmServer, before: Samples, record: dict) -> None:
+    """/metrics sums the decision counters over both API-server processes (both answered some of the 12
+    requests on each endpoint), and shows the calibrated temperatures, server-wide and per type."""
+    after = decision_samples(server)
+    requests = "vllm:decision_requests_total"
+    for path in ("/v1/decisions", "/v1/systemone"):
+        ok = {"endpoint": path, "outcome": "ok"}
+        assert total(after, requests, **ok) - total(before, requests, **ok) == 12, path
+    temperature, source = "vllm:decision_calibration_temperature", "vllm:decision_calibration_temperature_source"
+    assert total(after, temperature, scope="server") == pytest.approx(record["applied_temperature"])
+    assert total(after, source, scope="server", source="calibrated") == 1
+    for name, fit in record["by_type"].items():
+        if fit["fallback"] is None:  # a fit of its own
+            assert total(after, temperature, scope=name) == pytest.approx(fit["applied_temperature"]), name
+        else:
+            assert not any(n == temperature and ("scope", name) in labels for n, labels in after), name
 
 
 def shared_startup_work(server: VllmServer, saved_dir) -> None:

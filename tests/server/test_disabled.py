@@ -1,4 +1,7 @@
-"""Without VLLM_ENABLE_TYPED_DECISIONS the server is stock vLLM: no decision routes."""
+"""With VLLM_ENABLE_TYPED_DECISIONS off the server is stock vLLM: no decision routes.
+
+The server sets it empty, the way an env file switches a variable off, which once stopped vLLM at
+startup; unset reads the same (tests/unit/test_settings_values.py), so one server covers both."""
 
 from __future__ import annotations
 
@@ -15,11 +18,12 @@ def health(server: VllmServer) -> bool:
 @pytest.fixture(scope="module")
 def stock_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("stock") / "vllm-serve.log"
-    with running("tiny-llama-localtok", log, {}, "--dtype", "float32", ready=health) as instance:
+    env = {"VLLM_ENABLE_TYPED_DECISIONS": ""}
+    with running("tiny-llama-localtok", log, env, "--dtype", "float32", ready=health) as instance:
         yield instance
 
 
-def test_no_decision_routes_without_the_variable(stock_server):
+def test_no_decision_routes_with_the_switch_empty(stock_server):
     for path in ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions"):
         response = httpx.post(f"{stock_server.url}{path}", json={"model": "m"}, timeout=30)
         assert response.status_code == 404, path

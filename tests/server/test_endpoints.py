@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from openai.types import Decision
 
+from .conftest import CONTEXT
+
 STATE = "Ticket: My payouts have been failing for 3 days and I need the money today. " * 12
 
 OPENAI_QUESTIONS = [
@@ -61,6 +63,23 @@ def test_systemone_endpoint_answers_every_type(client, server):
     assert body["usage"]["output_tokens"] == 3 and "partial_failures" not in body
 
 
+# Jev's conformance range is 2 to 255 options. With descriptions of a few words, 255 of them render to
+# about 4,600 prompt tokens: refused at --max-model-len 4096, answered in SmolLM2's full context.
+WIDE_CRITERIA = {f"category_{i:03d}": f"Tickets about topic number {i}" for i in range(255)}
+
+
+def test_255_options_with_short_descriptions_are_answered(client):
+    question = {"type": "choice", "instructions": "Which category fits this ticket best?", "criteria": WIDE_CRITERIA}
+    # One reading: the rotations would read the same prompt length again, at some 10 s each on CPU.
+    body = {"state": "Ticket: my payouts keep failing.", "questions": {"topic": question}, "extra": {"debias": "off"}}
+    response = client.post("/v1/systemone", json=body)
+    assert response.status_code == 200, response.text
+    answer, usage = response.json()["answers"]["topic"], response.json()["usage"]
+    assert list(answer["probabilities"]) == list(WIDE_CRITERIA) and answer["choice"] in WIDE_CRITERIA
+    assert sum(answer["probabilities"].values()) == pytest.approx(1)
+    assert 4096 < usage["input_tokens"] < CONTEXT["smollm2-135m-instruct"]
+
+
 def test_later_questions_about_one_state_read_it_from_the_prefix_cache(client):
     questions = [{"type": "predicate", "instructions": f"Question {i}: is the customer {w}?"}
                  for i, w in enumerate(["angry", "polite", "a business", "new"])]  # fmt: skip
@@ -93,8 +112,9 @@ def test_same_question_same_probabilities_on_both_endpoints(client):
     assert score["score"] == pytest.approx(jev["frustration"]["score"], abs=1e-6)
 
 
-# A question whose prompt is longer than the server's context (--max-model-len 2048): refused, not cut.
-TOO_LONG = "Is any of this relevant? " + "word " * 2100
+# A question whose prompt is longer than the server's context (--max-model-len 8192): refused, not cut.
+SERVED_CONTEXT = f"--max-model-len {CONTEXT['smollm2-135m-instruct']}"
+TOO_LONG = "Is any of this relevant? " + "word " * (CONTEXT["smollm2-135m-instruct"] + 50)
 
 
 def test_a_refusal_sits_beside_good_answers(client):
@@ -105,18 +125,18 @@ def test_a_refusal_sits_beside_good_answers(client):
         "name": "long",
         "extra": {"error": body["answers"][1]["extra"]["error"]},
     }
-    assert "--max-model-len 2048" in body["answers"][1]["extra"]["error"]
+    assert SERVED_CONTEXT in body["answers"][1]["extra"]["error"]
 
 
 def test_when_every_question_fails_the_request_fails(client):
     long_question = {"type": "predicate", "instructions": TOO_LONG}
     response = client.post("/v1/decisions", json={"model": "m", "input": "x", "questions": [long_question]})
     assert response.status_code == 400
-    assert "--max-model-len 2048" in response.json()["error"]["message"]
+    assert SERVED_CONTEXT in response.json()["error"]["message"]
     jev = client.post(
         "/v1/systemone", json={"state": "x", "questions": {"q": {"type": "noul", "instructions": TOO_LONG}}}
     )
-    assert jev.status_code == 422 and "--max-model-len 2048" in jev.json()["detail"][0]["msg"]
+    assert jev.status_code == 422 and SERVED_CONTEXT in jev.json()["detail"][0]["msg"]
 
 
 @pytest.mark.parametrize(

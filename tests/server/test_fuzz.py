@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ..fuzzing import HOSTILE, corpus_cases, generated_cases, judge
+from ..fuzzing import HOSTILE, corpus_cases, generated_cases, judge, request_schema
 
 
 @pytest.fixture(scope="module")
@@ -16,21 +16,26 @@ def openapi(server):
     return httpx.get(f"{server.url}/openapi.json", timeout=30).json()
 
 
-def test_the_openapi_document_describes_both_request_bodies(openapi):
+def test_the_openapi_document_describes_requests_and_responses(openapi):
     for path in ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions"):
-        schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        schema = request_schema(openapi, path)
         assert "questions" in schema["properties"] and "$ref" not in str(schema)
-    openai_questions = openapi["paths"]["/v1/decisions"]["post"]["requestBody"]["content"]["application/json"]
+        responses = openapi["paths"][path]["post"]["responses"]
+        assert {"200", "401", "503"} <= set(responses), path
     kinds = {
         q["properties"]["type"].get("const")
-        for q in openai_questions["schema"]["properties"]["questions"]["items"]["anyOf"]
+        for q in request_schema(openapi, "/v1/decisions")["properties"]["questions"]["items"]["anyOf"]
     }
     assert {"predicate", "choice", "score"} <= kinds
+    jev_types = request_schema(openapi, "/v1/systemone")["properties"]["questions"]["additionalProperties"]["anyOf"]
+    assert {"noul", "choice", "score"} <= {q["properties"]["type"].get("const") for q in jev_types}
+    components = openapi["components"]["schemas"]
+    assert {"DecisionsResponse", "SystemOneResponse", "ErrorResponse", "JevError"} <= set(components)
 
 
 @pytest.mark.parametrize("path", ["/v1/decisions", "/v1/systemone", "/api/alpha/decisions"])
 def test_generated_and_hostile_requests(server, openapi, path):
-    schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    schema = request_schema(openapi, path)
     cases = list(generated_cases(schema, path, count=120, seed=11)) + [(path, body) for path_, body in corpus_cases()]
     assert len(cases) >= 120 + len(HOSTILE)
     problems = []

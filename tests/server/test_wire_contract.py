@@ -13,6 +13,7 @@ import typesafe_sdk
 from backports import zstd
 
 from ..cases import JEV_INVALID, OPENAI_INVALID
+from .conftest import CONTEXT
 
 
 def post(client, path, body):
@@ -139,7 +140,7 @@ def test_refusal_beside_good_answers_in_the_openai_sdk(server):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     decision = client.decisions.create(model="m", input="Ticket.", questions=[
         {"type": "predicate", "name": "ok", "instructions": "Urgent?"},
-        {"type": "predicate", "name": "wide", "instructions": "Relevant? " + "word " * 2100},
+        {"type": "predicate", "name": "wide", "instructions": "Relevant? " + "word " * (CONTEXT["smollm2-135m-instruct"] + 50)},
     ])  # fmt: skip
     ok, wide = decision.answers
     assert ok.type == "predicate" and wide.type == "refusal" and wide.name == "wide"

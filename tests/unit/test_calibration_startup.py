@@ -183,9 +183,11 @@ async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
 )
 async def test_bad_files_give_the_default_with_a_warning(tmp_path, caplog, content, needle):
     path = tmp_path / "q.jsonl"
-    if content is not None:
-        path.write_text(content)
-    result = await startup_calibration(ScriptedBackend(overconfident), settings(tmp_path, path), MODEL)
+    path.write_text(content or "")
+    configured = settings(tmp_path, path)  # a file that does not exist is refused here, at startup
+    if content is None:
+        path.unlink()  # there when the server started, gone when calibration reads it
+    result = await startup_calibration(ScriptedBackend(overconfident), configured, MODEL)
     assert result.server == Temperature(1.0, "default", "server") and not result.by_type
     assert needle in caplog.text
 

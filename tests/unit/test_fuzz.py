@@ -21,7 +21,7 @@ from vllm.entrypoints.generate.decisions.api_router import register_decisions_ap
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Settings
 
-from ..fuzzing import CORPUS, corpus_cases, generated_cases, judge
+from ..fuzzing import CORPUS, corpus_cases, generated_cases, judge, request_schema
 from .fakes import ScriptedBackend
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
@@ -55,7 +55,7 @@ async def run(app: FastAPI, cases) -> list[str]:
 
 @pytest.mark.parametrize("path", ["/v1/decisions", "/v1/systemone"])
 def test_generated_requests(app, path):
-    schema = app.openapi()["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    schema = request_schema(app.openapi(), path)
     cases = list(generated_cases(schema, path, count=1500, seed=7))
     problems = asyncio.run(run(app, cases))
     assert not problems, f"{len(problems)} of {len(cases)} cases failed; first ones:\n" + "\n".join(problems[:5])

@@ -5,14 +5,20 @@ from __future__ import annotations
 import math
 from http import HTTPStatus
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from openai.types import Decision
 
-from vllm.entrypoints.generate.decisions.errors import DecisionError
+from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
 from vllm.entrypoints.generate.decisions.questions import content_text
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Settings
-from vllm.entrypoints.generate.decisions.wire import jev, openai
+from vllm.entrypoints.generate.decisions.validation import detail_message
+from vllm.entrypoints.generate.decisions.wire.jev import serving as jev
+from vllm.entrypoints.generate.decisions.wire.jev.protocol import SystemOneRequest
+from vllm.entrypoints.generate.decisions.wire.openai import serving as openai
+from vllm.entrypoints.generate.decisions.wire.openai.protocol import DecisionsRequest
 
 from ..cases import JEV_INVALID, OPENAI_INVALID
 from .fakes import ScriptedBackend
@@ -23,10 +29,30 @@ def descending(question):
 
 
 @pytest.fixture
-async def service():
-    service = DecisionService(Settings.from_env({}), ScriptedBackend(descending), "served-model")
-    await service.start()
-    return service
+async def app():
+    """The decision routes on a bare FastAPI app, over a scripted model: the whole HTTP path but the engine."""
+    app = FastAPI()
+    register_decisions_api_router(app)
+    app.state.decision_service = DecisionService(Settings.from_env({}), ScriptedBackend(descending), "served-model")
+    await app.state.decision_service.start()
+    return app
+
+
+async def post(app: FastAPI, path: str, body: dict) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://wire") as client:
+        return await client.post(path, json=body)
+
+
+async def decide(app: FastAPI, body: dict) -> dict:
+    response = await post(app, "/v1/decisions", body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def systemone(app: FastAPI, body: dict) -> dict:
+    response = await post(app, "/v1/systemone", body)
+    assert response.status_code == 200, response.text
+    return response.json()
 
 
 OPENAI_REQUEST = {
@@ -49,8 +75,8 @@ OPENAI_REQUEST = {
 }
 
 
-async def test_openai_response_is_a_valid_decision(service):
-    body = await openai.create_decision(service, OPENAI_REQUEST, "r")
+async def test_openai_response_is_a_valid_decision(app):
+    body = await decide(app, OPENAI_REQUEST)
     Decision.model_validate(body)
     predicate, choice, score = body["answers"]
     assert predicate["name"] == "urgent" and predicate["probability"] == pytest.approx(2 / 3)
@@ -62,15 +88,15 @@ async def test_openai_response_is_a_valid_decision(service):
     assert body["extra"]["id"].startswith("decisions-")
 
 
-async def test_detail_levels_trim_extra(service):
-    none = await openai.create_decision(service, {**OPENAI_REQUEST, "extra": {"detail": "none"}}, "r")
+async def test_detail_levels_trim_extra(app):
+    none = await decide(app, {**OPENAI_REQUEST, "extra": {"detail": "none"}})
     assert all("extra" not in a for a in none["answers"])
-    basic = await openai.create_decision(service, {**OPENAI_REQUEST, "extra": {"detail": "basic"}}, "r")
+    basic = await decide(app, {**OPENAI_REQUEST, "extra": {"detail": "basic"}})
     assert set(basic["answers"][0]["extra"]["backend"]) == {"name", "option_logits"}
     assert set(basic["answers"][0]["extra"]["audit"]) == {
         "calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes"
     }  # fmt: skip
-    full = await openai.create_decision(service, OPENAI_REQUEST, "r")
+    full = await decide(app, OPENAI_REQUEST)
     assert full["answers"][0]["extra"]["audit"]["temperature_scope"] == "server"
 
 
@@ -80,15 +106,18 @@ INVALID = [("openai", *case) for case in OPENAI_INVALID] + [("jev", *case) for c
 @pytest.mark.parametrize(
     ("wire", "body", "needle"), [c[:1] + c[2:] for c in INVALID], ids=[f"{c[0]}: {c[1]}" for c in INVALID]
 )
-async def test_invalid_requests_name_the_field(service, wire, body, needle):
-    create = openai.create_decision if wire == "openai" else jev.create_systemone
-    with pytest.raises(DecisionError) as caught:
-        await create(service, body, "r")
-    assert caught.value.status == HTTPStatus.BAD_REQUEST
-    assert needle in caught.value.message
+async def test_invalid_requests_name_the_field(app, wire, body, needle):
+    response = await post(app, "/v1/decisions" if wire == "openai" else "/v1/systemone", body)
+    if wire == "openai":
+        assert response.status_code == HTTPStatus.BAD_REQUEST, response.text
+        message = response.json()["error"]["message"]
+    else:
+        assert response.status_code == HTTPStatus.UNPROCESSABLE_ENTITY, response.text
+        message = detail_message(response.json()["detail"])
+    assert needle in message
 
 
-async def test_openai_input_messages_are_joined_in_order(service):
+async def test_openai_input_messages_are_joined_in_order(app):
     messages = [
         {"role": "user", "content": "first"},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "second"}]},
@@ -108,8 +137,8 @@ JEV_REQUEST = {
 }
 
 
-async def test_jev_response_shapes(service):
-    body = await jev.create_systemone(service, JEV_REQUEST, "r")
+async def test_jev_response_shapes(app):
+    body = await systemone(app, JEV_REQUEST)
     assert list(body["answers"]) == ["urgent 🚨", "team", "mood"]
     urgent, team, mood = body["answers"].values()
     assert set(urgent) == {"type", "noul", "extra"}
@@ -133,13 +162,13 @@ def test_jev_state_json_is_rendered_indented():
         ({"state": None}, ["body", "state"]),
     ],
 )
-async def test_jev_invalid_requests_point_at_the_field(service, change, loc):
-    with pytest.raises(jev.JevValidationError) as caught:
-        await jev.create_systemone(service, {**JEV_REQUEST, **change}, "r")
-    assert caught.value.detail[0]["loc"][: len(loc)] == loc
+async def test_jev_invalid_requests_point_at_the_field(app, change, loc):
+    response = await post(app, "/v1/systemone", {**JEV_REQUEST, **change})
+    assert response.status_code == HTTPStatus.UNPROCESSABLE_ENTITY, response.text
+    assert response.json()["detail"][0]["loc"][: len(loc)] == loc
 
 
-async def test_same_question_same_probabilities_on_both_wires(service):
+async def test_same_question_same_probabilities_on_both_wires(app):
     both = [
         ({"type": "predicate", "instructions": "Urgent?"}, {"type": "noul", "instructions": "Urgent?"}),
         (
@@ -156,8 +185,10 @@ async def test_same_question_same_probabilities_on_both_wires(service):
         ),
     ]
     for openai_q, jev_q in both:
-        _, _, _, (a,) = openai.parse_request({"model": "m", "input": "s", "questions": [openai_q]})
-        _, _, _, (b,) = jev.parse_request({"state": "s", "questions": {"q": jev_q}})
+        _, _, (a,) = openai.compiled(
+            DecisionsRequest.model_validate({"model": "m", "input": "s", "questions": [openai_q]})
+        )
+        _, _, (b,) = jev.compiled(SystemOneRequest.model_validate({"state": "s", "questions": {"q": jev_q}}))
         assert (a.qtype, a.instructions, [(o.key, o.text) for o in a.options]) == (
             b.qtype,
             b.instructions,
@@ -169,15 +200,15 @@ async def test_same_question_same_probabilities_on_both_wires(service):
     "criteria",
     [None, {}, {"true": "time-sensitive"}, {"false": "can wait"}, {"true": "now", "false": "later"}, "absent"],
 )
-async def test_every_form_of_noul_criteria(service, criteria):
+async def test_every_form_of_noul_criteria(app, criteria):
     question = {"type": "noul", "instructions": "Urgent?"}
     if criteria != "absent":
         question["criteria"] = criteria
-    body = await jev.create_systemone(service, {"state": "s", "questions": {"q": question}}, "r")
+    body = await systemone(app, {"state": "s", "questions": {"q": question}})
     assert set(body["answers"]["q"]) == {"type", "noul", "extra"}
 
 
-async def test_names_need_not_be_unique(service):
+async def test_names_need_not_be_unique(app):
     questions = [{"type": "predicate", "name": "same", "instructions": "A?"}] * 2
-    body = await openai.create_decision(service, {"model": "m", "input": "s", "questions": questions}, "r")
+    body = await decide(app, {"model": "m", "input": "s", "questions": questions})
     assert [a["name"] for a in body["answers"]] == ["same", "same"]

@@ -26,6 +26,11 @@ class DecisionError(Exception):
         return self.status == HTTPStatus.BAD_REQUEST
 
 
+class OverLimitError(DecisionError):
+    """A request over a configured limit (or the model's context): a 400 like any broken rule, told
+    apart only so the decision metrics can count it as ``over_limit`` (metrics.py)."""
+
+
 class NotReadyError(DecisionError):
     """Startup work (self-check, calibration) has not finished; the client should retry."""
 

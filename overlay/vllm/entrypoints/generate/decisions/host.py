@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .affinity import replica_for
 from .errors import DecisionError, EngineBusyError
+from .metrics import engine_read
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
+    from vllm.entrypoints.serve.utils.request_logger import RequestLogger
 
 
 @dataclass(frozen=True)
@@ -143,8 +145,11 @@ class VllmHost(BackendHost):
         served_model: str,
         chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        request_logger: RequestLogger | None = None,
     ) -> None:
         self.engine_client = engine_client
+        # vLLM's request log (--enable-log-requests): one line per engine read, under its request id.
+        self.request_logger = request_logger
         self.served_model = served_model
         model_config = engine_client.model_config
         self.max_model_len = model_config.max_model_len
@@ -234,14 +239,14 @@ class VllmHost(BackendHost):
         # so nothing is detokenized.
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False,
                                 extra_args=self._fp32_args(fp32))  # fmt: skip
-        return only(await self._read(prompt_ids, params, request_id), token_ids)
+        return only(await self._read(prompt_ids, params, request_id, "exact"), token_ids)
 
     async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False,
                                 extra_args=self._fp32_args(fp32))  # fmt: skip
-        return await self._read(prompt_ids, params, request_id)
+        return await self._read(prompt_ids, params, request_id, "top_k")
 
     def _fp32_args(self, fp32: bool) -> dict[str, Any] | None:
         """``extra_args`` asking patches/exact-logprobs for fp32 values (None: not asked, or no patch)."""
@@ -256,7 +261,7 @@ class VllmHost(BackendHost):
         canvas = {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
         params = SamplingParams(max_tokens=1, logprob_token_ids=token_ids, detokenize=False,
                                 extra_args={"canvas_read": canvas})  # fmt: skip
-        return only(await self._read(prompt_ids, params, request_id), token_ids)
+        return only(await self._read(prompt_ids, params, request_id, "canvas"), token_ids)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
         from vllm.inputs import tokens_input
@@ -264,7 +269,8 @@ class VllmHost(BackendHost):
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         final = None
-        with engine_admission():
+        with engine_admission(), engine_read("generate"):  # metrics.py: engine-read latency
+            self._log(request_id, prompt_ids, params)
             async for output in self.engine_client.generate(
                 tokens_input(prompt_ids), params, request_id, data_parallel_rank=replica_for(self.replicas)
             ):
@@ -281,7 +287,8 @@ class VllmHost(BackendHost):
         final = None
         try:
             params = PoolingParams(task=cast(Any, task))
-            with engine_admission():
+            with engine_admission(), engine_read("pool"):  # metrics.py: engine-read latency
+                self._log(request_id, prompt_ids, params)
                 async for output in self.engine_client.encode(tokens_input(prompt_ids), params, request_id):
                     final = output
         except ValueError as exc:  # the served model doesn't support this pooling task
@@ -290,6 +297,10 @@ class VllmHost(BackendHost):
             raise DecisionError("the engine returned no pooling output", HTTPStatus.INTERNAL_SERVER_ERROR)
         data = final.outputs.data
         return data.tolist() if hasattr(data, "tolist") else data
+
+    def _log(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        if self.request_logger is not None:
+            self.request_logger.log_inputs(request_id, None, prompt_ids, None, params=params, lora_request=None)
 
     def checkpoint_config(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._model_config.hf_config.to_dict())
@@ -300,11 +311,12 @@ class VllmHost(BackendHost):
         config = self._model_config
         return get_hf_file_bytes(name, config.model, config.revision)
 
-    async def _read(self, prompt_ids: list[int], params: Any, request_id: str) -> TokenRead:
+    async def _read(self, prompt_ids: list[int], params: Any, request_id: str, kind: str) -> TokenRead:
         from vllm.inputs import tokens_input
 
         final = None
-        with engine_admission():
+        with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
+            self._log(request_id, prompt_ids, params)
             async for output in self.engine_client.generate(
                 tokens_input(prompt_ids), params, request_id, data_parallel_rank=replica_for(self.replicas)
             ):

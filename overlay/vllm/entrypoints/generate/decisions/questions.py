@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from .errors import DecisionError
+from .errors import OverLimitError
 from .settings import DEFAULT_MAX_INPUT_CHARS, PREFIX
 
 
@@ -90,7 +90,7 @@ def content_text(content: Content | None) -> str:
     for chunk in _INDENTED.iterencode(content):
         size += len(chunk)
         if size > limit:
-            raise DecisionError(
+            raise OverLimitError(
                 f"a JSON value in the request renders to more than {limit} characters of text "
                 f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
             )

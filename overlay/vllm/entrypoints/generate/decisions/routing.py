@@ -1,38 +1,67 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The route class of the decision endpoints: everything a request meets before and after its handler.
+"""The route class of the decision endpoints: what every decision request meets before and after its
+handler, whichever wire format it speaks.
 
-Per wire format it renders failures in that format's error shape (FastAPI's own body errors
-included). For both it checks the API key on paths vLLM's middleware does not guard, applies the
-body size limit and ``Content-Encoding`` decoding, adds ``Retry-After`` to temporary refusals (starting, engine queue full),
-parses the JSON strictly, and reports the server-side time in a header.
+Before the handler: the API key (vLLM's check, see auth.py), the body size limit, ``Content-Encoding``
+decoding and strict JSON (body.py); FastAPI then validates the route's protocol model against what
+was parsed here (:class:`ParsedRequest`). After it: any refusal in the wire's own error shape,
+``Retry-After`` on temporary refusals, the request id and the server-side time as headers.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from starlette.types import Message, Receive
 
-from vllm.entrypoints.serve.middleware.authenticate import GUARDED_PREFIX
-
+from .auth import AUTHORIZED
 from .body import decode_body, parse_json
 from .errors import DecisionError
+from .metrics import note_refusal, observed_route
 from .settings import DEFAULT_MAX_BODY_BYTES
 
 LATENCY_HEADER = "x-decision-latency-ms"
+REQUEST_ID_HEADER = "X-Request-Id"
 
-ErrorRenderer = Callable[[DecisionError, list[dict[str, Any]] | None], JSONResponse]
+# Renders a refusal in one wire's shape; the list is FastAPI's body errors, when it found any.
+ErrorRenderer = Callable[[DecisionError, list[dict[str, Any]] | None], Response]
+
+
+class ParsedRequest(Request):
+    """A decision request whose body was decoded and parsed here; FastAPI's ``body()`` and ``json()``
+    return those, so the protocol model validates exactly what the strict parser accepted."""
+
+    def __init__(self, request: Request, body: bytes, parsed: Any) -> None:
+        # These routes take JSON whatever the client labelled it (``curl -d`` sends a form type), and
+        # the body is already decoded: FastAPI sees a plain JSON request.
+        headers = [(k, v) for k, v in request.scope["headers"] if k not in (b"content-type", b"content-encoding")]
+        super().__init__({**request.scope, "headers": [*headers, (b"content-type", b"application/json")]},
+                         request.receive)  # fmt: skip
+        self._decoded, self._parsed = body, parsed
+
+    async def body(self) -> bytes:
+        return self._decoded
+
+    async def json(self) -> Any:
+        return self._parsed
+
+
+async def parsed(request: Request) -> ParsedRequest:
+    service = getattr(request.app.state, "decision_service", None)
+    limit = service.settings.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
+    body = decode_body(await request.body(), request.headers.get("content-encoding"), limit)
+    return ParsedRequest(request, body, parse_json(body))
 
 
 def body_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
-    """FastAPI's own body errors (malformed JSON, missing body), reduced to JSON-safe fields."""
+    """FastAPI's body errors reduced to JSON-safe fields (``loc`` starts with "body")."""
     return [
         {"loc": list(e.get("loc", ("body",))), "msg": str(e.get("msg", e)), "type": str(e.get("type", "value_error"))}
         if isinstance(e, dict)
@@ -41,39 +70,15 @@ def body_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     ]
 
 
-def replaying(body: bytes, receive: Receive) -> Receive:
-    """A receive channel that yields ``body`` once, then the client's own messages (disconnects)."""
-    sent = False
-
-    async def receive_again() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return receive_again
+def engine_request_id(request: Request) -> str:
+    """This request's id for the engine (each read adds a suffix): the client's ``X-Request-Id`` when it
+    sent one, so its reads can be found in vLLM's request log."""
+    return f"decision-{request.state.decision_request_id}"
 
 
-def unauthorized(request: Request) -> bool:
-    """vLLM's middleware guards /v1 paths when --api-key is set; we guard our other paths the same way."""
-    checker = getattr(request.app.state, "decision_auth", None)
-    path = request.url.path.removeprefix(request.scope.get("root_path", ""))
-    return checker is not None and not path.startswith(GUARDED_PREFIX) and not checker.verify_token(request.headers)
-
-
-async def decoded(request: Request) -> Request:
-    """The request with its body decoded and parsed here, before the handler runs: the parsed JSON is
-    in ``request.state.decision_body`` (the handler's disconnect watcher must not race it for the body)."""
-    service = getattr(request.app.state, "decision_service", None)
-    limit = service.settings.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
-    body = decode_body(await request.body(), request.headers.get("content-encoding"), limit)
-    request.state.decision_body = parse_json(body)
-    return Request(request.scope, replaying(body, request.receive))
-
-
-def decision_route(render_error: ErrorRenderer) -> type[APIRoute]:
-    """A route class whose failures all come out in one wire format's error shape."""
+def decision_route(render_error: ErrorRenderer, id_headers: tuple[str, ...] = ()) -> type[APIRoute]:
+    """A route class whose refusals all come out in one wire format's error shape; the request id is
+    also echoed under each of ``id_headers`` (a wire's own clients may read another header)."""
 
     class DecisionRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -81,21 +86,27 @@ def decision_route(render_error: ErrorRenderer) -> type[APIRoute]:
 
             async def handle_decision(request: Request) -> Response:
                 started = time.perf_counter()
+                request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+                request.state.decision_request_id = request_id
                 try:
-                    if unauthorized(request):
-                        response: Response = JSONResponse({"error": "Unauthorized"}, HTTPStatus.UNAUTHORIZED)
-                    else:
-                        response = await handle(await decoded(request))
+                    if request.scope.get(AUTHORIZED) is False:
+                        raise DecisionError("Unauthorized: send the server's API key as 'Authorization: Bearer KEY'",
+                                            HTTPStatus.UNAUTHORIZED)  # fmt: skip
+                    response = await handle(await parsed(request))
                 except RequestValidationError as exc:
-                    errors = body_errors(exc)
-                    response = render_error(DecisionError("invalid request body"), errors)
+                    response = render_error(DecisionError("invalid request body"), body_errors(exc))
                 except DecisionError as exc:
+                    note_refusal(exc)  # metrics.py: the refusal's reason
                     response = render_error(exc, None)
                     if exc.retry_after is not None:
                         response.headers["Retry-After"] = str(exc.retry_after)
+                # vLLM's own middleware echoes X-Request-Id when --enable-request-id-headers is on.
+                echoes = getattr(request.app.state, "decision_echo_request_id", True)
+                for header in ((REQUEST_ID_HEADER,) if echoes else ()) + id_headers:
+                    response.headers[header] = request_id
                 response.headers[LATENCY_HEADER] = f"{(time.perf_counter() - started) * 1000:.1f}"
                 return response
 
-            return handle_decision
+            return observed_route(self.path, handle_decision)  # metrics.py: counted and timed
 
     return DecisionRoute

@@ -22,7 +22,8 @@ from .backends.base import checked_scores, facts_json
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .debias import Debias, read_question
-from .errors import DecisionError, EngineBusyError, NotReadyError
+from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
+from .metrics import record_questions, record_temperatures
 from .questions import CHOICE, SCORE, CompiledQuestion
 from .registry import backend_class, backend_names, failures_note
 from .reports import AuditRecord, BackendReport
@@ -99,13 +100,14 @@ class DecisionService:
         if calibrate is not None and self.temperatures.server.source == "default":
             self.temperatures = await calibrate()
         self.ready = True
+        record_temperatures(self.temperatures)  # metrics.py: the temperature gauges
         logger.info("decisions ready: backend=%s, %s", self.backend.name, self.temperatures.describe())
 
     def check_input(self, state: str) -> None:
         """Refuse an input too long to be worth tokenizing, before any work on it."""
         limit = self.settings.max_input_chars
         if len(state) > limit:
-            raise DecisionError(
+            raise OverLimitError(
                 f"the input is {len(state)} characters; the limit is {limit} (set {PREFIX}MAX_INPUT_CHARS to raise it)"
             )
 
@@ -118,7 +120,7 @@ class DecisionService:
         if not questions:
             raise DecisionError("a request needs at least one question")
         if len(questions) > s.max_questions:
-            raise DecisionError(
+            raise OverLimitError(
                 f"{len(questions)} questions in one request; the limit is {s.max_questions} "
                 f"(set {PREFIX}MAX_QUESTIONS to raise it)"
             )
@@ -129,7 +131,7 @@ class DecisionService:
             }.get(q.qtype.name, (None, "", ""))
             if limit is not None and len(q.options) > limit:
                 name = where[index] if where else f"question {index}"
-                raise DecisionError(
+                raise OverLimitError(
                     f"{name} has {len(q.options)} {what}; the limit is {limit} (set {PREFIX}{variable} to raise it)"
                 )
 
@@ -176,7 +178,9 @@ class DecisionService:
             for i, q in enumerate(questions)
         )
         with reads_about(state_sha256):  # one engine replica for them all (affinity.py)
-            return Decision(self.served_model, await gather_or_cancel(reads))
+            results = await gather_or_cancel(reads)
+        record_questions(results, chosen.name)  # metrics.py: questions, refusals, option mass
+        return Decision(self.served_model, results)
 
     def temperature_for(self, question: CompiledQuestion, requested: float | None = None) -> Temperature:
         """The T for one question: the request's, else the server's for its type (Temperatures.applied)."""

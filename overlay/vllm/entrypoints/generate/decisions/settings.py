@@ -1,8 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every setting of the decision endpoints, read from the environment once, at startup.
 
-A bad value stops the server with a message naming the variable, so a typo never turns into a
-silently different behaviour. Limits live here too: each request check names the variable to raise.
+A bad value stops the server with a message naming the variable and what it accepts, so a typo never
+turns into a silently different behaviour; :func:`check_environment` does that in the API server before
+the engine starts (the router patch calls it from vLLM's serve-argument checks), so a bad value costs
+seconds, not a model load. Switches read ``1/true/yes/on`` and ``0/false/no/off`` in any case, and an
+empty value as off (the usual way to switch a variable off in an env file); in the other settings an
+empty value means the default. Limits live here too: each request check names the variable to raise.
 """
 
 from __future__ import annotations
@@ -32,8 +36,13 @@ VARIABLES = (
     PREFIX + "CALIBRATION_DIR",
     PREFIX + "STARTUP_WAIT",
     PREFIX + "DEBIAS",
+    PREFIX + "BULK_IN_FLIGHT",
 )
 
+
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off", "")
+SWITCH_WORDS = "1, true, yes or on to switch on; 0, false, no, off or empty to switch off"
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
@@ -42,6 +51,20 @@ DEFAULT_STARTUP_WAIT = 900.0
 
 class SettingsError(ValueError):
     """A setting with a value the server can't use; the message names the variable."""
+
+
+def parse_switch(name: str, raw: str | None) -> bool:
+    """A switch: the words of SWITCH_ON or SWITCH_OFF, in any case, spaces around ignored; None is off.
+
+    vllm/envs.py (the router patch) reads VLLM_ENABLE_TYPED_DECISIONS with the same words, but takes any
+    other value as off rather than fail in an engine process; this is where such a value is refused.
+    """
+    word = (raw or "").strip().lower()
+    if word in SWITCH_ON:
+        return True
+    if word in SWITCH_OFF:
+        return False
+    raise SettingsError(f"{name}={raw!r}: expected {SWITCH_WORDS}")
 
 
 @dataclass(frozen=True)
@@ -68,13 +91,14 @@ NO_DEBIAS = Debias()
 
 def parse_debias(text: str) -> Debias:
     """``off``, ``rotate`` or ``rotate:N`` (N >= 1); ValueError with the accepted forms otherwise."""
-    mode, sep, count = text.strip().lower().partition(":")
+    mode, sep, count = (part.strip() for part in text.strip().lower().partition(":"))
     if mode == "off" and not sep:
         return NO_DEBIAS
     if mode == "rotate":
         if not sep:
             return Debias("rotate")
-        if count.isdigit() and int(count) >= 1:
+        # isdecimal, not isdigit: "²" is a digit that int() refuses.
+        if count.isdecimal() and int(count) >= 1:
             return Debias("rotate", int(count))
     raise ValueError(f"{text!r}: expected off, rotate or rotate:N with N >= 1")
 
@@ -100,6 +124,8 @@ class Settings:
     startup_wait: float
     # How answers are made independent of the clients' option order (debias.py).
     debias: Debias = DEFAULT_DEBIAS
+    # vllm run-batch: the most lines read ahead and the most in flight at once (bulk/run_batch.py).
+    bulk_in_flight: int = 256
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -114,10 +140,28 @@ class Settings:
             max_input_chars=_int_at_least(env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1),
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
-            calibration_dir=env.get(PREFIX + "CALIBRATION_DIR") or default_calibration_dir(env),
-            startup_wait=_positive_float(env, PREFIX + "STARTUP_WAIT") or DEFAULT_STARTUP_WAIT,
+            calibration_dir=env.get(PREFIX + "CALIBRATION_DIR", "").strip() or default_calibration_dir(env),
+            startup_wait=_positive_float(env, PREFIX + "STARTUP_WAIT", DEFAULT_STARTUP_WAIT),
             debias=_debias(env),
+            bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
         )
+
+
+def decisions_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether VLLM_ENABLE_TYPED_DECISIONS switches the decision endpoints on; SettingsError if unreadable."""
+    env = os.environ if environ is None else environ
+    return parse_switch(ENABLE_VARIABLE, env.get(ENABLE_VARIABLE))
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> Settings | None:
+    """Every variable of ours, checked before the engine starts: the settings when decisions are on,
+    None when off. Raises SettingsError, naming the variable and what it accepts, for a bad value.
+
+    The backend's name and arguments are checked against the registered backends later, at startup,
+    once plugins are loaded in the API-server process that uses them.
+    """
+    env = os.environ if environ is None else environ
+    return Settings.from_env(env) if decisions_enabled(env) else None
 
 
 def parse_value(text: str) -> int | float | bool | str:
@@ -142,36 +186,38 @@ def parse_backend_spec(text: str) -> BackendSpec:
     for item in filter(None, (part.strip() for part in arg_text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SettingsError(f"{PREFIX}BACKEND: argument {item!r} is not key=value")
+            raise SettingsError(f"{PREFIX}BACKEND={text!r}: argument {item!r} is not key=value; "
+                                "expected name or name:key=value,key=value")  # fmt: skip
         args[key.strip()] = parse_value(value.strip())
     return BackendSpec(name.strip(), args)
 
 
 def _number(env: Mapping[str, str], name: str, kind: type[int] | type[float], default: Any,
-            valid: Callable[[float], bool], rule: str) -> Any:  # fmt: skip
-    """A numeric setting: its default when unset, else the parsed value if it keeps ``rule``."""
+            valid: Callable[[float], bool], accepted: str) -> Any:  # fmt: skip
+    """A numeric setting: its default when unset or empty, else the parsed value if it is ``accepted``."""
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
     try:
         value = kind(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
-    if not valid(value):
-        raise SettingsError(f"{name}={raw!r}: {rule}")
+    except ValueError:  # int() and float() of any text raise nothing else
+        value = None
+    if value is None or not valid(value):
+        empty = "none" if default is None else f"the default, {default}"
+        raise SettingsError(f"{name}={raw!r}: expected {accepted}, or empty for {empty}")
     return value
 
 
 def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    return _number(env, name, int, default, lambda v: v >= minimum, f"must be at least {minimum}")
+    return _number(env, name, int, default, lambda v: v >= minimum, f"a whole number of at least {minimum}")
 
 
-def _positive_float(env: Mapping[str, str], name: str) -> float | None:
-    return _number(env, name, float, None, lambda v: 0 < v < math.inf, "must be a positive finite number")
+def _positive_float(env: Mapping[str, str], name: str, default: float | None = None) -> Any:
+    return _number(env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0")
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
-    return _number(env, name, float, default, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
+    return _number(env, name, float, default, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
 
 
 def _debias(env: Mapping[str, str]) -> Debias:
@@ -192,10 +238,23 @@ def default_calibration_dir(env: Mapping[str, str]) -> str:
 
 
 def _calibration(env: Mapping[str, str]) -> str:
+    """A switch (on: the bundled set; unset is on) or the path of an operator question file.
+
+    A path must name a file now: a word that is neither a switch nor a file is far more likely a typo
+    than a file yet to appear. Whether the file reads as questions is checked (with a warning) when
+    calibration runs.
+    """
     name = PREFIX + "CALIBRATION"
-    raw = (env.get(name) or "on").strip()
-    if raw.lower() in ("on", "1", "true", "bundled"):
+    raw = env.get(name)
+    if raw is None:
         return "on"
-    if raw.lower() in ("off", "0", "false"):
-        return "off"
-    return raw  # a question file; whether it can be read is checked (with a warning) at calibration time
+    text = raw.strip()
+    if text.lower() == "bundled":
+        return "on"
+    try:
+        return "on" if parse_switch(name, text) else "off"
+    except SettingsError:
+        if os.path.isfile(text):
+            return text
+    raise SettingsError(f"{name}={raw!r}: expected {SWITCH_WORDS} (on: the bundled question set), "
+                        "or the path of a question file, and no such file exists")  # fmt: skip

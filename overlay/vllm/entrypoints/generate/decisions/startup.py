@@ -22,6 +22,7 @@ from .backends import DecisionBackend
 from .backends.base import BackendUnavailable
 from .deployment_lock import identify_run, once_per_server, run_id, this_run
 from .host import VllmHost
+from .metrics import init_metrics
 from .plugins import load_plugins
 from .registry import backend_names, backend_options, choose_backend
 from .service import DecisionService
@@ -32,10 +33,21 @@ logger = init_logger(__name__)
 
 def served_model_name(args: Namespace) -> str:
     names = getattr(args, "served_model_name", None)
-    return names[0] if names else args.model
+    return names[0] if names else str(args.model)
 
 
 async def init_decisions_state(engine_client: EngineClient, state: State, args: Namespace) -> None:
+    """The decision service on the API server's app state; its startup work as a background task."""
+    service, model = build_service(engine_client, args)
+    state.decision_service = service
+    # vLLM's own middleware echoes X-Request-Id under --enable-request-id-headers; the routes do otherwise.
+    state.decision_echo_request_id = not getattr(args, "enable_request_id_headers", False)
+    state.decision_startup = asyncio.create_task(start_service(service, model))
+
+
+def build_service(engine_client: EngineClient, args: Namespace) -> tuple[DecisionService, dict[str, Any]]:
+    """Settings, plugins, host, backend and the decision service for ``vllm serve`` or ``vllm run-batch``
+    (``args``: either's), and what identifies the deployment for saved startup work. Nothing started yet."""
     from vllm.entrypoints.chat_utils import load_chat_template
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
 
@@ -45,29 +57,29 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     host = VllmHost(
         engine_client,
         served_model_name(args),
-        chat_template=load_chat_template(args.chat_template),
-        chat_template_kwargs=resolve_default_chat_template_kwargs(args),
+        chat_template=load_chat_template(getattr(args, "chat_template", None)),
+        chat_template_kwargs=resolve_default_chat_template_kwargs(args)
+        if hasattr(args, "default_chat_template_kwargs")
+        else None,
+        request_logger=request_logger(args),
     )
+    init_metrics(host.served_model)  # metrics.py: after vLLM's stat logger, in every API-server process
     backend_cls = choose_backend(settings.backend, host.architectures)
     backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
     model = deployment(engine_client, host.served_model)
     service = DecisionService(settings, backend, host.served_model,
                               starter=lambda chosen: start_backend_once(chosen, settings, model))  # fmt: skip
-    state.decision_service = service
-    state.decision_auth = api_key_checker(args)
-    state.decision_startup = asyncio.create_task(_start(service, model))
     logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", backend.name,
                 "configured" if settings.backend.name else "chosen for the model", host.architectures,
                 ", ".join(backend_names()))  # fmt: skip
+    return service, model
 
 
-def api_key_checker(args: Namespace) -> Any:
-    """vLLM's own token check, for our routes outside the paths its middleware guards; None without keys."""
-    import vllm.envs as envs
-    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+def request_logger(args: Namespace) -> Any:
+    """vLLM's request logger, as its own endpoints get it, when ``--enable-log-requests`` is on."""
+    from vllm.entrypoints.serve.utils.request_logger import RequestLogger
 
-    tokens = [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
-    return AuthenticationMiddleware(app=None, tokens=tokens) if tokens else None
+    return RequestLogger(max_log_len=args.max_log_len) if getattr(args, "enable_log_requests", False) else None
 
 
 def deployment(engine_client: EngineClient, served_model: str) -> dict[str, Any]:
@@ -115,7 +127,9 @@ def shareable(backend: DecisionBackend, facts: BaseModel | None) -> dict[str, An
     return facts.model_dump(mode="json")
 
 
-async def _start(service: DecisionService, model: dict[str, Any]) -> None:
+async def start_service(service: DecisionService, model: dict[str, Any]) -> None:
+    """The startup work: the backend's start (once per server), then calibration unless T is configured.
+    A failure is logged, never raised: requests then get 503 with the reason (``service.unavailable``)."""
     from .calibration.run import startup_calibration
     from .calibration.temperature import Temperatures
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,12 +35,18 @@ def is_field_name(part: Any) -> bool:
 def validation_message(exc: ValidationError, prefix: str = "", skip_first: bool = False) -> str:
     """Each error as ``field: message``, joined by ``; ``; branch-mismatch noise left out when a
     more specific error about the same field exists."""
-    errors = []
-    for error in exc.errors(include_url=False):
+    return errors_message(exc.errors(include_url=False), skip_first, prefix)
+
+
+def errors_message(errors: Sequence[Mapping[str, Any]], skip_first: bool = False, prefix: str = "") -> str:
+    """:func:`validation_message` for a list of pydantic-style errors (FastAPI's body errors, whose
+    locations start with "body", with ``skip_first``)."""
+    found = []
+    for error in errors:
         loc = tuple(error["loc"][1:] if skip_first else error["loc"])
-        errors.append((tuple(p for p in loc if is_field_name(p)), error["type"], error["msg"]))
-    specific = [e for e in errors if e[1] not in BRANCH_MISMATCH]
-    kept = [e for e in errors if e[1] not in BRANCH_MISMATCH or not any(s[0][: len(e[0])] == e[0] for s in specific)]
+        found.append((tuple(p for p in loc if is_field_name(p)), error["type"], error["msg"]))
+    specific = [e for e in found if e[1] not in BRANCH_MISMATCH]
+    kept = [e for e in found if e[1] not in BRANCH_MISMATCH or not any(s[0][: len(e[0])] == e[0] for s in specific)]
     seen: list[str] = []
     for loc, _, msg in kept:
         line = f"{location(loc, prefix)}: {msg}"

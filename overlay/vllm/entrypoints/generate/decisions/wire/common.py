@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Pieces both wire formats share: the ``extra`` request block, detail trimming, JSON-safe numbers."""
+"""Pieces both wire formats share: the ``extra`` request and answer blocks, detail trimming, JSON-safe
+numbers, and question schemas for the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from ..errors import NotReadyError
 from ..questions import CompiledQuestion
 from ..service import Answer, Decision, DecisionService
 from ..settings import parse_debias
@@ -62,14 +66,64 @@ def finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def answer_extra(answer: Answer, detail: Detail) -> dict[str, Any] | None:
+class AnswerExtra(BaseModel):
+    """An answer's ``extra``: which backend answered and its raw scores (``backend``), and what produced
+    the numbers (``audit``); see reports.py for the fields."""
+
+    backend: dict[str, Any]
+    audit: dict[str, Any]
+
+
+def answer_extra(answer: Answer, detail: Detail) -> AnswerExtra | None:
     if detail == "none":
         return None
     basic = detail == "basic"
     backend = answer.backend.as_json(basic)
     backend["option_logits"] = {k: finite(v) for k, v in backend["option_logits"].items()}
-    return {"backend": backend, "audit": answer.audit.as_json(basic)}
+    return AnswerExtra(backend=backend, audit=answer.audit.as_json(basic))
+
+
+def decision_service(raw_request: Request) -> DecisionService:
+    """The server's decision service; until startup has made it, the request is refused as not ready."""
+    service = getattr(raw_request.app.state, "decision_service", None)
+    if service is None:
+        raise NotReadyError()
+    return service
+
+
+def json_response(body: BaseModel) -> Response:
+    """A response model as JSON, without the fields left unset (optional blocks not sent); a NaN or
+    infinity, which JSON lacks, as null."""
+    return Response(body.model_dump_json(exclude_unset=True), media_type="application/json")
 
 
 def response_id(prefix: str) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+
+
+def inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``#/$defs/...`` reference replaced by its definition (these models don't
+    recurse), so it can be placed anywhere in another document."""
+    definitions = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                merged = {
+                    **definitions[reference.removeprefix("#/$defs/")],
+                    **{k: v for k, v in node.items() if k != "$ref"},
+                }
+                return resolve(merged)
+            # A discriminator's mapping names definitions that are inlined now; the tags stay in the schemas.
+            return {key: resolve(value) for key, value in node.items() if key not in ("$defs", "discriminator")}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(schema)
+
+
+def schema_of(model: type[BaseModel] | TypeAdapter[Any]) -> dict[str, Any]:
+    raw = model.json_schema() if isinstance(model, TypeAdapter) else model.model_json_schema()
+    return inline(raw)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ...concurrency import gather_or_cancel
-from ...errors import DecisionError
+from ...errors import DecisionError, OverLimitError
 from ...host import BackendHost
 from ...prompting.answer_slot import AnswerSlotPlacer
 from ...prompting.labels import LabelCatalog
@@ -82,7 +82,7 @@ class ReadoutRunner:
         slot = self.placer.place(rendered, labels)
         limit = self.host.max_model_len
         if len(slot.prompt_ids) >= limit:
-            raise DecisionError(
+            raise OverLimitError(
                 f"the rendered prompt has {len(slot.prompt_ids)} tokens; the model's context "
                 f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
             )

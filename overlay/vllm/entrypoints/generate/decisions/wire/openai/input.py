@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from ..errors import DecisionError
-from ..questions import content_text
-from ..validation import validation_message
+from ...errors import DecisionError
+from ...questions import content_text
+from ...validation import validation_message
 
 
 class Strict(BaseModel):

@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The routes of Jev's System One API: ``POST /v1/systemone`` and its alias ``/api/alpha/decisions``.
+
+Errors come out as Jev clients expect them: a broken request as a 422 with FastAPI-style ``detail``
+entries, anything else as ``{"detail": {"error_type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancellation
+
+from ...errors import DecisionError
+from ...routing import decision_route, engine_request_id
+from ..common import decision_service, json_response
+from .protocol import JevError, JevErrorDetail, JevValidationErrors, SystemOneRequest, SystemOneResponse
+from .serving import JevValidationError, create_systemone
+
+# What Jev clients read from ``detail.error_type``, by status; other 4xx are invalid requests.
+ERROR_TYPES = {
+    HTTPStatus.UNAUTHORIZED: "authentication_error",
+    HTTPStatus.FORBIDDEN: "permission_error",
+    HTTPStatus.NOT_FOUND: "not_found_error",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
+    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "unsupported_media_type",
+    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
+    HTTPStatus.SERVICE_UNAVAILABLE: "service_unavailable",
+}
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(HTTPStatus(status)) or ("internal_error" if status >= 500 else "invalid_request_error")
+
+
+def jev_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> Response:
+    if body_errors:
+        exc = JevValidationError.from_errors(body_errors)
+    if isinstance(exc, JevValidationError):
+        return JSONResponse({"detail": exc.detail}, HTTPStatus.UNPROCESSABLE_ENTITY)
+    if exc.status == HTTPStatus.BAD_REQUEST:
+        return jev_error(JevValidationError.at((), exc.message), None)
+    body = JevError(detail=JevErrorDetail(error_type=error_type(exc.status), message=exc.message))
+    return JSONResponse(body.model_dump(), exc.status)
+
+
+# The Jev SDK reports a failed request's id from this header.
+router = APIRouter(route_class=decision_route(jev_error, id_headers=("x-typesafe-request-id",)))
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    422: {"model": JevValidationErrors},
+    **{code: {"model": JevError} for code in (401, 413, 415, 500, 503)},
+}
+
+
+@router.post("/v1/systemone", response_model=SystemOneResponse, responses=ERRORS)
+@router.post("/api/alpha/decisions", response_model=SystemOneResponse, responses=ERRORS,
+             operation_id="create_systemone_decisions_alpha")  # fmt: skip
+@with_cancellation
+@load_aware_call
+async def create_systemone_decisions(request: SystemOneRequest, raw_request: Request) -> Response:
+    decision = await create_systemone(decision_service(raw_request), request, engine_request_id(raw_request))
+    return json_response(decision)

@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving ``POST /v1/systemone``: a :class:`SystemOneRequest` compiled to questions for the decision
+service, and its decision shaped as a :class:`SystemOneResponse`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from ...errors import DecisionError
+from ...questions import CompiledQuestion, content_text, rendering_limit
+from ...registry import built_in_question_type, failures_note, question_type
+from ...service import Answer, Decision, DecisionService
+from ...validation import detail_message, is_field_name
+from ..common import answer_extra, decide, response_id
+from .protocol import ChoiceAnswer, NoulAnswer, PluginAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse, Usage
+
+
+class JevValidationError(DecisionError):
+    """A request Jev clients should see as a 422 with FastAPI-style ``detail`` entries."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__(detail_message(detail))
+        self.detail = detail
+
+    @classmethod
+    def at(cls, loc: tuple[Any, ...], msg: str, kind: str = "value_error") -> JevValidationError:
+        return cls([{"loc": ["body", *loc], "msg": msg, "type": kind}])
+
+    @classmethod
+    def from_errors(cls, errors: Sequence[Mapping[str, Any]], loc: tuple[Any, ...] = ()) -> JevValidationError:
+        """Pydantic's (or FastAPI's, whose locations start with "body") errors as Jev's entries."""
+        detail: list[dict[str, Any]] = []
+        for e in errors:
+            path = list(e.get("loc", ()))
+            path = path[1:] if path[:1] == ["body"] else path
+            entry = {
+                "loc": ["body", *loc, *(p for p in path if is_field_name(p))],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "value_error")),
+            }
+            if entry not in detail:
+                detail.append(entry)
+        return cls(detail)
+
+
+# Jev's image-only question type: known, but not answerable by a text model.
+IMAGE_ONLY_TYPES = {"box": "box questions locate a region in an image; this server's model reads text only"}
+
+
+def compile_question(question_id: str, raw: Any) -> CompiledQuestion:
+    if not isinstance(raw, dict):
+        raise JevValidationError.at(("questions", question_id), "a question must be an object")
+    kind = raw.get("type")
+    if isinstance(kind, str) and kind in IMAGE_ONLY_TYPES:
+        raise JevValidationError.at(("questions", question_id, "type"), IMAGE_ONLY_TYPES[kind])
+    qtype = question_type(kind) if isinstance(kind, str) else None
+    if qtype is None:
+        raise JevValidationError.at(
+            ("questions", question_id, "type"), f"unknown question type {kind!r}" + failures_note()
+        )
+    try:
+        return qtype.compile(qtype.model.model_validate(raw))
+    except ValidationError as exc:
+        raise JevValidationError.from_errors(exc.errors(include_url=False), ("questions", question_id)) from None
+
+
+def compiled(request: SystemOneRequest) -> tuple[str, list[str], list[CompiledQuestion]]:
+    """The state's text, the question ids in request order and their compiled questions."""
+    if request.backend is not None:
+        if request.extra.backend is not None:
+            raise JevValidationError.at(("backend",), "send backend at the top level or under extra, not both")
+        request.extra.backend = request.backend
+    ids = list(request.questions)
+    return content_text(request.state), ids, [compile_question(i, request.questions[i]) for i in ids]
+
+
+def noul_answer(answer: Answer) -> NoulAnswer:
+    return NoulAnswer(type="noul", noul=answer.fields["probability"])
+
+
+def choice_answer(answer: Answer) -> ChoiceAnswer:
+    options, probabilities = answer.question.options, answer.probabilities
+    return ChoiceAnswer(
+        type="choice",
+        choice=answer.fields["choice"],
+        probabilities={str(o.value): p for o, p in zip(options, probabilities, strict=True)},
+        confidence=answer.confidence,
+    )
+
+
+def score_answer(answer: Answer) -> ScoreAnswer:
+    options, probabilities = answer.question.options, answer.probabilities
+    return ScoreAnswer(
+        type="score",
+        score=answer.fields["score"],
+        confidence=answer.confidence,
+        legend={o.key: o.label for o in options},
+        probabilities={o.key: p for o, p in zip(options, probabilities, strict=True)},
+    )
+
+
+def plugin_answer(answer: Answer) -> PluginAnswer:
+    """Any other type's answer goes out whole: its probabilities by option key, its fields, its confidence."""
+    probabilities = {o.key: p for o, p in zip(answer.question.options, answer.probabilities, strict=True)}
+    fields = {"probabilities": probabilities, **answer.fields, "confidence": answer.confidence}
+    return PluginAnswer(type=answer.question.qtype.name, **fields)
+
+
+JevAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
+
+# Jev's answer shape for each of its own question types.
+ANSWER_SHAPES: dict[str, Callable[[Answer], JevAnswer]] = {
+    "noul": noul_answer, "choice": choice_answer, "score": score_answer
+}  # fmt: skip
+
+
+def answer_of(answer: Answer, detail: str) -> JevAnswer:
+    name = answer.question.qtype.name
+    shape = ANSWER_SHAPES.get(name) if built_in_question_type(name) else None
+    result = (shape or plugin_answer)(answer)
+    extra = answer_extra(answer, detail)  # type: ignore[arg-type]
+    if extra is not None:
+        result.extra = extra
+    return result
+
+
+def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> SystemOneResponse:
+    answers: dict[str, JevAnswer] = {}
+    failures: dict[str, str] = {}
+    for question_id, result in zip(ids, decision.results, strict=True):
+        if isinstance(result, Answer):
+            answers[question_id] = answer_of(result, request.extra.detail)
+        else:
+            failures[question_id] = result.error.message
+    id_, created = response_id("systemone")
+    body = SystemOneResponse(
+        id=id_,
+        created=created,
+        model=decision.served_model,
+        answers=answers,
+        usage=Usage(input_tokens=decision.input_tokens, output_tokens=len(answers)),
+    )
+    if failures:
+        body.partial_failures = failures
+    return body
+
+
+async def create_systemone(service: DecisionService, request: SystemOneRequest, request_id: str) -> SystemOneResponse:
+    with rendering_limit(service.settings.max_input_chars):
+        state, ids, questions = compiled(request)
+    where = [f"questions.{question_id}" for question_id in ids]
+    decision = await decide(service, request.extra, state, questions, where, request_id)
+    return response(request, ids, decision)

@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving ``POST /v1/decisions``: a :class:`DecisionsRequest` compiled to questions for the decision
+service, and its decision shaped as a :class:`DecisionsResponse`.
+
+A predicate is read as a yes/no ``noul`` without criteria, a choice as a ``choice``, a score as a
+``score``, so each renders exactly as the same Jev question does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from ...errors import DecisionError
+from ...questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    CompiledQuestion,
+    NoulQuestion,
+    choice_options,
+    level_options,
+    rendering_limit,
+)
+from ...registry import built_in_question_type, failures_note, question_type
+from ...service import Answer, Decision, DecisionService
+from ...validation import validation_message
+from ..common import answer_extra, decide, response_id
+from .input import parse_items, parts_text, render_input
+from .protocol import (
+    BUILT_IN,
+    ChoiceAnswer,
+    ChoiceProbability,
+    ChoiceQuestion,
+    DecisionsRequest,
+    DecisionsResponse,
+    InputTokensDetails,
+    LevelProbability,
+    OutputTokensDetails,
+    PluginAnswer,
+    PredicateAnswer,
+    PredicateQuestion,
+    Refusal,
+    RefusalExtra,
+    ResponseExtra,
+    ScoreAnswer,
+    ScoreQuestion,
+    Usage,
+)
+
+AnyAnswer = PredicateAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
+
+
+def input_text(value: str | list[Any]) -> str:
+    """The input as one text: a string as it is, input items rendered in order."""
+    return value if isinstance(value, str) else render_input(parse_items(value))
+
+
+def compile_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion]:
+    """One question of the request as (its name, the compiled question).
+
+    OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
+    types are not: ``predicate`` is the yes/no type here).
+    """
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or kind not in BUILT_IN:
+        return compile_plugin_question(index, raw)
+    try:
+        question = BUILT_IN[kind].model_validate(raw)
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
+    text = parts_text(question.instructions, f"questions[{index}].instructions")
+    if isinstance(question, PredicateQuestion):
+        return question.name, NOUL.compile(NoulQuestion(instructions=text))
+    if isinstance(question, ChoiceQuestion):
+        options = choice_options([(c.value, c.description) for c in question.choices])
+        return question.name, CompiledQuestion(CHOICE, text, options)
+    assert isinstance(question, ScoreQuestion)
+    options = level_options([(level.label, level.description) for level in question.levels])
+    return question.name, CompiledQuestion(SCORE, text, options)
+
+
+def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion]:
+    if not isinstance(raw, dict):
+        raise DecisionError(f"questions[{index}]: must be an object")
+    kind = raw.get("type")
+    qtype = question_type(kind) if isinstance(kind, str) else None
+    if qtype is None or built_in_question_type(qtype.name):
+        raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}" + failures_note())
+    name = raw.get("name")
+    if "name" in raw and not isinstance(name, str):
+        raise DecisionError(f"questions[{index}].name: must be a string when given")
+    try:
+        question = qtype.model.model_validate({k: v for k, v in raw.items() if k != "name"})
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
+    return name, qtype.compile(question)
+
+
+def compiled(request: DecisionsRequest) -> tuple[str, list[str | None], list[CompiledQuestion]]:
+    """The input's text, each question's name and the compiled questions."""
+    state = input_text(request.input)
+    named = [compile_question(i, q) for i, q in enumerate(request.questions)]
+    return state, [n for n, _ in named], [q for _, q in named]
+
+
+def predicate_answer(name: str | None, answer: Answer) -> PredicateAnswer:
+    return PredicateAnswer(name=name, type="predicate", probability=answer.fields["probability"])
+
+
+def choice_answer(name: str | None, answer: Answer) -> ChoiceAnswer:
+    options, probabilities = answer.question.options, answer.probabilities
+    return ChoiceAnswer(
+        name=name,
+        type="choice",
+        choice=answer.fields["choice"],
+        probabilities=[
+            ChoiceProbability(value=o.value, probability=p) for o, p in zip(options, probabilities, strict=True)
+        ],
+        confidence=answer.confidence,
+    )
+
+
+def score_answer(name: str | None, answer: Answer) -> ScoreAnswer:
+    options, probabilities = answer.question.options, answer.probabilities
+    return ScoreAnswer(
+        name=name,
+        type="score",
+        score=answer.fields["score"],
+        probabilities=[
+            LevelProbability(label=o.label, value=o.value, probability=p)
+            for o, p in zip(options, probabilities, strict=True)
+        ],
+        confidence=answer.confidence,
+    )
+
+
+def plugin_answer(name: str | None, answer: Answer) -> PluginAnswer:
+    """A plugin type's answer, whole: its own fields, the confidence and (unless it has its own) the
+    probabilities by option key."""
+    options, probabilities = answer.question.options, answer.probabilities
+    fields = {**answer.fields, "confidence": answer.confidence}
+    fields.setdefault("probabilities", {o.key: p for o, p in zip(options, probabilities, strict=True)})
+    return PluginAnswer(name=name, type=answer.question.qtype.name, **fields)
+
+
+# OpenAI's answer shape for each built-in question type (compiled from predicate, choice and score).
+ANSWER_SHAPES: dict[str, Callable[[str | None, Answer], AnyAnswer]] = {
+    "noul": predicate_answer, "choice": choice_answer, "score": score_answer
+}  # fmt: skip
+
+
+def answer_of(name: str | None, answer: Answer, detail: str) -> AnyAnswer:
+    kind = answer.question.qtype.name
+    shape = ANSWER_SHAPES.get(kind) if built_in_question_type(kind) else None
+    result: AnyAnswer = (shape or plugin_answer)(name, answer)
+    extra = answer_extra(answer, detail)  # type: ignore[arg-type]
+    if extra is not None:
+        result.extra = extra
+    return result
+
+
+def response(request: DecisionsRequest, names: list[str | None], decision: Decision) -> DecisionsResponse:
+    answers: list[AnyAnswer | Refusal] = []
+    for name, result in zip(names, decision.results, strict=True):
+        if isinstance(result, Answer):
+            answers.append(answer_of(name, result, request.extra.detail))
+        else:
+            answers.append(Refusal(type="refusal", name=name, extra=RefusalExtra(error=result.error.message)))
+    id_, created = response_id("decisions")
+    input_tokens = decision.input_tokens
+    return DecisionsResponse(
+        model=decision.served_model,
+        answers=answers,
+        usage=Usage(
+            input_tokens=input_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=decision.cached_tokens, cache_write_tokens=0),
+            output_tokens=0,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+            total_tokens=input_tokens,
+        ),
+        extra=ResponseExtra(id=id_, created=created),
+    )
+
+
+async def create_decision(service: DecisionService, request: DecisionsRequest, request_id: str) -> DecisionsResponse:
+    with rendering_limit(service.settings.max_input_chars):
+        state, names, questions = compiled(request)
+    where = [f"questions[{i}]" for i in range(len(questions))]
+    decision = await decide(service, request.extra, state, questions, where, request_id)
+    return response(request, names, decision)

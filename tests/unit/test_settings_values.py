@@ -1,0 +1,201 @@
+"""Each variable of ours: the values it reads leniently and the ones it refuses, with a message naming the
+variable and what it accepts; and vLLM's side of the check, through the router patch (vllm/envs.py reads
+VLLM_ENABLE_TYPED_DECISIONS without ever raising; vLLM's serve-argument check refuses a bad value before
+any engine starts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm.entrypoints.generate.decisions import settings
+from vllm.entrypoints.generate.decisions.settings import (
+    ENABLE_VARIABLE,
+    PREFIX,
+    VARIABLES,
+    Debias,
+    Settings,
+    SettingsError,
+    check_environment,
+    decisions_enabled,
+)
+
+ON = ["1", "true", "TRUE", " yes ", "On"]
+OFF = ["", "  ", "0", "false", "No", " OFF "]
+NOT_SWITCHES = ["maybe", "2", "enable", "1.0", "tru"]
+
+
+def read(variable: str, value: str, field: str):
+    return getattr(Settings.from_env({PREFIX + variable: value}), field)
+
+
+@pytest.mark.parametrize("value", ON)
+def test_switch_on_words(value):
+    assert decisions_enabled({ENABLE_VARIABLE: value}) is True
+
+
+@pytest.mark.parametrize("value", [None, *OFF])
+def test_switch_off_words_and_unset(value):
+    assert decisions_enabled({} if value is None else {ENABLE_VARIABLE: value}) is False
+
+
+@pytest.mark.parametrize("value", NOT_SWITCHES)
+def test_switch_refuses_other_words_naming_the_accepted_ones(value):
+    with pytest.raises(SettingsError, match=rf"^{ENABLE_VARIABLE}='{value}': expected 1, true, yes or on .* empty"):
+        decisions_enabled({ENABLE_VARIABLE: value})
+
+
+# (variable, value, Settings field, what it reads as); an empty value is the default.
+LENIENT = [
+    ("BACKEND", "", "backend", settings.BackendSpec(None, {})),
+    ("BACKEND", " logit ", "backend", settings.BackendSpec("logit", {})),
+    ("BACKEND", "canvas: samples=5 , exact=TRUE", "backend", settings.BackendSpec("canvas", {"samples": 5, "exact": True})),
+    ("TEMPERATURE", "", "temperature", None),
+    ("TEMPERATURE", " 2.5 ", "temperature", 2.5),
+    ("MAX_QUESTIONS", "", "max_questions", 64),
+    ("MAX_QUESTIONS", " 12 ", "max_questions", 12),
+    ("MAX_CHOICES", "", "max_choices", 255),
+    ("MAX_CHOICES", "2", "max_choices", 2),
+    ("MAX_LEVELS", " ", "max_levels", 10),
+    ("MAX_LEVELS", "7", "max_levels", 7),
+    ("MAX_BODY_BYTES", "", "max_body_bytes", settings.DEFAULT_MAX_BODY_BYTES),
+    ("MAX_BODY_BYTES", "1_048_576", "max_body_bytes", 1 << 20),
+    ("MAX_INPUT_CHARS", "", "max_input_chars", settings.DEFAULT_MAX_INPUT_CHARS),
+    ("MAX_INPUT_CHARS", "1", "max_input_chars", 1),
+    ("MIN_OPTION_MASS", "", "min_option_mass", 0.5),
+    ("MIN_OPTION_MASS", "0", "min_option_mass", 0.0),
+    ("MIN_OPTION_MASS", "1", "min_option_mass", 1.0),
+    ("CALIBRATION", "bundled", "calibration", "on"),
+    ("CALIBRATION", " Yes ", "calibration", "on"),
+    ("CALIBRATION", "1", "calibration", "on"),
+    ("CALIBRATION", "", "calibration", "off"),
+    ("CALIBRATION", "no", "calibration", "off"),
+    ("CALIBRATION", "OFF", "calibration", "off"),
+    ("CALIBRATION_DIR", " /srv/calibration ", "calibration_dir", "/srv/calibration"),
+    ("STARTUP_WAIT", "", "startup_wait", settings.DEFAULT_STARTUP_WAIT),
+    ("STARTUP_WAIT", "30", "startup_wait", 30.0),
+    ("DEBIAS", "off", "debias", settings.NO_DEBIAS),
+    ("DEBIAS", " ROTATE ", "debias", Debias("rotate")),
+    ("DEBIAS", "rotate : 3", "debias", Debias("rotate", 3)),
+    ("BULK_IN_FLIGHT", "", "bulk_in_flight", 256),
+    ("BULK_IN_FLIGHT", "16", "bulk_in_flight", 16),
+]  # fmt: skip
+
+# (variable, value, part of the message that says what is accepted)
+REFUSED = [
+    ("BACKEND", "logit:samples", "expected name or name:key=value"),
+    ("BACKEND", "logit:=5", "expected name or name:key=value"),
+    ("TEMPERATURE", "warm", "a finite number above 0, or empty for none"),
+    ("TEMPERATURE", "0", "a finite number above 0"),
+    ("TEMPERATURE", "-1", "a finite number above 0"),
+    ("TEMPERATURE", "nan", "a finite number above 0"),
+    ("TEMPERATURE", "inf", "a finite number above 0"),
+    ("MAX_QUESTIONS", "many", "a whole number of at least 1, or empty for the default, 64"),
+    ("MAX_QUESTIONS", "0", "a whole number of at least 1"),
+    ("MAX_QUESTIONS", "1.5", "a whole number of at least 1"),
+    ("MAX_QUESTIONS", "1e3", "a whole number of at least 1"),
+    ("MAX_QUESTIONS", "9" * 5000, "a whole number of at least 1"),  # past int()'s digit limit
+    ("MAX_CHOICES", "1", "a whole number of at least 2, or empty for the default, 255"),
+    ("MAX_LEVELS", "ten", "a whole number of at least 2"),
+    ("MAX_BODY_BYTES", "32MB", "a whole number of at least 1024"),
+    ("MAX_BODY_BYTES", "1000", "a whole number of at least 1024"),
+    ("MAX_INPUT_CHARS", "-1", "a whole number of at least 1"),
+    ("MIN_OPTION_MASS", "half", "a number from 0 to 1, or empty for the default, 0.5"),
+    ("MIN_OPTION_MASS", "1.5", "a number from 0 to 1"),
+    ("MIN_OPTION_MASS", "nan", "a number from 0 to 1"),
+    ("CALIBRATION", "of", "expected 1, true, yes or on .* or the path of a question file"),
+    ("CALIBRATION", "/no/such/questions.jsonl", "or the path of a question file, and no such file exists"),
+    ("STARTUP_WAIT", "soon", "a finite number above 0, or empty for the default, 900.0"),
+    ("STARTUP_WAIT", "0", "a finite number above 0"),
+    ("DEBIAS", "sideways", "expected off, rotate or rotate:N with N >= 1"),
+    ("BULK_IN_FLIGHT", "0", "a whole number of at least 1, or empty for the default, 256"),
+    ("DEBIAS", "rotate:0", "expected off, rotate or rotate:N"),
+    ("DEBIAS", "rotate:²", "expected off, rotate or rotate:N"),  # a digit int() refuses
+    ("DEBIAS", "off:2", "expected off, rotate or rotate:N"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "field", "expected"), LENIENT)
+def test_lenient_values(variable, value, field, expected):
+    assert read(variable, value, field) == expected
+
+
+@pytest.mark.parametrize(("variable", "value", "accepted"), REFUSED)
+def test_refused_values_name_the_variable_and_what_it_accepts(variable, value, accepted):
+    with pytest.raises(SettingsError, match=rf"^{PREFIX}{variable}=.*{accepted}") as refused:
+        Settings.from_env({PREFIX + variable: value})
+    assert "\n" not in str(refused.value)
+
+
+def test_every_variable_is_covered_here():
+    assert {PREFIX + v for v, *_ in LENIENT} | {ENABLE_VARIABLE} == set(VARIABLES)
+    # CALIBRATION_DIR takes any path; whether it is writable is found (and logged) when a result is saved.
+    assert {PREFIX + v for v, *_ in REFUSED} == set(VARIABLES) - {ENABLE_VARIABLE, PREFIX + "CALIBRATION_DIR"}
+
+
+def test_defaults_where_unset():
+    unset = Settings.from_env({})
+    assert (unset.calibration, unset.debias, unset.startup_wait) == ("on", settings.DEFAULT_DEBIAS, 900.0)
+    assert unset.calibration_dir.endswith("decisions-calibration")
+
+
+def test_a_calibration_file_that_exists_is_taken_as_is(tmp_path):
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("")
+    assert read("CALIBRATION", f" {questions} ", "calibration") == str(questions)
+
+
+def test_check_environment_reads_settings_only_when_decisions_are_on():
+    bad = {PREFIX + "MAX_CHOICES": "lots"}
+    assert check_environment({ENABLE_VARIABLE: "", **bad}) is None
+    with pytest.raises(SettingsError, match=f"{PREFIX}MAX_CHOICES='lots'"):
+        check_environment({ENABLE_VARIABLE: "true", **bad})
+    assert isinstance(check_environment({ENABLE_VARIABLE: "on"}), Settings)
+
+
+# --- vLLM's side, as the router patch installs it -------------------------------------------------------
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("value", [*ON, *OFF, *NOT_SWITCHES])
+def test_vllm_envs_reads_the_switch_without_raising(clean_env, value):
+    """Engine processes evaluate every vllm/envs.py variable (enable_envs_cache): none may raise there."""
+    import vllm.envs
+
+    clean_env.setenv(ENABLE_VARIABLE, value)
+    assert vllm.envs.environment_variables[ENABLE_VARIABLE]() is (value in ON)
+    for variable in VARIABLES[1:]:
+        clean_env.setenv(variable, value)
+        assert vllm.envs.environment_variables[variable]() == value
+
+
+@pytest.fixture(scope="module")
+def serve_args():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser()).parse_args
+
+
+def test_vllm_serve_argument_check_refuses_a_bad_value_before_the_engine(clean_env, serve_args):
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+    args = serve_args(["--model", "m"])
+    validate_parsed_serve_args(args)  # unset: stock vLLM, our package not even read
+    for value in ("", "true", " No "):
+        clean_env.setenv(ENABLE_VARIABLE, value)
+        validate_parsed_serve_args(args)
+    clean_env.setenv(ENABLE_VARIABLE, "maybe")
+    with pytest.raises(SettingsError, match=f"{ENABLE_VARIABLE}='maybe'"):
+        validate_parsed_serve_args(args)
+    clean_env.setenv(ENABLE_VARIABLE, "1")
+    clean_env.setenv(PREFIX + "DEBIAS", "sideways")
+    with pytest.raises(SettingsError, match=f"{PREFIX}DEBIAS='sideways'"):
+        validate_parsed_serve_args(args)
+    # A headless engine serves no routes: our variables are not its business.
+    validate_parsed_serve_args(serve_args(["--model", "m", "--headless"]))
