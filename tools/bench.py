@@ -16,11 +16,14 @@ one, then measures, with seeded inputs:
 - board speed: one question per request, one at a time, p50/p95 of caller wall time and the speed score
   100 - 20*log10(s / 0.1 s) averaged over p50 and p95 (unadjusted);
 - startup (own server only): seconds from /health up to the first answered decision, first without a
-  saved calibration, then with it.
+  saved calibration, then with it;
+- bulk (--bulk-lines N, own server only): the same N lines through `vllm run-batch` and through the
+  online server at its best concurrency (tools/bench_bulk.py, which also runs alone).
 
 This machine is shared and noisy: only the ratios measured within one run are results.
 
-usage: python tools/bench.py [--model PATH] [--port N [--server-pid PID]] [--quick] [--json OUT.json]
+usage: python tools/bench.py [--model PATH] [--port N [--server-pid PID]] [--quick] [--bulk-lines N]
+                             [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
+import bench_bulk  # noqa: E402
 from serving import add_server_arguments, api_and_engine, serve, startup_seconds, stop  # noqa: E402
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
@@ -248,6 +252,7 @@ def main() -> int:
     add_server_arguments(parser, "the CPU columns")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a result)")
     parser.add_argument("--json", default="bench-results.json")
+    parser.add_argument("--bulk-lines", type=int, default=0, help="add the bulk phase with this many batch lines")
     args = parser.parse_args()
     results: dict[str, Any] = {"model": args.model, "date": time.strftime("%Y-%m-%d")}
     if args.port:
@@ -271,8 +276,12 @@ def main() -> int:
                 results.update(asyncio.run(measure(url, args.model, args.model, args.quick, process.pid)))
             finally:
                 stop(process)
+    if args.bulk_lines and not args.port:
+        results["bulk"] = bench_bulk.measure(args.model, args.bulk_lines)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
+    if "bulk" in results:
+        print(bench_bulk.table(results["bulk"]))
     print(f"(wrote {args.json})", file=sys.stderr)
     return 0
 

@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Batch files as ``vllm run-batch`` reads and writes them (OpenAI's batch format), streamed and resumable.
+
+Input: one ``{"custom_id", "method", "url", "body"}`` per line. Output: one
+``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` per line, written
+as each answer arrives, so a crash loses no finished line. Each output ``id`` names the input line it
+answers (``batch-L<line>-...``): a rerun with the same files skips the lines already written, keeping
+only a bounded set of line numbers in memory (all lines below the first gap, plus the few answered
+out of order after it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+LINE_ID = re.compile(r"^batch-L(\d+)-")
+
+
+@dataclass
+class Done:
+    """The input lines an earlier run already answered: every line below ``below``, and ``beyond``."""
+
+    below: int = 1
+    beyond: set[int] = field(default_factory=set)
+
+    def add(self, line: int) -> None:
+        self.beyond.add(line)
+        while self.below in self.beyond:
+            self.beyond.remove(self.below)
+            self.below += 1
+
+    def __contains__(self, line: int) -> bool:
+        return line < self.below or line in self.beyond
+
+    def __len__(self) -> int:
+        return self.below - 1 + len(self.beyond)
+
+
+def resume(output: Path) -> Done:
+    """The lines ``output`` already answers. A last line cut short (a killed run) is removed from the
+    file, so that line is answered again; any other line that isn't ours is refused, not overwritten."""
+    done = Done()
+    if not output.exists():
+        return done
+    keep = 0
+    with output.open("rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # the write a kill interrupted
+            try:
+                line_id = json.loads(raw)["id"]
+                match = LINE_ID.match(line_id)
+            except (ValueError, KeyError, TypeError):
+                match = None
+            if match is None:
+                raise ValueError(f"{output}: line {raw[:80]!r} was not written by a decision batch; "
+                                 "use a new output file")  # fmt: skip
+            done.add(int(match.group(1)))
+            keep += len(raw)
+    if keep != output.stat().st_size:
+        with output.open("r+b") as f:
+            f.truncate(keep)
+    return done
+
+
+def lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) for each non-blank line, read as it goes."""
+    with path.open(encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if text.strip():
+                yield number, text
+
+
+def output_line(line: int, request_id: str, custom_id: Any, status: int | None, body: Any, error: Any) -> str:
+    response = None if status is None else {"status_code": status, "request_id": request_id, "body": body}
+    record = {"id": f"batch-L{line}-{request_id}", "custom_id": custom_id, "response": response, "error": error}
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+class Writer:
+    """Appends output lines, each flushed to the OS as it is written (a killed run keeps them)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file: TextIO = path.open("a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        self.file.write(text)
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()

@@ -1,0 +1,209 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``vllm run-batch`` with typed decisions on (patches/api-router-wire).
+
+Decision lines (``url`` ``/v1/decisions``, ``/v1/systemone`` or ``/api/alpha/decisions``) are answered
+by the server's own routes, called in process (in_process.py): the same answers, refusals and error
+bodies as ``vllm serve``. Every other line goes to vLLM's own run-batch handlers. Unlike stock
+run-batch, the file is streamed: lines are read, answered and written as they go, at most
+``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once, so memory stays flat however long the file; and a
+rerun with the same output file skips what is already there (batch_file.py).
+
+Lines are read a window at a time and submitted grouped by their input, so the questions of every line
+about one input reach the engine together and share its prefix-cache blocks (under data parallelism
+they also go to one replica: affinity.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from argparse import Namespace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from starlette.datastructures import State
+from tqdm import tqdm
+
+from vllm.engine.protocol import EngineClient
+from vllm.logger import init_logger
+
+from .batch_file import Writer, lines, output_line, resume
+from .in_process import DECISION_URLS, Decisions
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class Tally:
+    """What the progress bar and the closing summary report."""
+
+    lines: int = 0
+    failed: int = 0
+    skipped: int = 0
+    decisions: int = 0  # questions answered
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def count(self, status: int | None, body: Any) -> None:
+        self.lines += 1
+        if status != HTTPStatus.OK:
+            self.failed += 1
+            return
+        answers = body.get("answers", ())
+        self.decisions += sum(1 for a in (answers.values() if isinstance(answers, dict) else answers)
+                              if a.get("type") != "refusal")  # fmt: skip
+        usage = body.get("usage", {})
+        self.input_tokens += int(usage.get("input_tokens", 0))
+        self.cached_tokens += int(usage.get("input_tokens_details", {}).get("cached_tokens", 0))
+
+    def summary(self) -> str:
+        seconds = time.monotonic() - self.started
+        cached = f", {self.cached_tokens / self.input_tokens:.0%} of input tokens cached" if self.input_tokens else ""
+        return (f"decision batch: {self.lines} lines in {seconds:.1f} s ({self.failed} failed, {self.skipped} "
+                f"already answered), {self.decisions} decisions, {self.decisions / max(seconds, 1e-9):.1f} "
+                f"decisions/s{cached}")  # fmt: skip
+
+
+def input_key(url: str, body: Any) -> str:
+    """What a line's decision is about (its input or state), for grouping lines that share a prefill."""
+    if not isinstance(body, dict):
+        return ""
+    return json.dumps(body.get("input" if url == "/v1/decisions" else "state"), sort_keys=True)[:4096]
+
+
+class DecisionBatch:
+    def __init__(self, decisions: Decisions, others: Callable[[str], Awaitable[Any] | None], writer: Writer,
+                 tally: Tally, progress: tqdm) -> None:  # fmt: skip
+        self.decisions = decisions
+        self.others = others
+        self.writer = writer
+        self.tally = tally
+        self.progress = progress
+
+    async def answer(self, line: int, text: str) -> None:
+        request_id = uuid.uuid4().hex
+        status, body, error, custom_id = await self.answer_line(line, text, request_id)
+        self.writer.write(output_line(line, request_id, custom_id, status, body, error))
+        self.tally.count(status, body)
+        self.progress.update()
+        self.progress.set_postfix(decisions_per_s=f"{self.tally.decisions / (time.monotonic() - self.tally.started):.1f}",
+                                  failed=self.tally.failed, refresh=False)  # fmt: skip
+
+    async def answer_line(self, line: int, text: str, request_id: str) -> tuple[int | None, Any, Any, Any]:
+        """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error."""
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            return None, None, {"code": "invalid_line", "message": f"line {line} is not JSON: {exc}"}, None
+        if not isinstance(record, dict) or not isinstance(record.get("url"), str) or "body" not in record:
+            message = f"line {line}: expected an object with custom_id, method, url and body"
+            return None, None, {"code": "invalid_line", "message": message}, None
+        custom_id, url = record.get("custom_id"), record["url"]
+        if url not in DECISION_URLS:
+            try:
+                stock = self.others(text)
+            except ValueError as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
+                return HTTPStatus.BAD_REQUEST, None, {"code": "invalid_line", "message": str(exc)}, custom_id
+            if stock is None:
+                message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_URLS)})"
+                return None, None, {"code": "unsupported_url", "message": message}, custom_id
+            out = json.loads((await stock).model_dump_json())
+            response = out.get("response") or {}
+            return response.get("status_code"), response.get("body"), out.get("error"), custom_id
+        if record.get("method", "POST") != "POST":
+            return None, None, {"code": "invalid_method", "message": f"line {line}: only POST is supported"}, custom_id
+        result = await self.decisions.decide(json.dumps(record["body"]), url, request_id)
+        return result.status, result.body, None, custom_id
+
+
+async def run_decision_batch(engine_client: EngineClient, args: Namespace, registry: dict[str, Any],
+                             state: State) -> None:  # fmt: skip
+    """The whole batch: wait for the decision startup work, then stream the file through."""
+    service = getattr(state, "decision_service", None)
+    if service is None:
+        raise SystemExit("decision batch: this model serves no decisions (it supports neither generate nor "
+                         "token_classify)")  # fmt: skip
+    await state.decision_startup
+    if service.unavailable is not None:
+        raise SystemExit(f"decision batch: decisions are unavailable on this model: {service.unavailable}")
+    source, target = Path(args.input_file), Path(args.output_file)
+    if not source.is_file():
+        raise SystemExit(f"decision batch: {args.input_file} is not a local file (decision batches are streamed "
+                         "from a local input file to a local output file)")  # fmt: skip
+    done = resume(target)
+    if done:
+        logger.info("decision batch: %d lines of %s already answered; answering the rest", len(done), target)
+    bound = service.settings.bulk_in_flight
+    tally = Tally(skipped=0)
+    writer = Writer(target)
+    gate = asyncio.Semaphore(bound)
+    tasks: set[asyncio.Task[None]] = set()
+    with tqdm(unit="line", desc="Decision batch", mininterval=2) as progress:
+        batch = DecisionBatch(Decisions(service), stock_handler(registry), writer, tally, progress)
+
+        async def run(line: int, text: str) -> None:
+            try:
+                await batch.answer(line, text)
+            finally:
+                gate.release()
+
+        window: list[tuple[str, int, str]] = []
+
+        async def flush() -> None:
+            # Grouped by input, first appearance first: lines about one input reach the engine together.
+            order = {key: i for i, (key, _, _) in reversed(list(enumerate(window)))}
+            for _, line, text in sorted(window, key=lambda item: (order[item[0]], item[1])):
+                await gate.acquire()
+                task = asyncio.create_task(run(line, text))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            window.clear()
+
+        for line, text in lines(source):
+            if line in done:
+                tally.skipped += 1
+                continue
+            window.append((grouping_key(text), line, text))
+            if len(window) >= bound:
+                await flush()
+        await flush()
+        if tasks:
+            await asyncio.gather(*tasks)
+    writer.close()
+    logger.info(tally.summary())
+
+
+def grouping_key(text: str) -> str:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return ""
+    return input_key(record.get("url", ""), record.get("body")) if isinstance(record, dict) else ""
+
+
+def stock_handler(registry: dict[str, Any]) -> Callable[[str], Awaitable[Any] | None]:
+    """A line for one of vLLM's own run-batch endpoints, answered by vLLM's handler; None for a URL
+    vLLM doesn't serve either."""
+    from vllm.entrypoints.launchers.run_batch import BatchRequestInput, handle_endpoint_request
+
+    class NoProgress:
+        def submitted(self) -> None: ...
+
+        def completed(self) -> None: ...
+
+    def handle(text: str) -> Awaitable[Any] | None:
+        url = json.loads(text)["url"]
+        config = registry.get(url.split("/")[-1])
+        if config is None or not config["url_matcher"](url):
+            return None
+        request = BatchRequestInput.model_validate_json(text)
+        return handle_endpoint_request(request, NoProgress(), config["url_matcher"], config["handler_getter"],
+                                       config["wrapper_fn"])  # fmt: skip
+
+    return handle

@@ -1,0 +1,165 @@
+"""``vllm run-batch`` with decision lines, on the tiny Qwen model: every line answered or refused in place
+(the server's status and body), other URLs served by vLLM's own handlers, a kill -9 mid-run and a rerun
+giving each line exactly once with the answers of an uninterrupted run (itself run with
+``--data-parallel-size 2``), and the same probabilities as ``vllm serve`` for the same request."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import model_path
+from .conftest import TINY_QWEN_KEY
+
+MODEL = model_path("tiny-qwen2-random")
+# As the tiny server is configured (conftest.tiny_qwen_server), so the answers compare.
+ENV = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+       "VLLM_TYPED_DECISIONS_BACKEND": "logit", "VLLM_TYPED_DECISIONS_DEBIAS": "off",
+       "VLLM_TYPED_DECISIONS_CALIBRATION": "off", "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1",
+       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
+# BULK_TEST_LINES=10000 repeats the checks at the size docs/bulk.md reports.
+LINES = int(os.environ.get("BULK_TEST_LINES", "400"))
+
+
+def openai_body(i: int) -> dict:
+    return {"model": "m", "input": f"Ticket {i % 40}: the payout to account {i % 40} is late.",
+            "questions": [{"type": "predicate", "instructions": f"Is question {i % 3} urgent?"},
+                          {"type": "choice", "instructions": "Which team?",
+                           "choices": [{"value": "billing"}, {"value": "tech"}, {"value": "sales"}]}]}  # fmt: skip
+
+
+def jev_body(i: int) -> dict:
+    return {"state": f"Ticket {i % 40}: the payout to account {i % 40} is late.",
+            "questions": {"urgent": {"type": "noul", "instructions": f"Is question {i % 3} urgent?"}}}  # fmt: skip
+
+
+def batch_lines() -> list[str]:
+    lines = []
+    for i in range(LINES):
+        url, body = ("/v1/decisions", openai_body(i)) if i % 2 else ("/v1/systemone", jev_body(i))
+        if i == 7:
+            body = {"model": "m", "input": "x", "questions": []}  # refused: at least one question
+        if i == 11:
+            url, body = "/api/alpha/decisions", {"state": "x", "questions": {"q": {"type": "noul", "instruction": "?"}}}
+        lines.append(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": url, "body": body}))
+    lines.insert(20, "{this is not json")
+    chat = {"model": str(MODEL), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    lines.insert(30, json.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat}))
+    return lines
+
+
+def run_batch(source: Path, target: Path, *args: str, in_flight: int = 64) -> subprocess.Popen:
+    command = [str(Path(sys.executable).parent / "vllm"), "run-batch", "-i", str(source), "-o", str(target),
+               "--model", str(MODEL), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+               "--enable-prefix-caching", *args]  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")}, **ENV,
+           "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight)}  # fmt: skip
+    log = target.with_suffix(".log").open("a")
+    # Its own process group, so a kill reaches the engine processes too.
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finished(process: subprocess.Popen, log: Path) -> None:
+    assert process.wait(timeout=600) == 0, log.read_text(errors="replace")[-3000:]
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def by_line(path: Path) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for record in records(path):
+        line = int(record["id"].split("-")[1].removeprefix("L"))
+        assert line not in out, f"line {line} answered twice"
+        out[line] = record
+    return out
+
+
+def probabilities(record: dict) -> list[float]:
+    body = record["response"]["body"]
+    if "answers" not in body:
+        return []
+    answers = body["answers"].values() if isinstance(body["answers"], dict) else body["answers"]
+    found = []
+    for answer in answers:
+        if "probability" in answer:
+            found.append(answer["probability"])
+        elif "noul" in answer:
+            found.append(answer["noul"])
+        else:
+            found += [p["probability"] for p in answer["probabilities"]]
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run, on two data-parallel engine replicas."""
+    folder = tmp_path_factory.mktemp("bulk")
+    source = folder / "in.jsonl"
+    source.write_text("\n".join(batch_lines()) + "\n")
+    target = folder / "reference.jsonl"
+    finished(run_batch(source, target, "--data-parallel-size", "2"), target.with_suffix(".log"))
+    return source, target
+
+
+def test_every_line_is_answered_or_refused_in_place(reference):
+    source, target = reference
+    answered = by_line(target)
+    assert sorted(answered) == list(range(1, len(source.read_text().splitlines()) + 1))
+    status = {r["custom_id"]: (r["response"] or {}).get("status_code") for r in answered.values()}
+    assert status["line-7"] == 400 and status["line-11"] == 422 and status["chat"] == 200
+    assert sum(s == 200 for s in status.values()) == LINES - 2 + 1
+    bad = answered[21]  # the line that isn't JSON
+    assert bad["custom_id"] is None and bad["response"] is None and bad["error"]["code"] == "invalid_line"
+    refused = answered[8]["response"]["body"]
+    assert "questions" in refused["error"]["message"] and refused["error"]["type"] == "BadRequestError"
+    assert answered[12]["response"]["body"]["detail"][0]["loc"] == ["body", "questions", "q", "instruction"]
+    assert answered[31]["response"]["body"]["object"] == "chat.completion"
+
+
+def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
+    source, expected = reference
+    target = tmp_path / "killed.jsonl"
+    process = run_batch(source, target, in_flight=4)
+    deadline = time.monotonic() + 300
+    while not target.exists() or len(target.read_text().splitlines()) < LINES // 6:
+        assert process.poll() is None, target.with_suffix(".log").read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "the batch wrote too few lines to kill it mid-run"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    written = len(target.read_text().splitlines())
+    assert written < len(source.read_text().splitlines()), "the run had finished before the kill"
+    finished(run_batch(source, target), target.with_suffix(".log"))
+    log = target.with_suffix(".log").read_text(errors="replace")
+    assert f"{written} lines of" in log or f"{written - 1} lines of" in log, "the rerun did not resume"
+    resumed, reference_lines = by_line(target), by_line(expected)
+    assert sorted(resumed) == sorted(reference_lines)
+    for line, record in reference_lines.items():
+        again = resumed[line]
+        assert again["custom_id"] == record["custom_id"]
+        assert (again["response"] or {}).get("status_code") == (record["response"] or {}).get("status_code")
+        if record["response"] and record["response"]["status_code"] == 200 and record["custom_id"] != "chat":
+            assert probabilities(again) == pytest.approx(probabilities(record), abs=2e-3), line
+
+
+def test_answers_equal_the_servers(reference, tiny_qwen_server):
+    _, target = reference
+    for record in list(by_line(target).values())[:40]:
+        if not str(record["custom_id"]).startswith("line-") or record["response"]["status_code"] != 200:
+            continue
+        i = int(record["custom_id"].split("-")[1])
+        path, body = ("/v1/decisions", openai_body(i)) if i % 2 else ("/v1/systemone", jev_body(i))
+        served = httpx.post(tiny_qwen_server.url + path, json=body, timeout=60,
+                            headers={"Authorization": f"Bearer {TINY_QWEN_KEY}"})  # fmt: skip
+        assert served.status_code == 200, served.text
+        assert probabilities({"response": {"body": served.json()}}) == pytest.approx(probabilities(record), abs=2e-3)

@@ -1,0 +1,175 @@
+"""Bulk decisions: the same decisions through ``vllm run-batch`` and through the online server at its best
+concurrency, in one run.
+
+Builds N batch lines (seeded): each line asks 2 questions about one of N/10 inputs of ~300 tokens, the
+lines shuffled, so consecutive lines rarely share an input (a backlog in arrival order). Then:
+
+- online: a `vllm serve` (decisions on) answers every line's body at 8 and at 32 requests in flight;
+  decisions/s, the share of input tokens served from the prefix cache, the server's peak memory;
+- bulk: `vllm run-batch` answers the same file; decisions/s over its own answering time (the summary
+  line it logs, engine start excluded), the cached share, its peak memory, and its memory over the run
+  (the peak in the first and the second half), which a streamed batch keeps flat.
+
+The ratio bulk / best online is the result; this machine is shared and noisy.
+
+usage: python tools/bench_bulk.py [--model PATH] [--lines N] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import DEFAULT_MODEL, serve, startup_seconds, stop  # noqa: E402
+
+WORDS = ["ticket", "payout", "invoice", "refund", "account", "billing", "outage", "login", "error", "delay",
+         "customer", "order", "shipment", "contract", "renewal", "discount"]  # fmt: skip
+ENV = {"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}
+
+
+def batch(lines: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    inputs = [" ".join(rng.choice(WORDS) for _ in range(220)) for _ in range(max(1, lines // 10))]
+    records = []
+    for i in range(lines):
+        body = {"model": "m", "input": rng.choice(inputs), "questions": [
+            {"type": "predicate", "instructions": "Is the customer waiting for money?"},
+            {"type": "choice", "instructions": "Which team?", "choices": [{"value": v} for v in ("billing", "tech", "sales")]},
+        ]}  # fmt: skip
+        records.append({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/decisions", "body": body})
+    return records
+
+
+class PeakMemory:
+    """The resident memory of a process and its children, sampled every half second."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.samples: list[tuple[float, float]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                tree = [self.process, *self.process.children(recursive=True)]
+                rss = sum(p.memory_info().rss for p in tree if p.is_running())
+                self.samples.append((time.monotonic(), rss / 2**30))
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.thread.join()
+        values = [gib for _, gib in self.samples] or [0.0]
+        half = len(values) // 2
+        return {"peak_gib": max(values), "first_half_peak_gib": max(values[:half] or values),
+                "second_half_peak_gib": max(values[half:] or values)}  # fmt: skip
+
+
+async def online(url: str, records: list[dict[str, Any]], in_flight: int) -> dict[str, float]:
+    gate = asyncio.Semaphore(in_flight)
+    tokens = cached = decisions = 0
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+
+        async def one(record: dict[str, Any]) -> None:
+            nonlocal tokens, cached, decisions
+            async with gate:
+                body = (await client.post("/v1/decisions", json=record["body"])).json()
+            usage = body["usage"]
+            tokens += usage["input_tokens"]
+            cached += usage["input_tokens_details"]["cached_tokens"]
+            decisions += sum(a["type"] != "refusal" for a in body["answers"])
+
+        started = time.monotonic()
+        await asyncio.gather(*(one(r) for r in records))
+        seconds = time.monotonic() - started
+    return {"in_flight": in_flight, "decisions_per_s": decisions / seconds, "cached_share": cached / max(tokens, 1)}
+
+
+def run_batch(model: str, source: Path, target: Path) -> dict[str, Any]:
+    env = {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **ENV}  # fmt: skip
+    command = [str(Path(sys.executable).parent / "vllm"), "run-batch", "-i", str(source), "-o", str(target),
+               "--model", model, "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager",
+               "--block-size", "32", "--dtype", "bfloat16", *os.environ.get("BULK_ENGINE_ARGS", "").split()]  # fmt: skip
+    log = target.with_suffix(".log")
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    memory = PeakMemory(process.pid)
+    if process.wait() != 0:
+        raise SystemExit(f"run-batch failed:\n{log.read_text()[-3000:]}")
+    summary = re.search(r"decision batch: (\d+) lines in ([\d.]+) s .*?(\d+) decisions, [\d.]+ decisions/s"
+                        r"(?:, (\d+)% of input tokens cached)?", log.read_text())  # fmt: skip
+    if summary is None:
+        raise SystemExit(f"run-batch logged no summary:\n{log.read_text()[-3000:]}")
+    seconds, decisions = float(summary.group(2)), int(summary.group(3))
+    return {"decisions_per_s": decisions / seconds, "answering_s": seconds,
+            "cached_share": int(summary.group(4) or 0) / 100, **memory.stop()}  # fmt: skip
+
+
+def measure(model: str, lines: int) -> dict[str, Any]:
+    records = batch(lines)
+    with tempfile.TemporaryDirectory() as folder_name:
+        folder = Path(folder_name)
+        port, url = 8191, "http://127.0.0.1:8191"
+        process = serve(model, port, str(folder), folder / "serve.log", ENV)
+        try:
+            startup_seconds(url, process)
+            memory = PeakMemory(process.pid)
+            runs = [asyncio.run(online(url, records, n)) for n in (8, 32)]
+            server_memory = memory.stop()
+        finally:
+            stop(process)
+        source = folder / "in.jsonl"
+        source.write_text("".join(json.dumps(r) + "\n" for r in records))
+        bulk = run_batch(model, source, folder / "out.jsonl")
+    best = max(runs, key=lambda r: r["decisions_per_s"])
+    return {"lines": lines, "online": runs, "online_peak_gib": server_memory["peak_gib"], "bulk": bulk,
+            "ratio": bulk["decisions_per_s"] / best["decisions_per_s"]}  # fmt: skip
+
+
+def table(results: dict[str, Any]) -> str:
+    b = results["bulk"]
+    rows = ["| path | decisions/s | cached share of input tokens | peak memory (GiB) |", "|---|---|---|---|"]
+    for r in results["online"]:
+        rows.append(f"| online, {r['in_flight']} in flight | {r['decisions_per_s']:.1f} | {r['cached_share']:.0%} | "
+                    f"{results['online_peak_gib']:.2f} (server) |")  # fmt: skip
+    rows.append(f"| run-batch ({results['lines']} lines) | {b['decisions_per_s']:.1f} | {b['cached_share']:.0%} | "
+                f"{b['peak_gib']:.2f} (first half {b['first_half_peak_gib']:.2f}, second half "
+                f"{b['second_half_peak_gib']:.2f}) |")  # fmt: skip
+    rows.append(f"| run-batch / best online | {results['ratio']:.2f}x | | |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--lines", type=int, default=2000)
+    parser.add_argument("--json", default="bench-bulk-results.json")
+    args = parser.parse_args()
+    results = {"model": args.model, "date": time.strftime("%Y-%m-%d"), **measure(args.model, args.lines)}
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
