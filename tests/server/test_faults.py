@@ -52,4 +52,5 @@ def test_a_request_whose_every_question_faults_gets_a_5xx_that_says_why(tiny_qwe
     assert "NaN" in response.json()["error"]["message"]
     jev = post(tiny_qwen_server, "/v1/systemone", {"state": "x", "backend": "faulty",
                                                     "questions": {"q": {"type": "noul", "instructions": "nan"}}})  # fmt: skip
-    assert jev.status_code == 500 and "NaN" in jev.json()["detail"], jev.text
+    assert jev.status_code == 500, jev.text
+    assert jev.json()["detail"]["error_type"] == "internal_error" and "NaN" in jev.json()["detail"]["message"]
