@@ -2,7 +2,8 @@
 concurrency, in one run.
 
 Builds N batch lines (seeded): each line asks 2 questions about one of N/10 inputs of ~300 tokens, the
-lines shuffled, so consecutive lines rarely share an input (a backlog in arrival order). Then:
+lines shuffled, so consecutive lines rarely share an input (a backlog in arrival order). Each phase's
+inputs start with their own word, so every phase starts with a cold prefix cache. Then:
 
 - online: a `vllm serve` (decisions on) answers every line's body at 8 and at 32 requests in flight;
   decisions/s, the share of input tokens served from the prefix cache, the server's peak memory;
@@ -42,9 +43,11 @@ WORDS = ["ticket", "payout", "invoice", "refund", "account", "billing", "outage"
 ENV = {"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}
 
 
-def batch(lines: int, seed: int = 0) -> list[dict[str, Any]]:
+def batch(lines: int, seed: int = 0, phase: str = "") -> list[dict[str, Any]]:
+    """The same lines for every seed; ``phase`` starts each input with its own word, so no phase finds
+    another's inputs in the prefix cache (each starts cold, with the same amount of work)."""
     rng = random.Random(seed)
-    inputs = [" ".join(rng.choice(WORDS) for _ in range(220)) for _ in range(max(1, lines // 10))]
+    inputs = [f"{phase} " + " ".join(rng.choice(WORDS) for _ in range(220)) for _ in range(max(1, lines // 10))]
     records = []
     for i in range(lines):
         body = {"model": "m", "input": rng.choice(inputs), "questions": [
@@ -126,7 +129,6 @@ def run_batch(model: str, source: Path, target: Path) -> dict[str, Any]:
 
 
 def measure(model: str, lines: int) -> dict[str, Any]:
-    records = batch(lines)
     with tempfile.TemporaryDirectory() as folder_name:
         folder = Path(folder_name)
         port, url = 8191, "http://127.0.0.1:8191"
@@ -134,12 +136,12 @@ def measure(model: str, lines: int) -> dict[str, Any]:
         try:
             startup_seconds(url, process)
             memory = PeakMemory(process.pid)
-            runs = [asyncio.run(online(url, records, n)) for n in (8, 32)]
+            runs = [asyncio.run(online(url, batch(lines, phase=f"online{n}"), n)) for n in (8, 32)]
             server_memory = memory.stop()
         finally:
             stop(process)
         source = folder / "in.jsonl"
-        source.write_text("".join(json.dumps(r) + "\n" for r in records))
+        source.write_text("".join(json.dumps(r) + "\n" for r in batch(lines, phase="bulk")))
         bulk = run_batch(model, source, folder / "out.jsonl")
     best = max(runs, key=lambda r: r["decisions_per_s"])
     return {"lines": lines, "online": runs, "online_peak_gib": server_memory["peak_gib"], "bulk": bulk,
