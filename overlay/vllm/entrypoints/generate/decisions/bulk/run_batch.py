@@ -32,6 +32,8 @@ from tqdm import tqdm
 from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
+from ..body import parse_json
+from ..errors import DecisionError
 from .batch_file import Writer, lines, output_line, resume
 from .in_process import DECISION_URLS, Decisions
 
@@ -70,15 +72,37 @@ class Tally:
                 f"decisions/s{cached}")  # fmt: skip
 
 
-def input_key(url: str, body: Any) -> str:
-    """What a line's decision is about (its input or state), for grouping lines that share a prefill."""
-    if not isinstance(body, dict):
-        return ""
-    return json.dumps(body.get("input" if url == "/v1/decisions" else "state"), sort_keys=True)[:4096]
+@dataclass(frozen=True)
+class Line:
+    """One input line, parsed once: its request, or why it isn't one."""
+
+    number: int
+    text: str
+    record: dict[str, Any] | None
+    problem: str | None = None
+
+    @classmethod
+    def parse(cls, number: int, text: str) -> Line:
+        try:  # as strictly as the server parses a body: a key twice, NaN, a lone surrogate are refused
+            record = parse_json(text.encode())
+        except DecisionError as exc:
+            return cls(number, text, None, f"line {number}: {exc.message}")
+        if not isinstance(record, dict) or not isinstance(record.get("url"), str) or "body" not in record:
+            return cls(number, text, None, f"line {number}: expected an object with custom_id, method, url and body")
+        return cls(number, text, record)
+
+    @property
+    def input_key(self) -> str:
+        """What the line's decision is about (its input or state), for grouping lines that share a prefill."""
+        body = self.record.get("body") if self.record is not None else None
+        if not isinstance(body, dict):
+            return ""
+        field = "input" if self.record and self.record["url"] == "/v1/decisions" else "state"
+        return json.dumps(body.get(field), sort_keys=True)[:4096]
 
 
 class DecisionBatch:
-    def __init__(self, decisions: Decisions, others: Callable[[str], Awaitable[Any] | None], writer: Writer,
+    def __init__(self, decisions: Decisions, others: Callable[[str, str], Awaitable[Any] | None], writer: Writer,
                  tally: Tally, progress: tqdm) -> None:  # fmt: skip
         self.decisions = decisions
         self.others = others
@@ -86,28 +110,24 @@ class DecisionBatch:
         self.tally = tally
         self.progress = progress
 
-    async def answer(self, line: int, text: str) -> None:
+    async def answer(self, line: Line) -> None:
         request_id = uuid.uuid4().hex
-        status, body, error, custom_id = await self.answer_line(line, text, request_id)
-        self.writer.write(output_line(line, request_id, custom_id, status, body, error))
+        status, body, error, custom_id = await self.answer_line(line, request_id)
+        self.writer.write(output_line(line.number, request_id, custom_id, status, body, error))
         self.tally.count(status, body)
         self.progress.update()
         self.progress.set_postfix(decisions_per_s=f"{self.tally.decisions / (time.monotonic() - self.tally.started):.1f}",
                                   failed=self.tally.failed, refresh=False)  # fmt: skip
 
-    async def answer_line(self, line: int, text: str, request_id: str) -> tuple[int | None, Any, Any, Any]:
+    async def answer_line(self, line: Line, request_id: str) -> tuple[int | None, Any, Any, Any]:
         """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error."""
-        try:
-            record = json.loads(text)
-        except ValueError as exc:
-            return None, None, {"code": "invalid_line", "message": f"line {line} is not JSON: {exc}"}, None
-        if not isinstance(record, dict) or not isinstance(record.get("url"), str) or "body" not in record:
-            message = f"line {line}: expected an object with custom_id, method, url and body"
-            return None, None, {"code": "invalid_line", "message": message}, None
+        record = line.record
+        if record is None:
+            return None, None, {"code": "invalid_line", "message": line.problem}, None
         custom_id, url = record.get("custom_id"), record["url"]
         if url not in DECISION_URLS:
             try:
-                stock = self.others(text)
+                stock = self.others(url, line.text)
             except ValueError as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
                 return HTTPStatus.BAD_REQUEST, None, {"code": "invalid_line", "message": str(exc)}, custom_id
             if stock is None:
@@ -117,7 +137,8 @@ class DecisionBatch:
             response = out.get("response") or {}
             return response.get("status_code"), response.get("body"), out.get("error"), custom_id
         if record.get("method", "POST") != "POST":
-            return None, None, {"code": "invalid_method", "message": f"line {line}: only POST is supported"}, custom_id
+            message = f"line {line.number}: only POST is supported"
+            return None, None, {"code": "invalid_method", "message": message}, custom_id
         result = await self.decisions.decide(json.dumps(record["body"]), url, request_id)
         return result.status, result.body, None, custom_id
 
@@ -147,20 +168,21 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
     with tqdm(unit="line", desc="Decision batch", mininterval=2) as progress:
         batch = DecisionBatch(Decisions(service), stock_handler(registry), writer, tally, progress)
 
-        async def run(line: int, text: str) -> None:
+        async def run(line: Line) -> None:
             try:
-                await batch.answer(line, text)
+                await batch.answer(line)
             finally:
                 gate.release()
 
-        window: list[tuple[str, int, str]] = []
+        window: list[Line] = []
 
         async def flush() -> None:
             # Grouped by input, first appearance first: lines about one input reach the engine together.
-            order = {key: i for i, (key, _, _) in reversed(list(enumerate(window)))}
-            for _, line, text in sorted(window, key=lambda item: (order[item[0]], item[1])):
+            keys = [line.input_key for line in window]
+            first = {key: i for i, key in reversed(list(enumerate(keys)))}
+            for _, line in sorted(zip(keys, window, strict=True), key=lambda item: (first[item[0]], item[1].number)):
                 await gate.acquire()
-                task = asyncio.create_task(run(line, text))
+                task = asyncio.create_task(run(line))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             window.clear()
@@ -169,7 +191,7 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
             if line in done:
                 tally.skipped += 1
                 continue
-            window.append((grouping_key(text), line, text))
+            window.append(Line.parse(line, text))
             if len(window) >= bound:
                 await flush()
         await flush()
@@ -179,15 +201,7 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
     logger.info(tally.summary())
 
 
-def grouping_key(text: str) -> str:
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return ""
-    return input_key(record.get("url", ""), record.get("body")) if isinstance(record, dict) else ""
-
-
-def stock_handler(registry: dict[str, Any]) -> Callable[[str], Awaitable[Any] | None]:
+def stock_handler(registry: dict[str, Any]) -> Callable[[str, str], Awaitable[Any] | None]:
     """A line for one of vLLM's own run-batch endpoints, answered by vLLM's handler; None for a URL
     vLLM doesn't serve either."""
     from vllm.entrypoints.launchers.run_batch import BatchRequestInput, handle_endpoint_request
@@ -197,8 +211,7 @@ def stock_handler(registry: dict[str, Any]) -> Callable[[str], Awaitable[Any] | 
 
         def completed(self) -> None: ...
 
-    def handle(text: str) -> Awaitable[Any] | None:
-        url = json.loads(text)["url"]
+    def handle(url: str, text: str) -> Awaitable[Any] | None:
         config = registry.get(url.split("/")[-1])
         if config is None or not config["url_matcher"](url):
             return None
