@@ -148,7 +148,7 @@ def shared_startup_work(server: VllmServer, saved_dir) -> None:
     assert len(re.findall(r"decision calibration: T=\S+ .*, \d+ s\)", log)) == 1  # measured once
     assert log.count("loaded from a saved result)") == 1
     assert log.count("decision startup check: adopting the result of another API-server process") == 1
-    assert log.count("decision answer slot: option mass") == 2
+    assert log.count("decision prompt: instructions in a system message") == 2
     assert len(list(saved_dir.glob("calibration-*.json"))) == 1
 
 

@@ -70,9 +70,9 @@ WIDE_CRITERIA = {f"category_{i:03d}": f"Tickets about topic number {i}" for i in
 
 def test_255_options_with_short_descriptions_are_answered(client):
     question = {"type": "choice", "instructions": "Which category fits this ticket best?", "criteria": WIDE_CRITERIA}
-    # One reading: the rotations would read the same prompt length again, at some 10 s each on CPU.
+    # One reading: the rotations would read the same prompt length again, at 10 s to minutes each on CPU.
     body = {"state": "Ticket: my payouts keep failing.", "questions": {"topic": question}, "extra": {"debias": "off"}}
-    response = client.post("/v1/systemone", json=body)
+    response = client.post("/v1/systemone", json=body, timeout=900)  # minutes on a CPU without AVX-512
     assert response.status_code == 200, response.text
     answer, usage = response.json()["answers"]["topic"], response.json()["usage"]
     assert list(answer["probabilities"]) == list(WIDE_CRITERIA) and answer["choice"] in WIDE_CRITERIA

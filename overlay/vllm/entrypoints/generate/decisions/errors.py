@@ -51,3 +51,7 @@ class EngineBusyError(DecisionError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"the engine is at its queue limit ({reason}); retry shortly", HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend can't serve the model it was started on; the message says why (and what to change)."""

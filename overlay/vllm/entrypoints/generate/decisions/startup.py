@@ -19,8 +19,8 @@ from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
 from .backends import DecisionBackend
-from .backends.base import BackendUnavailable
 from .deployment_lock import identify_run, once_per_server, run_id, this_run
+from .errors import BackendUnavailable
 from .host import VllmHost
 from .metrics import init_metrics
 from .plugins import load_plugins
@@ -138,5 +138,7 @@ async def start_service(service: DecisionService, model: dict[str, Any]) -> None
 
     try:
         await service.start(calibrate)
+    except BackendUnavailable as exc:  # a known refusal: its message says why and what to change
+        logger.error("decisions unavailable on this server (decision requests will get 503): %s", exc)
     except Exception:
         logger.exception("decision startup failed; decision requests will get 503")

@@ -18,11 +18,6 @@ from ..questions import CompiledQuestion
 from ..settings import Settings
 from ..validation import validation_message
 
-
-class BackendUnavailable(RuntimeError):
-    """A backend can't serve the model it was started on; the message says why."""
-
-
 # What a reading reports beyond its scores: a pydantic model of the backend's own (what the built-in
 # backends use; fields left unset are not reported), or a plain JSON object.
 Facts: TypeAlias = BaseModel | Mapping[str, JsonValue]

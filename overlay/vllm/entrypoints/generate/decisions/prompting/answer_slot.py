@@ -48,17 +48,23 @@ class AnswerSlotPlacer:
 
     def ending(self, rendered_ids: Sequence[int]) -> tuple[int, str]:
         """Where the last plain-text run starts, and the text that replaces everything from there."""
+        start = self.text_start(rendered_ids)
+        closing = self.closing(rendered_ids)
+        return start, self.host.decode(rendered_ids[start:]) + closing + self.reasoning_block + self.cue
+
+    def text_start(self, rendered_ids: Sequence[int]) -> int:
+        """Where the last plain-text run (after the last special token) starts."""
         special = self.host.special_token_ids()
         start = len(rendered_ids)
         while start > 0 and rendered_ids[start - 1] not in special:
             start -= 1
-        closing = ""
+        return start
+
+    def closing(self, rendered_ids: Sequence[int]) -> str:
+        """What closes the ending the template leaves open ("" when it leaves none open)."""
+        start = self.text_start(rendered_ids)
         tail_with_markers = self.host.decode(rendered_ids[max(0, start - 4) :])
-        for opener, closer in OPEN_ENDINGS:
-            if tail_with_markers.endswith(opener):
-                closing = closer
-                break
-        return start, self.host.decode(rendered_ids[start:]) + closing + self.reasoning_block + self.cue
+        return next((closer for opener, closer in OPEN_ENDINGS if tail_with_markers.endswith(opener)), "")
 
     def place(self, rendered_ids: Sequence[int], labels: Sequence[str]) -> AnswerSlot:
         start, tail_text = self.ending(rendered_ids)

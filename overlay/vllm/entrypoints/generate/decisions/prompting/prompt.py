@@ -2,8 +2,10 @@
 """The logit backend's prompt: the state first, then the criterion, then labelled options.
 
 The state comes first so that every question about one state shares a token prefix, which vLLM's
-prefix cache then prefills once. ``RENDER_VERSION`` names this exact layout; tests/golden pins it
-byte for byte, so change the version whenever the text changes.
+prefix cache then prefills once. The instructions go in a system message, or, for chat templates with
+no system role (they refuse one or drop it), at the head of the user turn (``system_role=False``).
+``RENDER_VERSION`` names this exact layout; tests/golden pins it byte for byte, so change the version
+whenever the text changes.
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ def question_text(question: CompiledQuestion, labels: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def messages(state: str, question: CompiledQuestion, labels: Sequence[str]) -> list[dict[str, str]]:
+def messages(
+    state: str, question: CompiledQuestion, labels: Sequence[str], system_role: bool = True
+) -> list[dict[str, str]]:
     """Chat messages for one question; everything before the question text depends only on the state."""
-    return chat(state, question_text(question, labels))
+    return chat(state, question_text(question, labels), system_role)
 
 
-def chat(state: str, question_body: str) -> list[dict[str, str]]:
-    """The chat around a question's text: the system prompt, then the state, then ``question_body``."""
+def chat(state: str, question_body: str, system_role: bool = True) -> list[dict[str, str]]:
+    """The chat around a question's text: the instructions, then the state, then ``question_body``."""
     user = f"Document:\n{state}\n\n{question_body}"
+    if not system_role:
+        return [{"role": "user", "content": f"{SYSTEM_PROMPT}\n\n{user}"}]
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 

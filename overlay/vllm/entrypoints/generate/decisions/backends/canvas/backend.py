@@ -19,15 +19,16 @@ from pydantic import BaseModel
 from vllm.logger import init_logger
 
 from ...concurrency import gather_or_cancel
-from ...errors import DecisionError
+from ...errors import BackendUnavailable, DecisionError
 from ...host import BackendHost, TokenRead
 from ...prompting.answer_slot import AnswerSlotPlacer
+from ...prompting.chat_template import takes_system_role
 from ...prompting.labels import MARKERS, LabelCatalog
 from ...prompting.prompt import RENDER_VERSION, messages
 from ...questions import CompiledQuestion
 from ...scoring import softmax
 from ...settings import Settings
-from ..base import BackendUnavailable, DecisionBackend, Reading
+from ..base import DecisionBackend, Reading
 from .options import CanvasOptions
 from .samples import average, noise_tokens
 
@@ -69,6 +70,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
         self.placer = AnswerSlotPlacer(host)
         self.catalog = LabelCatalog(tuple(MARKERS), ())
         self.turn_close: int | None = None
+        self.system_role = True
 
     def seeded(self, options: CanvasOptions, seed: int | None) -> CanvasOptions:
         return options if seed is None else options.model_copy(update={"seed": seed})
@@ -82,6 +84,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
             )
         if self.host.vocab_size <= 0:
             raise BackendUnavailable("the engine did not say its vocabulary size, which the canvas noise is drawn from")
+        self.system_role = await takes_system_role(self.host)
         self.turn_close = await turn_close_id(self.host)
         logger.info("canvas backend: turn-close token %d, %s", self.turn_close, self.options)
 
@@ -97,7 +100,9 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
                 f"{count} options; the canvas backend reads directly, at most {markers} (one letter each)"
             )
         labels = self.catalog.labels(count)
-        slot = self.placer.place(await self.host.render_chat(messages(state, question, labels)), labels)
+        slot = self.placer.place(
+            await self.host.render_chat(messages(state, question, labels, self.system_role)), labels
+        )
         limit = self.host.max_model_len
         if len(slot.prompt_ids) + CANVAS_WIDTH > limit:
             raise DecisionError(

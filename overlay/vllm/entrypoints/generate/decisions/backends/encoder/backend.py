@@ -11,11 +11,11 @@ from pydantic import BaseModel
 
 from vllm.logger import init_logger
 
-from ...errors import DecisionError
+from ...errors import BackendUnavailable, DecisionError
 from ...host import BackendHost
 from ...questions import CompiledQuestion
 from ...settings import Settings
-from ..base import BackendUnavailable, DecisionBackend, Reading
+from ..base import DecisionBackend, Reading
 from .checkpoint import LAYA_TYPES, LayaConfig, PromptBuilder, load_prompt_builder, read_laya_config
 from .laya_prompts import PROMPT_VERSION
 from .layout import laya_options

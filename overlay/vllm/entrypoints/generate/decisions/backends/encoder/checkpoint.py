@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vllm.logger import init_logger
 
+from ...errors import BackendUnavailable
 from ...host import BackendHost
 from ...validation import validation_message
-from ..base import BackendUnavailable
 from . import laya_prompts
 
 logger = init_logger(__name__)

@@ -7,13 +7,15 @@ from pydantic import BaseModel
 
 from vllm.logger import init_logger
 
+from ...errors import BackendUnavailable
 from ...host import BackendHost
-from ...prompting.answer_slot import AnswerSlotPlacer
+from ...prompting.answer_slot import ANSWER_CUE, AnswerSlotPlacer
+from ...prompting.chat_template import takes_system_role
 from ...prompting.labels import LabelCatalog, pair_candidates
-from ...prompting.prompt import RENDER_VERSION, messages
+from ...prompting.prompt import RENDER_VERSION, question_text
 from ...questions import CompiledQuestion
 from ...settings import PREFIX, Settings, SettingsError
-from ..base import BackendUnavailable, DecisionBackend, Reading
+from ..base import DecisionBackend, Reading
 from .options import LogitOptions
 from .precision import describe, fp32_check
 from .readouts import ReadoutRunner, plan
@@ -26,9 +28,13 @@ logger = init_logger(__name__)
 class StartupFacts(BaseModel):
     """What the startup checks found, adopted by every API-server process of the server."""
 
-    # The self-check's option mass; the reasoning block the answer slot closes ("" when the template opens none).
-    option_mass: float
+    # Whether the chat template takes the instructions as a system message (else they open the user turn).
+    system_role: bool
+    # What the answer slot appends to close an ending the template leaves open (a reasoning block, harmony's
+    # channel), then the empty reasoning block the self-check chose ("" for none), and its option mass.
+    closing: str
     reasoning_block: str
+    option_mass: float
     # Marker pairs that are single tokens on this tokenizer: the wide-direct labels.
     pairs: list[str]
     # Whether the state can be rendered and tokenized once per request (stencil.py).
@@ -60,6 +66,7 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         self.catalog = LabelCatalog(tuple(markers), ())
         self.prompts = StencilPool(host, enabled=False)
         self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
+        self.facts: StartupFacts | None = None  # what the startup check found, once adopted
 
     async def start(self) -> StartupFacts:
         """The answer-slot self-check, the label pairs, the stencil and precision checks, as facts that
@@ -73,29 +80,28 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         if host.logprobs_mode != "raw_logprobs":
             raise BackendUnavailable(f"--logprobs-mode {host.logprobs_mode} does not return log-probabilities; "
                                      "the logit backend needs raw_logprobs (the default)")  # fmt: skip
+        system_role = self.prompts.system_role = await takes_system_role(host)
         minimum = self.settings.min_option_mass
-        check = await self_check(host, self.placer, self.catalog, minimum)
+        check = await self_check(host, self.prompts, self.placer, self.catalog, minimum)
         if not check.passed:
             raise BackendUnavailable(check.failure(minimum, f"{PREFIX}MIN_OPTION_MASS"))
         state, question = PROBES[0]
-        rendered = await host.render_chat(messages(state, question, ["A", "B"]))
+        rendered = await self.prompts.prompt_ids(state, question_text(question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
         slot = self.placer.place(rendered, ["A", "B"])
-        return StartupFacts(option_mass=check.option_mass, reasoning_block=check.reasoning_block, pairs=pairs,
-                            stencil=await stencil_check(host),
+        return StartupFacts(system_role=system_role, closing=self.placer.closing(rendered),
+                            reasoning_block=check.reasoning_block, option_mass=check.option_mass, pairs=pairs,
+                            stencil=await stencil_check(host, system_role),
                             fp32_missing=await fp32_check(host, slot.prompt_ids, slot.label_ids))  # fmt: skip
 
     def adopt(self, facts: StartupFacts) -> None:
+        self.facts = facts
         self.placer.reasoning_block = facts.reasoning_block
         self.catalog = LabelCatalog(self.catalog.markers, tuple(facts.pairs))
         missing = facts.fp32_missing
         self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts, fp32_reads=missing is None)
-        self.prompts.enabled = facts.stencil
-        logger.info("decision prompts: state rendered %s", "once per request" if self.prompts.enabled else
-                    "with each question (this tokenizer or template can't share it)")  # fmt: skip
-        block = facts.reasoning_block
-        logger.info("decision answer slot: option mass %.3f%s", facts.option_mass,
-                    f" with reasoning block {block!r}" if block else "")  # fmt: skip
+        self.prompts.enabled, self.prompts.system_role = facts.stencil, facts.system_role
+        logger.info(describe_prompt(facts))
         logger.info(self.describe_limits())
         logger.info(describe(self.host, missing))
 
@@ -115,3 +121,14 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         options = options or self.options
         chosen = plan(len(question.options), options, self.catalog, self.host.max_logprob_token_ids)
         return await self.runner.run(chosen, state, question, options, request_id)
+
+
+def describe_prompt(facts: StartupFacts) -> str:
+    """The startup log's account of how the decision prompt meets this chat template."""
+    where = ("a system message" if facts.system_role
+             else "the head of the user turn (the chat template has no system role)")  # fmt: skip
+    shared = "once per request" if facts.stencil else "with each question (this tokenizer or template can't share it)"
+    ending = f"closes the template's open ending with {facts.closing!r}, then " if facts.closing else ""
+    block = f"the empty reasoning block {facts.reasoning_block!r}, then " if facts.reasoning_block else ""
+    return (f"decision prompt: instructions in {where}; state rendered {shared}; answer slot: {ending}{block}"
+            f"{ANSWER_CUE!r}; option mass {facts.option_mass:.3f}")  # fmt: skip

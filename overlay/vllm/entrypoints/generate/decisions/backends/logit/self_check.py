@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from ...host import BackendHost
 from ...prompting.answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
 from ...prompting.labels import LabelCatalog
-from ...prompting.prompt import messages
+from ...prompting.prompt import question_text
 from ...questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
 from .reads import read_exact
+from .stencil import StencilPool
 
 PROBES = (
     ("The sky is blue and the sun is shining.", NOUL.compile(NoulQuestion(instructions="Is the sun shining?"))),
@@ -42,23 +43,27 @@ class SelfCheck:
         )
 
 
-async def option_mass(host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog) -> float:
+async def option_mass(
+    host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog
+) -> float:
     masses = []
     for i, (state, question) in enumerate(PROBES):
         labels = catalog.labels(len(question.options))
-        slot = placer.place(await host.render_chat(messages(state, question, labels)), labels)
+        slot = placer.place(await prompts.prompt_ids(state, question_text(question, labels)), labels)
         read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, f"decision-self-check-{i}")
         masses.append(read.option_mass)
     return sum(masses) / len(masses)
 
 
-async def self_check(host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog, minimum: float) -> SelfCheck:
+async def self_check(
+    host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog, minimum: float
+) -> SelfCheck:
     """Find the answer slot: no block, then each supported empty reasoning block. Leaves the
-    winning block (or none) set on ``placer``."""
+    winning block (or none) set on ``placer``; ``prompts`` renders the probes as requests are."""
     tried: list[tuple[str, float]] = []
     for block in ["", *supported_reasoning_blocks(host)]:
         placer.reasoning_block = block
-        mass = await option_mass(host, placer, catalog)
+        mass = await option_mass(host, prompts, placer, catalog)
         tried.append((block, mass))
         if mass >= minimum:
             return SelfCheck(True, block, mass, tuple(tried))

@@ -46,11 +46,11 @@ class Stencil:
         return self.prefix_ids + host.encode(self.seam_text + question_body + self.closing)
 
 
-async def build_stencil(host: BackendHost, state: str) -> Stencil | None:
+async def build_stencil(host: BackendHost, state: str, system_role: bool = True) -> Stencil | None:
     """The stencil for ``state``, or None where this host, template or state can't have one."""
     if PLACEHOLDER in state:
         return None
-    rendered = await host.render_chat_text(chat(state, PLACEHOLDER))
+    rendered = await host.render_chat_text(chat(state, PLACEHOLDER, system_role))
     if rendered is None or rendered.count(PLACEHOLDER) != 1:
         return None
     head, closing = rendered.split(PLACEHOLDER)
@@ -87,6 +87,8 @@ class StencilPool:
 
     host: BackendHost
     enabled: bool = True
+    # Whether the chat template takes the instructions as a system message (chat_template.py).
+    system_role: bool = True
     _shared: dict[str, _Shared] = field(default_factory=dict)
 
     @asynccontextmanager
@@ -96,7 +98,9 @@ class StencilPool:
             return
         shared = self._shared.get(state)
         if shared is None:
-            shared = self._shared[state] = _Shared(asyncio.ensure_future(build_stencil(self.host, state)))
+            shared = self._shared[state] = _Shared(
+                asyncio.ensure_future(build_stencil(self.host, state, self.system_role))
+            )
             shared.build.add_done_callback(_observe)
         shared.users += 1
         try:
@@ -111,7 +115,7 @@ class StencilPool:
         async with self.stencil(state) as stencil:
             if stencil is not None:
                 return stencil.prompt_ids(self.host, question_body)
-        return await self.host.render_chat(chat(state, question_body))
+        return await self.host.render_chat(chat(state, question_body, self.system_role))
 
 
 def _observe(build: asyncio.Future[Stencil | None]) -> None:
@@ -131,17 +135,17 @@ CHECK_STATES = (
 CHECK_QUESTIONS = ("Question: Is this about travel?\n\nOptions:\nA. Yes\nB. No", 'Question: :) or "quoted"?')
 
 
-async def stencil_check(host: BackendHost) -> bool:
+async def stencil_check(host: BackendHost, system_role: bool = True) -> bool:
     """The startup check: shared rendering is switched on only if, on every probe that has a stencil,
     it gives exactly the tokens of rendering the whole prompt (a template that rewrites the message
     text fails it; a host without text rendering or offsets has no stencil at all)."""
     shared = 0
     for state in CHECK_STATES:
-        stencil = await build_stencil(host, state)
+        stencil = await build_stencil(host, state, system_role)
         if stencil is None:
             continue
         for body in CHECK_QUESTIONS:
-            if stencil.prompt_ids(host, body) != await host.render_chat(chat(state, body)):
+            if stencil.prompt_ids(host, body) != await host.render_chat(chat(state, body, system_role)):
                 return False
         shared += 1
     return shared > 0
