@@ -25,6 +25,8 @@ import struct
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -356,9 +358,16 @@ def main(argv: list[str]) -> None:
         return
     out_root, qwen_tiktoken, wheels, *names = argv
     sources = {"qwen_tiktoken": qwen_tiktoken, "wheels": wheels}
-    for family in load_families():
-        if not names or family.name in names:
-            print("built", build(family, sources, out_root), flush=True)
+    chosen = [family.name for family in load_families() if not names or family.name in names]
+    # Two at a time: most of a build is single-threaded Python (tokenizer conversion), and setup runs on two cores.
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        for built in pool.map(build_named, chosen, repeat(sources), repeat(out_root)):
+            print("built", built, flush=True)
+
+
+def build_named(name: str, sources: dict, out_root: str) -> str:
+    """``build`` in a worker process, which loads the registry itself (its families don't pickle)."""
+    return build(next(f for f in load_families() if f.name == name), sources, out_root)
 
 
 if __name__ == "__main__":
