@@ -196,26 +196,7 @@ def with_bos(tokenizer, bos: str):
 def local_tokenizer(specials: list[str]):
     """A 1,024-token byte-level BPE trained here, with `specials` from id 0 and every letter a single token
     alone and after a space."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    words = CORPUS_WORDS.split()
-    corpus = [
-        f"{LETTERS[i % 26]}. {words[i % len(words)]} {words[(i * 7) % len(words)]} Answer: {LETTERS[i % 26]} {i}"
-        for i in range(600)
-    ]
-    trainer = trainers.BpeTrainer(
-        vocab_size=1024,
-        min_frequency=1,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=specials,
-    )
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    return tokenizer
+    return _build_tiny_models().train_byte_bpe(CORPUS_WORDS.split(), 600, specials)
 
 
 def tokenizer_for(family, sources: dict, work: str):

@@ -49,7 +49,7 @@ class AnswerSlotPlacer:
     def ending(self, rendered_ids: Sequence[int]) -> tuple[int, str]:
         """Where the last plain-text run starts, and the text that replaces everything from there."""
         start = self.text_start(rendered_ids)
-        closing = self.closing(rendered_ids)
+        closing = self._closing_at(rendered_ids, start)
         return start, self.host.decode(rendered_ids[start:]) + closing + self.reasoning_block + self.cue
 
     def text_start(self, rendered_ids: Sequence[int]) -> int:
@@ -62,7 +62,9 @@ class AnswerSlotPlacer:
 
     def closing(self, rendered_ids: Sequence[int]) -> str:
         """What closes the ending the template leaves open ("" when it leaves none open)."""
-        start = self.text_start(rendered_ids)
+        return self._closing_at(rendered_ids, self.text_start(rendered_ids))
+
+    def _closing_at(self, rendered_ids: Sequence[int], start: int) -> str:
         tail_with_markers = self.host.decode(rendered_ids[max(0, start - 4) :])
         return next((closer for opener, closer in OPEN_ENDINGS if tail_with_markers.endswith(opener)), "")
 
