@@ -12,7 +12,12 @@ source "$(dirname "$0")/env/common.sh"
 MODEL=${MODEL:-$MODELS/smollm2-135m-instruct}
 PORT=${PORT:-8000}
 ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 8192 --enable-prefix-caching)
-if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then ARGS+=(--enforce-eager --block-size 32 --dtype bfloat16); fi
+if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then
+  # On CPU: bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX); elsewhere (AVX2 only) vLLM's
+  # bf16 matmuls are emulated, about five times slower than float32 for SmolLM2.
+  DTYPE=float32; grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo 2>/dev/null && DTYPE=bfloat16
+  ARGS+=(--enforce-eager --block-size 32 --dtype "$DTYPE")
+fi
 VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" >&2 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT

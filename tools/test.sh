@@ -9,8 +9,11 @@ cd "$ROOT"
 echo "== ruff"; "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check .
 echo "== mypy"; "$VENV/bin/mypy"
 echo "== pytest"
+# Two workers (pytest-xdist), each test file on one of them and the files that share a session server on
+# the same one; each worker's engines get cores of their own (tests/conftest.py).
+# DECISIONS_TEST_WORKERS=0 runs in one process.
 set +e
-"$PY" -m pytest "$@"
+"$PY" -m pytest -n "${DECISIONS_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e
 [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }

@@ -12,6 +12,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,21 +62,33 @@ def job() -> dict:
     return {"prompts": prompts, "labels": labels, "counts": counts}
 
 
-def probe(job: dict, dtype: str, head_dtype: str) -> dict:
-    payload = json.dumps({"prompts": job["prompts"], "labels": job["labels"]})
+def probe(job: dict, dtype: str, head_dtype: str, folder: Path) -> Callable[[], dict]:
+    """Start one engine in its own process (vLLM keeps a process-wide configuration); the returned
+    function waits for its reads."""
     command = [sys.executable, str(PROBE), str(model_path("smollm2-135m-instruct")), dtype, head_dtype, str(WINDOW)]
-    result = subprocess.run(command, input=payload, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    name = f"{dtype}-{head_dtype}"
+    (folder / f"{name}.in").write_text(json.dumps({"prompts": job["prompts"], "labels": job["labels"]}))
+    with (folder / f"{name}.in").open() as stdin, (folder / f"{name}.out").open("w") as out, \
+            (folder / f"{name}.log").open("w") as log:  # fmt: skip
+        process = subprocess.Popen(command, stdin=stdin, stdout=out, stderr=log)
+
+    def reads() -> dict:
+        assert process.wait(timeout=900) == 0, (folder / f"{name}.log").read_text()[-3000:]
+        return json.loads((folder / f"{name}.out").read_text().strip().splitlines()[-1])
+
+    return reads
 
 
 @pytest.fixture(scope="module")
-def runs(job) -> dict[str, dict]:
-    return {
-        "bf16": probe(job, "bfloat16", "model"),
-        "bf16 head fp32": probe(job, "bfloat16", "float32"),
-        "fp32": probe(job, "float32", "model"),
+def runs(job, tmp_path_factory) -> dict[str, dict]:
+    # The three engines run side by side: much of an engine's start keeps one core busy.
+    folder = tmp_path_factory.mktemp("logprob-probes")
+    started = {
+        "bf16": probe(job, "bfloat16", "model", folder),
+        "bf16 head fp32": probe(job, "bfloat16", "float32", folder),
+        "fp32": probe(job, "float32", "model", folder),
     }
+    return {name: reads() for name, reads in started.items()}
 
 
 def option_logits(job: dict, reads: list[dict[str, float]]) -> list[list[float]]:

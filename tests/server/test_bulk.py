@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import model_path
+from ..conftest import engine_binding, model_path
 from .conftest import TINY_QWEN_KEY
 
 MODEL = model_path("tiny-qwen2-random")
@@ -56,12 +56,12 @@ def batch_lines() -> list[str]:
     return lines
 
 
-def run_batch(source: Path, target: Path, *args: str, in_flight: int = 64) -> subprocess.Popen:
+def run_batch(source: Path, target: Path, in_flight: int = 64, replicas: int = 1) -> subprocess.Popen:
     command = [str(Path(sys.executable).parent / "vllm"), "run-batch", "-i", str(source), "-o", str(target),
                "--model", str(MODEL), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
-               "--enable-prefix-caching", *args]  # fmt: skip
+               "--enable-prefix-caching", "--data-parallel-size", str(replicas)]  # fmt: skip
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")}, **ENV,
-           "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight)}  # fmt: skip
+           "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight), **engine_binding(replicas)}  # fmt: skip
     log = target.with_suffix(".log").open("a")
     # Its own process group, so a kill reaches the engine processes too.
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -107,7 +107,7 @@ def reference(tmp_path_factory):
     source = folder / "in.jsonl"
     source.write_text("\n".join(batch_lines()) + "\n")
     target = folder / "reference.jsonl"
-    finished(run_batch(source, target, "--data-parallel-size", "2"), target.with_suffix(".log"))
+    finished(run_batch(source, target, replicas=2), target.with_suffix(".log"))
     return source, target
 
 

@@ -1,5 +1,5 @@
 """Startup calibration on a real server with a small question file: 503 while it runs, answers with
-the fitted T, the saved result reused on restart, a changed file measured again, failures -> default.
+the fitted T, the saved result reused on restart, a failure -> the default T.
 The first two servers run two API-server processes (``--api-server-count 2``): the calibration and the
 startup check are done once and shared, both workers answer both endpoints alike, and a restart loads
 the saved result in both."""
@@ -31,8 +31,10 @@ def bundled_lines(count: int) -> list[str]:
 def start(tmp_path, name: str, question_file, saved_dir, workers: int = 1,
           **env: str) -> tuple[VllmServer, list[httpx.Response]]:  # fmt: skip
     """Start a server and poll a decision until every worker is ready; returns the 503s seen on the way."""
+    # One read per question (debias off): calibration reading as requests do (rotate) is a unit test.
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION": str(question_file),
-           "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir), **env}  # fmt: skip
+           "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir), "VLLM_TYPED_DECISIONS_DEBIAS": "off",
+           **env}  # fmt: skip
     args = ("--api-server-count", str(workers)) if workers > 1 else ()
     server = VllmServer(model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env, *args)
     starting: list[httpx.Response] = []
@@ -98,15 +100,9 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     finally:
         again.stop()
 
-    # The same questions read another way (one read each, not rotate, the default): a new calibration.
-    # (A changed question file is a new key too: tests/unit/test_calibration_startup.py.)
-    changed, _ = start(tmp_path, "changed", questions, saved_dir, VLLM_TYPED_DECISIONS_DEBIAS="off")
-    try:
-        assert "decision calibration saved to" in changed.log.read_text()
-        keys = [json.loads(p.read_text())["key"]["debias"] for p in saved_dir.glob("calibration-*.json")]
-        assert sorted(keys) == ["off", "rotate"]
-    finally:
-        changed.stop()
+    # A changed question file or debias setting is a new key, measured again; a corrupt file or too few
+    # answers give the default; calibration reads as requests do (rotate): tests/unit/test_calibration_startup.py.
+    # One failure is served below.
 
 
 def per_type_fits(server: VllmServer, record: dict) -> None:
@@ -160,22 +156,15 @@ def both_workers_answer_alike(server: VllmServer) -> None:
         answered(server, "/v1/systemone", jev)
     both = {"ApiServer_0", "ApiServer_1"}
     assert workers_serving(server, "/v1/decisions") == workers_serving(server, "/v1/systemone") == both
-    # One engine answers for both; in bf16 a read over cached prefix blocks differs from a fresh one by a
-    # little (docs/wire-formats.md, What the numbers mean), so alike means within that.
+    # One engine answers for both; a read over cached prefix blocks may differ from a fresh one by a little
+    # (docs/wire-formats.md, What the numbers mean), so alike means within that.
     assert max(probabilities) - min(probabilities) < 0.05, f"the workers answered differently: {probabilities}"
 
 
-@pytest.mark.parametrize(
-    ("content", "warning"),
-    [
-        ('{"state": "s", "question": {"type": "noul"}, "expected": "perhaps"}\n', "question file: line 1"),
-        ("\n".join(bundled_lines(30)) + "\n", "only 30 of 30 questions were answered (need 50)"),
-    ],
-    ids=["corrupt", "too few"],
-)
-def test_failures_give_the_default_temperature_and_a_warning(tmp_path, saved_dir, content, warning):
+def test_a_failure_gives_the_default_temperature_and_a_warning(tmp_path, saved_dir):
     questions = tmp_path / "questions.jsonl"
-    questions.write_text(content)
+    questions.write_text("\n".join(bundled_lines(30)) + "\n")
+    warning = "only 30 of 30 questions were answered (need 50)"
     server, _ = start(tmp_path, "failing", questions, saved_dir)
     try:
         deadline = time.monotonic() + 10

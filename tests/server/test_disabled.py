@@ -19,7 +19,7 @@ def health(server: VllmServer) -> bool:
 def stock_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("stock") / "vllm-serve.log"
     env = {"VLLM_ENABLE_TYPED_DECISIONS": ""}
-    with running("tiny-llama-localtok", log, env, "--dtype", "float32", ready=health) as instance:
+    with running("tiny-llama-localtok", log, env, ready=health) as instance:
         yield instance
 
 

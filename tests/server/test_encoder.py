@@ -49,7 +49,7 @@ def laya_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("laya") / "vllm-serve.log"
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1"}
     # An encoder-only model keeps no KV cache: vLLM refuses prefix caching for it (off by default).
-    args = ("--dtype", "float32", "--max-model-len", "1024", "--trust-remote-code", "--no-enable-prefix-caching")
+    args = ("--max-model-len", "1024", "--trust-remote-code", "--no-enable-prefix-caching")
     with running("tiny-laya", log, env, *args) as instance:
         yield instance
 

@@ -25,7 +25,7 @@ def plugin_server(tmp_path_factory):
     """Qwen2 architecture, no backend configured: the plugin's claim picks plain-letters."""
     log = tmp_path_factory.mktemp("plugin") / "vllm-serve.log"
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
-    with running("tiny-qwen2-random", log, env, "--dtype", "float32") as instance:
+    with running("tiny-qwen2-random", log, env) as instance:
         yield instance
 
 
@@ -99,7 +99,7 @@ def test_a_configured_backend_wins_over_the_claim(tiny_qwen_server):
 )
 def test_bad_backend_settings_stop_the_server(tmp_path, setting, needle):
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_BACKEND": setting}
-    server = VllmServer(model_path("tiny-llama-localtok"), tmp_path / "bad.log", env, "--dtype", "float32")
+    server = VllmServer(model_path("tiny-llama-localtok"), tmp_path / "bad.log", env)
     try:
         assert server.process.wait(timeout=300) != 0
     finally:

@@ -84,7 +84,7 @@ def local_bpe(tmp_path_factory):
     """A tiny model whose small tokenizer keeps few letter pairs whole: wide-direct can't hold 255."""
     log = tmp_path_factory.mktemp("tiny-llama") / "vllm-serve.log"
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
-    with running("tiny-llama-localtok", log, env, "--dtype", "float32") as instance, \
+    with running("tiny-llama-localtok", log, env) as instance, \
             httpx.Client(base_url=instance.url, timeout=600) as http:  # fmt: skip
         yield instance, http
 

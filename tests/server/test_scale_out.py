@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from ..conftest import engine_binding
 from .conftest import VllmServer, answered, running
 
 TINY_ENV = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
@@ -21,8 +22,8 @@ TINY_ENV = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION
 def two_replicas(tmp_path_factory):
     log = tmp_path_factory.mktemp("data-parallel") / "vllm-serve.log"
     # One API-server process in front of both replicas (vLLM would start one per replica).
-    args = ("--dtype", "float32", "--data-parallel-size", "2", "--api-server-count", "1")
-    with running("tiny-qwen2-random", log, TINY_ENV, *args) as server:
+    args = ("--data-parallel-size", "2", "--api-server-count", "1")
+    with running("tiny-qwen2-random", log, {**TINY_ENV, **engine_binding(replicas=2)}, *args) as server:
         yield server
 
 

@@ -20,7 +20,7 @@ def refusing_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("refusing") / "vllm-serve.log"
     # logit named explicitly: the example plugin (tests/plugin) would otherwise claim this Qwen2 model.
     env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_BACKEND": "logit"}
-    with running("tiny-qwen2-random", log, env, "--dtype", "float32", ready=decision_status) as instance:
+    with running("tiny-qwen2-random", log, env, ready=decision_status) as instance:
         yield instance
 
 

@@ -26,6 +26,8 @@ SERVED = {
     "gemma2": "instructions in the head of the user turn (the chat template has no system role)",
     "gpt-oss": "answer slot: closes the template's open ending with '<|channel|>final<|message|>', then 'Answer:'",
 }
+TEAM = {"type": "choice", "instructions": "Which team?",
+        "choices": [{"value": v} for v in ("billing", "tech", "sales", "shipping", "account", "other")]}  # fmt: skip
 # The first self-check probe as a request: its prompt is the one pinned for each family.
 PROBE = {"input": "The sky is blue and the sun is shining.", "extra": {"debias": "off"},
          "questions": [{"type": "predicate", "instructions": "Is the sun shining?"}]}  # fmt: skip
@@ -55,9 +57,9 @@ def family_servers(tmp_path_factory):
     try:
         for name in SERVED:
             mode = BY_NAME[name].tokenizer_mode
-            # bfloat16 (the test servers' default): GPT-OSS's attention sinks on CPU take nothing else.
+            # bfloat16, as these models are served: GPT-OSS's attention sinks on CPU take nothing else.
             servers[name] = VllmServer(family_path(BY_NAME[name]), folder / f"{name}.log", env,
-                                       "--tokenizer-mode", mode)  # fmt: skip
+                                       "--tokenizer-mode", mode, dtype="bfloat16")  # fmt: skip
         servers["base"] = VllmServer(base_model(folder), folder / "base.log", env)
         for name, server in servers.items():
             server.wait(startup_refused if name == "base" else decisions_ready)
@@ -97,6 +99,35 @@ def test_the_engine_reads_the_pinned_prompt(family_servers, name):
     answer = httpx.post(f"{family_servers[name].url}/v1/decisions", json={"model": name, **PROBE}, timeout=120)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["input_tokens"] == pinned_prompts()[name]["tokens"]
+
+
+# patches/exact-logprobs recomputes through a model's ``lm_head``; vLLM's Gemma 2 reads through its tied
+# embedding instead, so its reads keep bf16 and the startup line says why.
+FP32_READS = {"deepseek-r1": True, "gemma2": False, "gpt-oss": True}
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_reads_say_their_precision_under_the_bf16_model(family_servers, name):
+    """Reads ask for float32 by default: recomputed under a bf16 model (off the bf16 grid, within a step of
+    the model-precision read), or, where the LM head can't be recomputed, in bf16 and said so."""
+    url = family_servers[name].url
+    reads = {}
+    for precision in ("float32", "model"):
+        body = {"model": name, "input": "Card charged twice!", "questions": [TEAM],
+                "extra": {"debias": "off", "backend_options": {"precision": precision}}}  # fmt: skip
+        response = httpx.post(f"{url}/v1/decisions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        answer = response.json()["answers"][0]["extra"]
+        exact = precision == "float32" and FP32_READS[name]
+        assert answer["audit"]["logit_precision"] == ("float32" if exact else "bfloat16")
+        reads[precision] = list(answer["backend"]["option_logits"].values())
+    log = family_servers[name].log.read_text(errors="replace")
+    if FP32_READS[name]:
+        assert reads["float32"] != reads["model"] and reads["float32"] == pytest.approx(reads["model"], abs=0.1)
+        assert "option log-probabilities in float32, recomputed from the bfloat16 model" in log
+    else:
+        assert reads["float32"] == reads["model"]
+        assert "option log-probabilities in bfloat16, the LM head's dtype: the engine returned" in log
 
 
 def test_a_model_without_a_chat_template_is_refused_with_what_to_pass(family_servers):

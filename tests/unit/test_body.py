@@ -12,7 +12,7 @@ from vllm.entrypoints.generate.decisions.errors import DecisionError
 BODY = b'{"state": "' + b"x" * 5000 + b'"}'
 
 
-@pytest.mark.parametrize(("encoding", "data"), [(None, BODY), ("gzip", gzip.compress(BODY)), ("zstd", zstd.compress(BODY)),
+@pytest.mark.parametrize(("encoding", "data"), [(None, BODY), ("gzip", gzip.compress(BODY, mtime=0)), ("zstd", zstd.compress(BODY)),
                                                 ("ZSTD ", zstd.compress(BODY)), ("identity", BODY)])  # fmt: skip
 def test_decodes(encoding, data):
     assert decode_body(data, encoding, 1 << 20) == BODY
@@ -24,10 +24,15 @@ def test_decodes(encoding, data):
         ("br", BODY, HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "'br' is not supported"),
         ("gzip", BODY, HTTPStatus.BAD_REQUEST, "could not decode the gzip"),
         ("zstd", zstd.compress(BODY)[:-8], HTTPStatus.BAD_REQUEST, "could not decode the zstd"),
-        ("gzip", gzip.compress(BODY)[:-12], HTTPStatus.BAD_REQUEST, "could not decode the gzip"),
+        ("gzip", gzip.compress(BODY, mtime=0)[:-12], HTTPStatus.BAD_REQUEST, "could not decode the gzip"),
         (None, BODY, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
         ("zstd", zstd.compress(BODY * 100), HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
-        ("gzip", gzip.compress(BODY * 100), HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
+        (
+            "gzip",
+            gzip.compress(BODY * 100, mtime=0),
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES",
+        ),
     ],
 )
 def test_refuses(encoding, data, status, needle):
