@@ -264,12 +264,12 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         with tempfile.TemporaryDirectory() as calibration_dir:
             logs = Path(calibration_dir)
-            process = serve(args.model, port, calibration_dir, logs / "first.log")
+            process = serve(args.model, port, calibration_dir, logs / "first.log", dtype=args.dtype)
             try:
                 calibrating = startup_seconds(url, process)
             finally:
                 stop(process)
-            process = serve(args.model, port, calibration_dir, logs / "second.log")
+            process = serve(args.model, port, calibration_dir, logs / "second.log", dtype=args.dtype)
             try:
                 saved = startup_seconds(url, process)
                 results["startup"] = {"calibrating_s": calibrating, "with_saved_calibration_s": saved}
@@ -277,7 +277,7 @@ def main() -> int:
             finally:
                 stop(process)
     if args.bulk_lines and not args.port:
-        results["bulk"] = bench_bulk.measure(args.model, args.bulk_lines)
+        results["bulk"] = bench_bulk.measure(args.model, args.bulk_lines, args.dtype)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
     if "bulk" in results:

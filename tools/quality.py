@@ -235,7 +235,8 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_arguments(parser, "nothing (not used here)")
+    # The "bf16 logits" rows read a bf16 model's own logits: the server is bf16 here whatever the CPU.
+    add_server_arguments(parser, "nothing (not used here)", dtype="bfloat16")
     parser.add_argument("--questions", default=question_file.BUNDLED, help="a labelled file (calibration format)")
     parser.add_argument("--orders", type=int, default=3, help="random option orders per choice question")
     parser.add_argument("--limit", type=int, help="a seeded sample of this many questions")

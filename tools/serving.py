@@ -20,21 +20,39 @@ import psutil
 DEFAULT_MODEL = os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct")
 
 
-def add_server_arguments(parser: argparse.ArgumentParser, pid_for: str) -> None:
+def add_server_arguments(parser: argparse.ArgumentParser, pid_for: str, dtype: str | None = None) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default=dtype or cpu_dtype(), help="the started server's dtype (%(default)s)")
     parser.add_argument("--port", type=int, help="target a running server instead of starting one")
     parser.add_argument("--server-pid", type=int, help=f"with --port: the API server's PID, for {pid_for}")
 
 
+def cpu_dtype() -> str:
+    """bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX), float32 elsewhere: on an
+    AVX2-only CPU vLLM's bf16 matmuls are emulated, about five times slower (tools/serve.sh decides alike)."""
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+def engine_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a measured vLLM process: decisions on, offline, a 2 GiB KV cache unless set."""
+    return {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+            **(env or {})}  # fmt: skip
+
+
+def engine_args(dtype: str | None = None) -> list[str]:
+    """The engine arguments every measured vLLM process (serve and run-batch) shares."""
+    return ["--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
+            "--dtype", dtype or cpu_dtype()]  # fmt: skip
+
+
 def serve(
-    model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None
+    model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None, dtype: str | None = None
 ) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir,
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TORCH_COMPILE_DISABLE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **(env or {})}  # fmt: skip
+    env = engine_env({"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir, **(env or {})})
     command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
-               "--dtype", "bfloat16"]  # fmt: skip
+               *engine_args(dtype)]  # fmt: skip
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -85,7 +103,7 @@ def target(args: argparse.Namespace, port: int, env: dict[str, str] | None = Non
         return
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
-        process = serve(args.model, port, folder, Path(folder) / "serve.log", env)
+        process = serve(args.model, port, folder, Path(folder) / "serve.log", env, args.dtype)
         try:
             startup_seconds(url, process)
             yield url, process.pid

@@ -78,6 +78,8 @@ LENIENT = [
     ("DEBIAS", "rotate : 3", "debias", Debias("rotate", 3)),
     ("BULK_IN_FLIGHT", "", "bulk_in_flight", 256),
     ("BULK_IN_FLIGHT", "16", "bulk_in_flight", 16),
+    ("BULK_WINDOW", "", "bulk_window", 4096),
+    ("BULK_WINDOW", "1", "bulk_window", 1),
 ]  # fmt: skip
 
 # (variable, value, part of the message that says what is accepted)
@@ -108,6 +110,7 @@ REFUSED = [
     ("STARTUP_WAIT", "0", "a finite number above 0"),
     ("DEBIAS", "sideways", "expected off, rotate or rotate:N with N >= 1"),
     ("BULK_IN_FLIGHT", "0", "a whole number of at least 1, or empty for the default, 256"),
+    ("BULK_WINDOW", "lots", "a whole number of at least 1, or empty for the default, 4096"),
     ("DEBIAS", "rotate:0", "expected off, rotate or rotate:N"),
     ("DEBIAS", "rotate:²", "expected off, rotate or rotate:N"),  # a digit int() refuses
     ("DEBIAS", "off:2", "expected off, rotate or rotate:N"),

@@ -37,6 +37,7 @@ VARIABLES = (
     PREFIX + "STARTUP_WAIT",
     PREFIX + "DEBIAS",
     PREFIX + "BULK_IN_FLIGHT",
+    PREFIX + "BULK_WINDOW",
 )
 
 
@@ -124,8 +125,10 @@ class Settings:
     startup_wait: float
     # How answers are made independent of the clients' option order (debias.py).
     debias: Debias = DEFAULT_DEBIAS
-    # vllm run-batch: the most lines read ahead and the most in flight at once (bulk/run_batch.py).
+    # vllm run-batch: the most lines in flight at once, and the most read ahead to group lines about one
+    # input (bulk/run_batch.py).
     bulk_in_flight: int = 256
+    bulk_window: int = 4096
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -144,6 +147,7 @@ class Settings:
             startup_wait=_positive_float(env, PREFIX + "STARTUP_WAIT", DEFAULT_STARTUP_WAIT),
             debias=_debias(env),
             bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
+            bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
         )
 
 

@@ -5,12 +5,14 @@ Decision lines (``url`` ``/v1/decisions``, ``/v1/systemone`` or ``/api/alpha/dec
 by the server's own routes, called in process (in_process.py): the same answers, refusals and error
 bodies as ``vllm serve``. Every other line goes to vLLM's own run-batch handlers. Unlike stock
 run-batch, the file is streamed: lines are read, answered and written as they go, at most
-``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once, so memory stays flat however long the file; and a
-rerun with the same output file skips what is already there (batch_file.py).
+``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once and ``VLLM_TYPED_DECISIONS_BULK_WINDOW`` read ahead,
+so memory stays flat however long the file; and a rerun with the same output file skips what is
+already there (batch_file.py).
 
-Lines are read a window at a time and submitted grouped by their input, so the questions of every line
-about one input reach the engine together and share its prefix-cache blocks (under data parallelism
-they also go to one replica: affinity.py).
+The lines read ahead are submitted grouped by their input (ReadAhead), so lines about one input reach
+the engine together and share its prefill while it is in the prefix cache, however far apart they are
+in the file within the window (under data parallelism they also go to one replica: affinity.py). An
+online server sees them in file order, and an input evicted between two of its lines is prefilled twice.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import json
 import time
 import uuid
 from argparse import Namespace
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -66,7 +69,11 @@ class Tally:
 
     def summary(self) -> str:
         seconds = time.monotonic() - self.started
-        cached = f", {self.cached_tokens / self.input_tokens:.0%} of input tokens cached" if self.input_tokens else ""
+        cached = (
+            f", {self.cached_tokens / self.input_tokens:.1%} of {self.input_tokens} input tokens cached"
+            if self.input_tokens
+            else ""
+        )
         return (f"decision batch: {self.lines} lines in {seconds:.1f} s ({self.failed} failed, {self.skipped} "
                 f"already answered), {self.decisions} decisions, {self.decisions / max(seconds, 1e-9):.1f} "
                 f"decisions/s{cached}")  # fmt: skip
@@ -99,6 +106,36 @@ class Line:
             return ""
         field = "input" if self.record and self.record["url"] == "/v1/decisions" else "state"
         return json.dumps(body.get(field), sort_keys=True)[:4096]
+
+
+class ReadAhead:
+    """Up to ``window`` lines read ahead, handed out grouped by input: all the lines held about the input
+    that first appeared earliest, then the next input's, reading on as lines go. Two lines about one
+    input less than ``window`` lines apart come out together (or the later one soon after)."""
+
+    def __init__(self, source: Iterable[Line], window: int) -> None:
+        self.source = iter(source)
+        self.window = window
+        self.groups: dict[str, deque[Line]] = {}  # first appearance first
+        self.held = 0
+
+    def __iter__(self) -> Iterator[Line]:
+        while True:
+            self.fill()
+            if not self.groups:
+                return
+            key = next(iter(self.groups))
+            group = self.groups[key]
+            line = group.popleft()
+            if not group:
+                del self.groups[key]
+            self.held -= 1
+            yield line
+
+    def fill(self) -> None:
+        while self.held < self.window and (line := next(self.source, None)) is not None:
+            self.groups.setdefault(line.input_key, deque()).append(line)
+            self.held += 1
 
 
 class DecisionBatch:
@@ -160,11 +197,19 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
     done = resume(target)
     if done:
         logger.info("decision batch: %d lines of %s already answered; answering the rest", len(done), target)
-    bound = service.settings.bulk_in_flight
+    settings = service.settings
     tally = Tally(skipped=0)
     writer = Writer(target)
-    gate = asyncio.Semaphore(bound)
+    gate = asyncio.Semaphore(settings.bulk_in_flight)
     tasks: set[asyncio.Task[None]] = set()
+
+    def unanswered() -> Iterator[Line]:
+        for number, text in lines(source):
+            if number in done:
+                tally.skipped += 1
+            else:
+                yield Line.parse(number, text)
+
     with tqdm(unit="line", desc="Decision batch", mininterval=2) as progress:
         batch = DecisionBatch(Decisions(service), stock_handler(registry), writer, tally, progress)
 
@@ -174,27 +219,11 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
             finally:
                 gate.release()
 
-        window: list[Line] = []
-
-        async def flush() -> None:
-            # Grouped by input, first appearance first: lines about one input reach the engine together.
-            keys = [line.input_key for line in window]
-            first = {key: i for i, key in reversed(list(enumerate(keys)))}
-            for _, line in sorted(zip(keys, window, strict=True), key=lambda item: (first[item[0]], item[1].number)):
-                await gate.acquire()
-                task = asyncio.create_task(run(line))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            window.clear()
-
-        for line, text in lines(source):
-            if line in done:
-                tally.skipped += 1
-                continue
-            window.append(Line.parse(line, text))
-            if len(window) >= bound:
-                await flush()
-        await flush()
+        for line in ReadAhead(unanswered(), settings.bulk_window):
+            await gate.acquire()
+            task = asyncio.create_task(run(line))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.gather(*tasks)
     writer.close()
