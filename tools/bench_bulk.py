@@ -124,7 +124,7 @@ def run_batch(model: str, source: Path, target: Path, dtype: str, profile: Path 
     process = subprocess.Popen(command, env=engine_env(ENV), stdout=log.open("w"), stderr=subprocess.STDOUT)
     memory = PeakMemory(process.pid)
     sampler = None
-    if profile is not None:  # from the first answered line on: the engine's start is not the batch's work
+    if profile is not None:  # from the batch's start (its output file opens) on: engine start-up isn't batch work
         while process.poll() is None and not target.exists():
             time.sleep(0.2)
         sampler = profiling.Profile(process.pid, profile)
@@ -202,11 +202,14 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="write py-spy samples here and print where the time went")
     parser.add_argument("--json", default="bench-bulk-results.json")
     args = parser.parse_args()
+    online_in_flight = tuple(int(n) for n in args.online_in_flight.split(","))
+    if len(online_in_flight) >= len(PHASES):  # each phase needs a word of its own, or it starts with a warm cache
+        parser.error(f"--online-in-flight: at most {len(PHASES) - 1} concurrencies")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     results = {"model": args.model, "date": time.strftime("%Y-%m-%d"),
                **measure(args.model, args.lines, args.dtype, args.lines_per_input, args.profile,
-                         tuple(int(n) for n in args.online_in_flight.split(",")))}  # fmt: skip
+                         online_in_flight)}  # fmt: skip
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
     return 0
