@@ -18,8 +18,8 @@ order; and the result stays a log-probability, so the calibration temperature ap
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,6 +27,17 @@ from pydantic import BaseModel
 from .backends.base import DecisionBackend, Reading, checked_scores
 from .concurrency import gather_or_cancel
 from .errors import DecisionError
+from .prior import (
+    NEUTRAL_INPUTS,
+    PriorAudit,
+    PriorCache,
+    PriorRead,
+    adjusted,
+    fingerprint,
+    mean_log_probabilities,
+    uses_content_free,
+    uses_fitted,
+)
 from .questions import CompiledQuestion, top_index
 from .scoring import log_softmax
 from .settings import Debias
@@ -54,12 +65,38 @@ class DebiasAudit(BaseModel):
     rotation_agreement: float
 
 
+@dataclass(frozen=True)
+class Correction:
+    """The prior correction a read asks for (prior.py): the mode, the cache of content-free reads
+    (needed by the content-free modes) and the fitted bias per position (None: none fitted)."""
+
+    mode: str = "off"
+    cache: PriorCache | None = None
+    bias: list[float] | None = None
+
+
+NO_CORRECTION = Correction()
+
+
 @dataclass
 class DebiasedReading:
-    """A question's reading in the client's option order; ``debias`` is None for a single read."""
+    """A question's reading in the client's option order; ``debias`` is None for a single read.
+
+    ``rows`` are each reading's log-probabilities and ``positions`` the position each option had in it
+    (client order); ``priors`` each reading's content-free log-probabilities, when read. ``scores`` are
+    what the temperature divides: ``reading.scores`` corrected as the request asked.
+    """
 
     reading: Reading
     debias: DebiasAudit | None = None
+    rows: list[list[float]] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)
+    priors: list[list[float]] | None = None
+    prior: PriorAudit | None = None
+
+    @property
+    def scores(self) -> list[float]:
+        return self.reading.scores if self.prior is None else list(self.prior.adjusted_logits.values())
 
 
 def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
@@ -79,21 +116,76 @@ def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
 
 
 async def read_question(backend: DecisionBackend, state: str, question: CompiledQuestion, request_id: str,
-                        options: Any, debias: Debias) -> DebiasedReading:  # fmt: skip
-    """The backend's reading of ``question``, debiased as asked; scores in the client's option order."""
-    if debias.mode == "off":
-        return DebiasedReading(await backend.read(state, question, request_id, options))
+                        options: Any, debias: Debias,
+                        correction: Correction = NO_CORRECTION) -> DebiasedReading:  # fmt: skip
+    """The backend's reading of ``question``, debiased and corrected as asked; scores in the client's
+    option order. Content-free reads not yet cached go to the engine with the real ones."""
     plan = orders(question, debias)
-    reads = [
-        backend.read(state, reordered(question, order), f"{request_id}-r{i}" if len(plan) > 1 else request_id, options)
+    several = len(plan) > 1
+    reads: list[Awaitable[Any]] = [
+        backend.read(state, reordered(question, order), f"{request_id}-r{i}" if several else request_id, options)
         for i, order in enumerate(plan)
     ]
-    readings = await gather_or_cancel(reads)
+    content_free = uses_content_free(correction.mode) and correction.cache is not None
+    if content_free:
+        reads += [prior_read(backend, reordered(question, order), f"{request_id}-p{i}", options, correction)
+                  for i, order in enumerate(plan)]  # fmt: skip
+    results = await gather_or_cancel(reads)
+    readings: list[Reading] = list(results[: len(plan)])
+    priors: list[PriorRead] = list(results[len(plan) :])
     per_order = [
         in_client_order(checked_scores(reading, len(question.options), backend.name), order)
         for reading, order in zip(readings, plan, strict=True)
     ]
-    return combined(question, debias, plan, readings, per_order)
+    read = (
+        DebiasedReading(readings[0]) if debias.mode == "off" else combined(question, debias, plan, readings, per_order)
+    )
+    read.rows = [log_softmax(row) for row in per_order]
+    read.positions = [positions_of(order) for order in plan]
+    if content_free:
+        read.priors = [in_client_order(p.logprobs, order) for p, order in zip(priors, plan, strict=True)]
+    if correction.mode != "off":
+        read.prior = prior_audit(question, read, correction, all(p.cached for p in priors) if priors else None)
+    return read
+
+
+def positions_of(order: Sequence[int]) -> list[int]:
+    """The position each option (client order) has in a reading of ``order``."""
+    back = [0] * len(order)
+    for position, index in enumerate(order):
+        back[index] = position
+    return back
+
+
+async def prior_read(backend: DecisionBackend, question: CompiledQuestion, request_id: str, options: Any,
+                     correction: Correction) -> PriorRead:  # fmt: skip
+    """``question``'s content-free log-probabilities in the order given, from the cache or read now."""
+    assert correction.cache is not None
+    key = fingerprint(backend.name, backend.render_version, options, question.qtype.name, question.instructions,
+                      [o.text for o in question.options])  # fmt: skip
+
+    async def neutral() -> list[float]:
+        reads = [backend.read(text, question, f"{request_id}-{i}", options) for i, text in enumerate(NEUTRAL_INPUTS)]
+        readings = await gather_or_cancel(reads)
+        return mean_log_probabilities([checked_scores(r, len(question.options), backend.name) for r in readings])
+
+    return await correction.cache.get(key, neutral)
+
+
+def prior_audit(question: CompiledQuestion, read: DebiasedReading, correction: Correction,
+                cached: bool | None) -> PriorAudit:  # fmt: skip
+    keys = [o.key for o in question.options]
+    fitted = correction.bias if uses_fitted(correction.mode) else None
+    scores = adjusted(read.rows, read.positions, read.priors, fitted)
+    bias = None
+    if fitted is not None:
+        zero = [[0.0] * len(keys) for _ in read.rows]
+        bias = dict(zip(keys, adjusted(zero, read.positions, None, fitted), strict=True))
+    content_free = None
+    if read.priors is not None:
+        content_free = {k: sum(p[i] for p in read.priors) / len(read.priors) for i, k in enumerate(keys)}
+    return PriorAudit(mode=correction.mode, content_free=content_free, cached=cached, bias=bias,
+                      adjusted_logits=dict(zip(keys, scores, strict=True)))  # fmt: skip
 
 
 def reordered(question: CompiledQuestion, order: Sequence[int]) -> CompiledQuestion:

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which prior correction each question type gets (prior.py), chosen on the calibration set.
+
+For every type, each correction is tried under group-disjoint cross-validation: on the training folds
+the temperature (and, for the fitted modes, an additive bias per option position) is fitted by
+log-likelihood, and the held-out folds are scored by log loss and accuracy. A correction is kept only
+when its held-out log loss is below the uncorrected reading's and its accuracy is not lower; the best
+kept one is the type's ``auto``. The fit is a multinomial logistic regression with one slope (1/T) on
+the reading's scores and one intercept per position (position 0 fixed at 0, the shift softmax ignores),
+solved by Newton's method with a small ridge on the intercepts. Pure functions: testable without an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel
+
+from ..prior import MODES, adjusted, uses_content_free, uses_fitted
+from .maths import FOLDS, HIGH_TEMPERATURE, LOW_TEMPERATURE, fold_of_groups
+
+FloatArray = npt.NDArray[np.float64]
+
+RIDGE = 0.1  # on the position intercepts, so a position seen a few times gets a small bias
+SCORE_FLOOR = -30.0  # a -inf score (an option the reading gives nothing) enters the fit here
+ITERATIONS = 50
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One calibration question as read: each reading's log-probabilities and the position each option
+    had (client order), the content-free log-probabilities when read, and the correct option."""
+
+    rows: list[list[float]]
+    positions: list[list[int]]
+    priors: list[list[float]] | None
+    correct: int
+    group: str
+
+
+class Candidate(BaseModel):
+    """A correction's held-out log loss and accuracy, and the T (and, fitted modes, the bias per
+    position in score units) fitted for it on every question."""
+
+    log_loss: float
+    accuracy: float
+    temperature: float
+    bias: list[float] | None = None
+
+
+class ReadChoice(BaseModel):
+    """A question type's chosen correction (``mode``) and every correction's figures."""
+
+    mode: str
+    candidates: dict[str, Candidate]
+
+    def log_line(self, name: str) -> str:
+        off = self.candidates["off"]
+        figures = ", ".join(f"{m} {c.log_loss:.3f}/{c.accuracy:.3f}" for m, c in self.candidates.items())
+        if self.mode == "off":
+            verdict = "no correction kept"
+        else:
+            kept = self.candidates[self.mode]
+            verdict = (f"{self.mode} kept (held-out log loss {off.log_loss:.3f} -> {kept.log_loss:.3f}, "
+                       f"accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f})")  # fmt: skip
+        return f"decision reads ({name}): {verdict}; log loss/accuracy: {figures}"
+
+
+def features(sample: Sample, mode: str, width: int) -> tuple[FloatArray, FloatArray]:
+    """The reading's scores under ``mode``'s content-free part, and each option's position share
+    (readings averaged) over positions 1..width-1."""
+    priors = sample.priors if uses_content_free(mode) else None
+    scores = np.maximum(np.asarray(adjusted(sample.rows, sample.positions, priors, None)), SCORE_FLOOR)
+    shares = np.zeros((len(scores), max(width - 1, 0)))
+    for positions in sample.positions:
+        for option, position in enumerate(positions):
+            if 1 <= position < width:
+                shares[option, position - 1] += 1.0 / len(sample.positions)
+    return scores, shares
+
+
+def _design(samples: Sequence[Sample], mode: str, width: int) -> list[tuple[FloatArray, int]]:
+    rows = []
+    for sample in samples:
+        scores, shares = features(sample, mode, width if uses_fitted(mode) else 1)
+        rows.append((np.column_stack([scores, shares]), sample.correct))
+    return rows
+
+
+def _newton(design: list[tuple[FloatArray, int]], size: int) -> FloatArray:
+    """The maximum-likelihood (slope, intercepts), ridge on the intercepts, slope within the T range."""
+    theta = np.zeros(size)
+    theta[0] = 1.0
+    penalty = np.full(size, RIDGE)
+    penalty[0] = 0.0
+
+    def objective(t: FloatArray) -> float:
+        total = 0.5 * float(penalty @ (t * t))
+        for z, answer in design:
+            logits = z @ t
+            top = logits.max()
+            total += float(top + np.log(np.exp(logits - top).sum()) - logits[answer])
+        return total
+
+    current = objective(theta)
+    for _ in range(ITERATIONS):
+        gradient = penalty * theta
+        hessian = np.diag(penalty) + 1e-9 * np.eye(size)
+        for z, answer in design:
+            logits = z @ theta
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
+            gradient += z.T @ p - z[answer]
+            hessian += z.T @ (np.diag(p) - np.outer(p, p)) @ z
+        step = np.linalg.solve(hessian, gradient)
+        scale = 1.0
+        while scale > 1e-6:
+            proposal = theta - scale * step
+            proposal[0] = min(max(proposal[0], 1.0 / HIGH_TEMPERATURE), 1.0 / LOW_TEMPERATURE)
+            value = objective(proposal)
+            if value <= current:
+                break
+            scale /= 2
+        else:
+            break
+        if current - value < 1e-9:
+            theta, current = proposal, value
+            break
+        theta, current = proposal, value
+    return theta
+
+
+def fit(samples: Sequence[Sample], mode: str, width: int) -> tuple[float, list[float] | None]:
+    """The temperature and (fitted modes) the bias per position, in score units, for ``mode``."""
+    size = width if uses_fitted(mode) else 1
+    theta = _newton(_design(samples, mode, width), size)
+    slope = float(theta[0])
+    bias = [0.0] + [float(w) / slope for w in theta[1:]] if uses_fitted(mode) else None
+    return 1.0 / slope, bias
+
+
+def held_out(samples: Sequence[Sample], mode: str, width: int, folds: int = FOLDS) -> tuple[float, float]:
+    """``mode``'s log loss and accuracy on each fold, fitted on the others."""
+    fold = fold_of_groups([s.group for s in samples], folds)
+    losses, hits = [], []
+    for f in sorted(set(fold)):
+        train = [s for s, k in zip(samples, fold, strict=True) if k != f]
+        temperature, bias = fit(train, mode, width)
+        for sample in (s for s, k in zip(samples, fold, strict=True) if k == f):
+            scores = corrected(sample, mode, bias)
+            logits = np.maximum(np.asarray(scores), SCORE_FLOOR) / temperature
+            log_p = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            losses.append(-float(log_p[sample.correct]))
+            hits.append(int(np.argmax(logits)) == sample.correct)
+    return float(np.mean(losses)), float(np.mean(hits))
+
+
+def corrected(sample: Sample, mode: str, bias: Sequence[float] | None) -> list[float]:
+    """The sample's scores as a server answering with ``mode`` (and this bias) would give them."""
+    priors = sample.priors if uses_content_free(mode) else None
+    return adjusted(sample.rows, sample.positions, priors, bias if uses_fitted(mode) else None)
+
+
+def choose(samples: Sequence[Sample]) -> ReadChoice:
+    """The correction this type's questions are best answered with, and every correction's figures."""
+    width = max(len(s.rows[0]) for s in samples)
+    modes = [m for m in MODES if not uses_content_free(m) or all(s.priors is not None for s in samples)]
+    candidates: dict[str, Candidate] = {}
+    for mode in modes:
+        loss, accuracy = held_out(samples, mode, width)
+        temperature, bias = fit(samples, mode, width)
+        candidates[mode] = Candidate(log_loss=loss, accuracy=accuracy, temperature=temperature, bias=bias)
+    off = candidates["off"]
+    helping: list[str] = [m for m, c in candidates.items() if c.log_loss < off.log_loss and c.accuracy >= off.accuracy]
+    chosen: str = min(helping, key=lambda m: candidates[m].log_loss) if helping else "off"
+    return ReadChoice(mode=chosen, candidates=candidates)

@@ -1,0 +1,562 @@
+"""How often the decisions are right, and how well their probabilities are calibrated, against the
+alternatives a user would use instead: side by side in one run against one real server.
+
+Starts its own `vllm serve` (decisions on, startup calibration on the bundled set, in a fresh
+calibration folder unless --calibration-dir names one a rerun can reuse) unless --port targets a
+running one, and waits until decisions answer (503 until the calibration is done). Over a labelled
+file in the calibration format it asks every question once per row, one question per request.
+
+Rows (--rows picks some, by name):
+
+- ``off``, ``content-free``, ``fitted``, ``content-free+fitted``: ours on /v1/systemone with
+  ``extra.prior`` set to that read correction and ``extra.debias`` ``rotate:1`` (one reading);
+- ``default``: ours with neither ``prior`` nor ``debias`` (whatever the server does by default);
+- ``rotate``: ours with ``prior`` ``off`` and ``debias`` ``rotate`` (two readings: the old default).
+  A server that refuses a row's ``extra`` (400 or 422, e.g. one without ``prior``) makes that row
+  unavailable; the reason is printed and the other rows go on.
+  An answer's scores are ``extra.audit.prior.adjusted_logits`` when a correction applied, else
+  ``extra.backend.option_logits``; its T is ``extra.audit.calibration_temperature``. Raw
+  probabilities are softmax(scores), calibrated (the served ones) softmax(scores / T).
+- ``batch``: batch calibration, computed here from the ``off`` row's answers (what a bulk run over
+  the whole file could do): each answer's log-softmax scores minus the mean log-softmax over all the
+  answers to the same question (the same question JSON) in the file (log-probabilities floored at
+  -100 before the mean), then softmax, and softmax of that over the answer's own T. A question asked
+  once is left with no preference (uniform), so this row means something only where each question
+  is asked about many inputs. Its cost is the ``off`` row's: the same requests, plus arithmetic, but
+  nothing can be answered before the whole file is.
+- ``generation``: vLLM's own POST /v1/chat/completions on the same server and model: the input, the
+  question and its options with their descriptions in plain words as one user turn ending "Answer
+  with one of: k1, k2, ...", the reply restricted to the option keys (``structured_outputs.choice``),
+  temperature 0, logprobs with top_logprobs 20. The keys are the choice values, ``yes``/``no``, and
+  for a score the level numbers 0, 1, ... (the prompt lists each with its label, lowest first).
+  Generation gives no distribution: the answer is the generated key, its probability exp of the sum
+  of the generated tokens' logprobs (the key's tokens and the end of text the grammar allows after
+  it), and the remaining mass (at least 1e-6, so a certain wrong answer has a finite log loss) is
+  shared equally by the other options. No T: calibrated = raw.
+- ``upstream`` (with --upstream-port N): upstream vLLM 0.32's own POST /v1/systemone on a server
+  already running there, with its request shape (``model``, ``state``, ``questions`` of ``type``,
+  ``instructions``, ``criteria``) and its answers' ``probabilities`` (keyed by choice name, ``yes``/
+  ``no``, ``"0"``...; at most 26 choices and 10 levels, a bigger question is a failed answer). No T:
+  calibrated = raw. Its time is another server's, on whatever machine that one runs.
+
+Metrics per row, per question type and overall (``all``), over the answered questions:
+
+- ``n``, ``accuracy`` (the served probabilities' top option, the first on a tie);
+- ``majority``: the share a predictor would get right that answers every question (same question
+  JSON) with the correct option most common among that question's answers here: the sum over distinct
+  questions of that option's count, over n. It has seen the labels, so it is a bar to clear, not a
+  fair competitor; a question asked once gets it right by construction;
+- ``mean acc/q``: accuracy per distinct question, averaged over the distinct questions;
+- ``log loss`` and ``Brier`` of the served probabilities (both raw ones too in --json);
+- ECE of the raw and of the calibrated probabilities (10 bins) with its 95% group-bootstrap interval
+  (the file's groups), by the server's own calibration maths;
+- ``top share``: for each distinct question asked at least twice, the share of its answers that
+  went to its most-picked option, averaged over those questions; ``collapsed``: how many of them had
+  one option take more than 80% of their answers while being right less than half the time;
+- seconds per decision, and the ratio to the first row: per question, the rows run one after another
+  in a shuffled order, the questions in a shuffled order, --concurrency questions in flight, so each
+  row meets the same load and prefix cache; a row's time is the sum of its own requests' times.
+
+usage: python tools/accuracy.py [--model PATH] [--port N] [--questions FILE] [--limit N] [--rows A,B]
+                                [--concurrency N] [--json OUT] [--seed N] [--upstream-port N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import shlex
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import add_server_arguments, target  # noqa: E402
+
+from vllm.entrypoints.generate.decisions.calibration import maths, question_file  # noqa: E402
+from vllm.entrypoints.generate.decisions.questions import NOUL, SCORE, CompiledQuestion, top_index  # noqa: E402
+
+DEFAULT_QUESTIONS = str(Path(__file__).parent / "data" / "heldout.jsonl")
+# The rows ours answers: the request's extra block besides "detail".
+OURS = {
+    "off": {"prior": "off", "debias": "rotate:1"},
+    "content-free": {"prior": "content-free", "debias": "rotate:1"},
+    "fitted": {"prior": "fitted", "debias": "rotate:1"},
+    "content-free+fitted": {"prior": "content-free+fitted", "debias": "rotate:1"},
+    "default": {},
+    "rotate": {"prior": "off", "debias": "rotate"},
+}
+ROWS = [*OURS, "batch", "generation", "upstream"]
+LOG_FLOOR = -100.0  # batch calibration: log-probabilities below this count as this
+MASS_FLOOR = 1e-6  # generation: the least probability left to the options not generated
+COLLAPSE_SHARE = 0.8
+COLLAPSE_ACCURACY = 0.5
+
+
+class RowRefused(Exception):
+    """A request the server answered with an error status; the message is its body's gist."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+@dataclass
+class Reading:
+    """One answer: option scores (log-probabilities, up to a constant) in the question's option order,
+    the T the server applied to them, and the request's wall time; or the error that replaced it."""
+
+    scores: list[float]
+    temperature: float = 1.0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+# --- questions --------------------------------------------------------------------------------
+
+
+def load_items(path: str, limit: int | None) -> list[question_file.LabelledQuestion]:
+    """The file's questions; with ``limit``, those about its first ``limit`` distinct inputs."""
+    items = list(question_file.load(path).questions)
+    if not limit:
+        return items
+    states = list(dict.fromkeys(item.state for item in items))[:limit]
+    chosen = set(states)
+    return [item for item in items if item.state in chosen]
+
+
+def question_id(item: question_file.LabelledQuestion) -> str:
+    """What makes two lines the same question: the question's JSON (its input aside)."""
+    return json.dumps(item.raw, sort_keys=True, ensure_ascii=False)
+
+
+def plain_keys(question: CompiledQuestion) -> list[str]:
+    """The options as a user writes them: ``yes``/``no``, the choice values, a score's level numbers."""
+    if question.qtype is NOUL:
+        return ["yes", "no"]
+    if question.qtype is SCORE:
+        return [option.key for option in question.options]
+    return [option.label for option in question.options]
+
+
+# --- the rows' requests -----------------------------------------------------------------------
+
+
+def error_message(response: httpx.Response) -> str:
+    """The gist of an error body, whichever wire shaped it."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    if isinstance(body, dict) and isinstance(body.get("detail"), list):  # FastAPI's validation errors
+        error = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in body["detail"])
+    return str(error)[:300]
+
+
+async def post(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = await http.post(path, json=body)
+    if response.status_code != 200:
+        raise RowRefused(response.status_code, error_message(response))
+    return response.json()
+
+
+def served_scores(answer: dict[str, Any], keys: Sequence[str]) -> list[float]:
+    """An answer's scores in option order: the corrected ones when a correction applied."""
+    prior = answer["extra"]["audit"].get("prior")
+    adjusted = prior.get("adjusted_logits") if isinstance(prior, dict) else None
+    logits = adjusted or answer["extra"]["backend"]["option_logits"]
+    return [-math.inf if logits.get(k) is None else float(logits[k]) for k in keys]
+
+
+async def ask_ours(http: httpx.AsyncClient, item: question_file.LabelledQuestion, extra: dict[str, Any]) -> Reading:
+    body = {"model": "m", "state": item.state, "questions": {"q": item.raw}, "extra": {"detail": "full", **extra}}
+    answer = (await post(http, "/v1/systemone", body))["answers"]["q"]
+    keys = [option.key for option in item.question.options]
+    temperature = answer["extra"]["audit"].get("calibration_temperature") or 1.0
+    return Reading(served_scores(answer, keys), float(temperature))
+
+
+def chat_prompt(item: question_file.LabelledQuestion) -> str:
+    """The question in plain words, as a user would ask it in a chat."""
+    question = item.question
+    keys = plain_keys(question)
+    lines = [f"Input:\n{item.state}", ""]
+    if question.instructions:
+        lines.append(f"Question: {question.instructions}")
+    lines.append("Levels, lowest first:" if question.qtype is SCORE else "Options:")
+    for key, option in zip(keys, question.options, strict=True):
+        meaning = option.label if question.qtype is SCORE else option.description
+        lines.append(f"- {key}: {meaning}" if meaning else f"- {key}")
+    lines.append("Answer with one of: " + ", ".join(keys))
+    return "\n".join(lines)
+
+
+def generation_scores(reply: str, token_logprobs: Sequence[float], keys: Sequence[str]) -> list[float]:
+    """Log-probabilities for a generated key: its own from its tokens, the rest shared equally."""
+    if reply not in keys:
+        raise RowRefused(200, f"generated {reply!r}, not one of the options")
+    chosen = math.exp(sum(token_logprobs))
+    rest = max(1.0 - chosen, MASS_FLOOR) / max(len(keys) - 1, 1)
+    return [math.log(max(chosen, MASS_FLOOR)) if key == reply else math.log(rest) for key in keys]
+
+
+async def ask_generation(http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str) -> Reading:
+    keys = plain_keys(item.question)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": chat_prompt(item)}],
+        "temperature": 0,
+        # A token is at least one character; one more for the end of text.
+        "max_tokens": max(len(k) for k in keys) + 1,
+        "logprobs": True,
+        "top_logprobs": 20,
+        "structured_outputs": {"choice": keys},
+    }
+    choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
+    tokens = (choice.get("logprobs") or {}).get("content") or []
+    return Reading(generation_scores(choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys))
+
+
+async def ask_upstream(http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str) -> Reading:
+    body = {"model": model, "state": item.state, "questions": {"q": item.raw}}
+    probabilities = (await post(http, "/v1/systemone", body))["answers"]["q"]["probabilities"]
+    return Reading([math.log(max(float(probabilities[k]), 1e-300)) for k in plain_keys(item.question)])
+
+
+@dataclass
+class Servers:
+    """The clients the rows ask through, and the model names their servers serve."""
+
+    ours: httpx.AsyncClient
+    model: str
+    upstream: httpx.AsyncClient | None = None
+    upstream_model: str = ""
+
+    async def ask(self, row: str, item: question_file.LabelledQuestion) -> Reading:
+        if row in OURS:
+            return await ask_ours(self.ours, item, OURS[row])
+        if row == "generation":
+            return await ask_generation(self.ours, item, self.model)
+        if row == "upstream" and self.upstream is not None:
+            return await ask_upstream(self.upstream, item, self.upstream_model)
+        raise ValueError(f"no requests for row {row!r}")
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+async def wait_ready(url: str, seconds: float = 1800) -> None:
+    """Until a decision request answers something other than 503 (the startup calibration)."""
+    probe = {"model": "m", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        while True:
+            try:
+                if (await http.post("/v1/systemone", json=probe)).status_code not in (404, 503):
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no decision answer from {url} within {seconds:.0f} s")
+            await asyncio.sleep(2)
+
+
+async def served_model(http: httpx.AsyncClient) -> str:
+    response = await http.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+# A question every row can ask, to find the rows a server refuses whatever the question.
+PROBE = {"state": "Ticket: my card was charged twice.", "question": {"type": "noul", "instructions": "Is it urgent?"},
+         "expected": "no"}  # fmt: skip
+# What a reading can fail with besides a refusal: an answer not in the shape expected.
+SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError)
+
+
+async def refusals(servers: Servers, rows: Sequence[str]) -> dict[str, str]:
+    """The rows whose requests the server refuses outright (400 or 422 on a plain yes/no), and why."""
+    probe = question_file.parse_line(0, json.dumps(PROBE))
+    unavailable = {}
+    for row in rows:
+        try:
+            await servers.ask(row, probe)
+        except RowRefused as refused:
+            if refused.status in (400, 422):
+                unavailable[row] = str(refused)
+        except SHAPE_ERRORS as exc:
+            unavailable[row] = f"an answer in another shape ({type(exc).__name__}: {exc})"
+    return unavailable
+
+
+async def run_rows(servers: Servers, items: list[question_file.LabelledQuestion], rows: Sequence[str],
+                   concurrency: int, seed: int) -> dict[str, list[Reading]]:  # fmt: skip
+    """Every question under every row, timed; rows interleaved per question in a shuffled order."""
+    gate = asyncio.Semaphore(concurrency)
+    readings: dict[str, list[Reading]] = {row: [Reading([], error="not asked")] * len(items) for row in rows}
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+
+    async def one(index: int) -> None:
+        names = list(rows)
+        random.Random(f"{seed}-{index}").shuffle(names)
+        async with gate:
+            for row in names:
+                started = time.perf_counter()
+                try:
+                    reading = await servers.ask(row, items[index])
+                except RowRefused as refused:
+                    reading = Reading([], error=str(refused))
+                except SHAPE_ERRORS as exc:
+                    reading = Reading([], error=f"{type(exc).__name__}: {exc}")
+                reading.seconds = time.perf_counter() - started
+                readings[row][index] = reading
+
+    await asyncio.gather(*(one(i) for i in order))
+    return readings
+
+
+def batch_calibrated(items: list[question_file.LabelledQuestion], readings: list[Reading]) -> list[Reading]:
+    """Each answer's log-softmax minus the mean log-softmax of all the answers to its question."""
+    logs = [[max(s, LOG_FLOOR) for s in log_softmax(r.scores)] if not r.error else [] for r in readings]
+    by_question: dict[str, list[list[float]]] = defaultdict(list)
+    for item, log in zip(items, logs, strict=True):
+        if log:
+            by_question[question_id(item)].append(log)
+    means = {q: [sum(column) / len(column) for column in zip(*rows, strict=True)] for q, rows in by_question.items()}
+    out = []
+    for item, log, reading in zip(items, logs, readings, strict=True):
+        if reading.error:
+            out.append(reading)
+            continue
+        mean = means[question_id(item)]
+        out.append(Reading([x - m for x, m in zip(log, mean, strict=True)], reading.temperature, reading.seconds))
+    return out
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+def log_softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
+    """log softmax(scores / T); all ``-inf`` reads as no preference (uniform)."""
+    scaled = [s / temperature for s in scores]
+    top = max(scaled)
+    if top == -math.inf:
+        return [-math.log(len(scaled))] * len(scaled)
+    total = top + math.log(sum(math.exp(s - top) for s in scaled))
+    return [s - total for s in scaled]
+
+
+def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
+    return [math.exp(x) for x in log_softmax(scores, temperature)]
+
+
+def brier(probabilities: list[list[float]], correct: list[int]) -> float:
+    return sum(
+        sum((p - (j == c)) ** 2 for j, p in enumerate(row)) for row, c in zip(probabilities, correct, strict=True)
+    ) / len(correct)
+
+
+def calibration_error(probabilities: list[list[float]], hits: list[bool], groups: list[str],
+                      seed: int) -> tuple[float, tuple[float, float]]:  # fmt: skip
+    top = [max(row) for row in probabilities]
+    return maths.ece(top, hits), maths.bootstrap_interval(top, hits, groups, seed=seed)
+
+
+def per_question(questions: list[str], correct: list[int], picked: list[int]) -> dict[str, Any]:
+    """Majority baseline, mean accuracy over distinct questions, top share and collapsed questions."""
+    answers: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for q, c, p in zip(questions, correct, picked, strict=True):
+        answers[q].append((c, p))
+    majority = sum(Counter(c for c, _ in pairs).most_common(1)[0][1] for pairs in answers.values())
+    accuracy = {q: sum(c == p for c, p in pairs) / len(pairs) for q, pairs in answers.items()}
+    repeated = {q: pairs for q, pairs in answers.items() if len(pairs) >= 2}
+    share = {q: Counter(p for _, p in pairs).most_common(1)[0][1] / len(pairs) for q, pairs in repeated.items()}
+    collapsed = [q for q in repeated if share[q] > COLLAPSE_SHARE and accuracy[q] < COLLAPSE_ACCURACY]
+    return {
+        "majority_baseline": majority / len(questions),
+        "distinct_questions": len(answers),
+        "mean_accuracy_per_question": sum(accuracy.values()) / len(accuracy),
+        "repeated_questions": len(repeated),
+        "top_share": sum(share.values()) / len(share) if share else None,
+        "collapsed": len(collapsed),
+    }
+
+
+def metrics(items: list[question_file.LabelledQuestion], readings: list[Reading], seed: int) -> dict[str, Any]:
+    """The figures over the answered ones of ``items``."""
+    answered = [(item, r) for item, r in zip(items, readings, strict=True) if not r.error]
+    if not answered:
+        return {"questions": 0, "failed": len(items)}
+    correct = [item.correct for item, _ in answered]
+    groups = [item.group for item, _ in answered]
+    raw = [softmax(r.scores) for _, r in answered]
+    served = [softmax(r.scores, r.temperature) for _, r in answered]
+    picked = [top_index(p) for p in served]
+    hits = [p == c for p, c in zip(picked, correct, strict=True)]
+    scaled = [[s / r.temperature for s in r.scores] for _, r in answered]
+    seconds = sum(r.seconds for r in readings) / len(readings)
+    return {
+        "questions": len(answered),
+        "failed": len(items) - len(answered),
+        "accuracy": sum(hits) / len(hits),
+        **per_question([question_id(item) for item, _ in answered], correct, picked),
+        "log_loss": maths.nll(scaled, correct, 1.0),
+        "log_loss_raw": maths.nll([r.scores for _, r in answered], correct, 1.0),
+        "brier": brier(served, correct),
+        "brier_raw": brier(raw, correct),
+        "ece_raw": calibration_error(raw, hits, groups, seed),
+        "ece_calibrated": calibration_error(served, hits, groups, seed),
+        "seconds_per_decision": seconds,
+    }
+
+
+def row_metrics(items: list[question_file.LabelledQuestion], readings: list[Reading], seed: int) -> dict[str, Any]:
+    """``metrics`` overall (``all``) and per question type."""
+    kinds = sorted({item.question.qtype.name for item in items})
+    out = {"all": metrics(items, readings, seed)}
+    for kind in kinds:
+        chosen = [i for i, item in enumerate(items) if item.question.qtype.name == kind]
+        out[kind] = metrics([items[i] for i in chosen], [readings[i] for i in chosen], seed)
+    return out
+
+
+def first_errors(readings: list[Reading], count: int = 3) -> list[str]:
+    return list(dict.fromkeys(r.error for r in readings if r.error))[:count]
+
+
+# --- output -----------------------------------------------------------------------------------
+
+COLUMNS = ["row", "type", "n", "accuracy", "majority", "mean acc/q", "log loss", "Brier", "ECE raw [95%]",
+           "ECE calibrated [95%]", "top share", "collapsed", "s/decision", "ratio"]  # fmt: skip
+
+
+def ece_cell(value: tuple[float, tuple[float, float]]) -> str:
+    return f"{value[0]:.3f} [{value[1][0]:.2f}, {value[1][1]:.2f}]"
+
+
+def table_line(row: str, kind: str, m: dict[str, Any], base: dict[str, Any] | None) -> str:
+    if not m["questions"]:
+        return f"| {row} | {kind} | 0 | (every answer failed) |"
+    seconds = m["seconds_per_decision"]
+    ratio = f"{seconds / base['seconds_per_decision']:.2f}x" if base and base.get("seconds_per_decision") else "-"
+    share = "-" if m["top_share"] is None else f"{m['top_share']:.2f}"
+    cells = [row, kind, str(m["questions"]), f"{m['accuracy']:.3f}", f"{m['majority_baseline']:.3f}",
+             f"{m['mean_accuracy_per_question']:.3f}", f"{m['log_loss']:.3f}", f"{m['brier']:.3f}",
+             ece_cell(m["ece_raw"]), ece_cell(m["ece_calibrated"]), share, str(m["collapsed"]),
+             f"{seconds:.3f}", ratio]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    measured = [r for r in results["rows"].values() if "metrics" in r]
+    base = measured[0]["metrics"] if measured else {}
+    notes = []
+    for name, row in results["rows"].items():
+        if "unavailable" in row:
+            notes.append(f"{name}: unavailable ({row['unavailable']})")
+            continue
+        for kind, m in row["metrics"].items():
+            lines.append(table_line(name if kind == "all" else "", kind, m, base.get(kind)))
+        if row["metrics"]["all"].get("failed"):
+            notes.append(f"{name}: {row['metrics']['all']['failed']} answers failed, e.g. {row['errors']}")
+    return "\n".join(lines + [""] + notes)
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def chosen_rows(args: argparse.Namespace) -> list[str]:
+    rows = args.rows.split(",") if args.rows else [r for r in ROWS if r != "upstream" or args.upstream_port]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; the rows: {', '.join(ROWS)}")
+    if "upstream" in rows and not args.upstream_port:
+        raise SystemExit("the upstream row needs --upstream-port")
+    return rows
+
+
+async def measure(url: str, args: argparse.Namespace, items: list[question_file.LabelledQuestion]) -> dict[str, Any]:
+    rows = chosen_rows(args)
+    # The batch row is computed from the off row's answers.
+    asked = [r for r in ROWS if r in rows and r != "batch"] + (["off"] if "batch" in rows and "off" not in rows else [])
+    await wait_ready(url)
+    upstream_url = f"http://127.0.0.1:{args.upstream_port}" if args.upstream_port else None
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=600) as ours,
+        httpx.AsyncClient(base_url=upstream_url or url, timeout=600) as upstream,
+    ):
+        servers = Servers(ours, await served_model(ours))
+        if upstream_url:
+            servers.upstream, servers.upstream_model = upstream, await served_model(upstream)
+        unavailable = await refusals(servers, asked)
+        print(f"asking {len(items)} questions under {', '.join(r for r in asked if r not in unavailable)}",
+              file=sys.stderr)  # fmt: skip
+        readings = await run_rows(servers, items, [r for r in asked if r not in unavailable], args.concurrency,
+                                  args.seed)  # fmt: skip
+    if "batch" in rows:
+        if "off" in readings:
+            readings["batch"] = batch_calibrated(items, readings["off"])
+        else:
+            unavailable["batch"] = f"computed from the off row, which is unavailable ({unavailable['off']})"
+    results: dict[str, Any] = {"rows": {}}
+    for row in rows:
+        if row in unavailable:
+            results["rows"][row] = {"unavailable": unavailable[row]}
+        else:
+            results["rows"][row] = {"metrics": row_metrics(items, readings[row], args.seed),
+                                    "errors": first_errors(readings[row])}  # fmt: skip
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(parser, "nothing (not used here)")
+    parser.add_argument("--serve-port", type=int, default=8024, help="the started server's port (%(default)s)")
+    parser.add_argument("--calibration-dir", help="the started server's calibration folder, kept for a rerun")
+    parser.add_argument("--questions", default=DEFAULT_QUESTIONS, help="a labelled file (calibration format)")
+    parser.add_argument("--limit", type=int, help="only the questions about the file's first N inputs")
+    parser.add_argument("--rows", help="a comma-separated subset of: " + ", ".join(ROWS))
+    parser.add_argument("--concurrency", type=int, default=4, help="questions in flight")
+    parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--seed", type=int, default=0, help="question and row order, bootstrap resamples")
+    parser.add_argument("--upstream-port", type=int, help="an upstream vLLM 0.32 server for the upstream row")
+    args = parser.parse_args()
+    chosen_rows(args)
+    command = shlex.join([sys.executable, *sys.argv])
+    try:
+        items = load_items(args.questions, args.limit)
+    except question_file.QuestionFileError as exc:
+        raise SystemExit(f"accuracy.py: {exc}") from None
+    env = {"VLLM_TYPED_DECISIONS_CALIBRATION": "on"}
+    if args.calibration_dir:
+        Path(args.calibration_dir).mkdir(parents=True, exist_ok=True)
+        env["VLLM_TYPED_DECISIONS_CALIBRATION_DIR"] = str(Path(args.calibration_dir).resolve())
+    started = time.perf_counter()
+    with target(args, args.serve_port, env) as (url, _):
+        results = asyncio.run(measure(url, args, items))
+    results.update(command=command, model=args.model, questions=args.questions, limit=args.limit,
+                   date=time.strftime("%Y-%m-%d"), seconds=round(time.perf_counter() - started))  # fmt: skip
+    print(f"`{command}`\n")
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"(wrote {args.json})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
