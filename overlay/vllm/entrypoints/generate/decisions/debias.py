@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -41,6 +41,8 @@ from .prior import (
 from .questions import CompiledQuestion, top_index
 from .scoring import log_softmax
 from .settings import Debias
+
+T = TypeVar("T")
 
 # Readings of ``rotate`` without a count: two for every type (a yes/no both ways, a score forwards and
 # reversed, a choice from two starts half a cycle apart), so its cost is the same for every question.
@@ -83,8 +85,8 @@ class DebiasedReading:
     """A question's reading in the client's option order; ``debias`` is None for a single read.
 
     ``rows`` are each reading's log-probabilities and ``positions`` the position each option had in it
-    (client order); ``priors`` each reading's content-free log-probabilities, when read. ``scores`` are
-    what the temperature divides: ``reading.scores`` corrected as the request asked.
+    (client order); ``priors`` each reading's content-free log-probabilities, when read; ``prior`` the
+    correction applied, with the scores the temperature divides.
     """
 
     reading: Reading
@@ -93,10 +95,6 @@ class DebiasedReading:
     positions: list[list[int]] = field(default_factory=list)
     priors: list[list[float]] | None = None
     prior: PriorAudit | None = None
-
-    @property
-    def scores(self) -> list[float]:
-        return self.reading.scores if self.prior is None else list(self.prior.adjusted_logits.values())
 
 
 def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
@@ -137,24 +135,15 @@ async def read_question(backend: DecisionBackend, state: str, question: Compiled
         in_client_order(checked_scores(reading, len(question.options), backend.name), order)
         for reading, order in zip(readings, plan, strict=True)
     ]
-    read = (
-        DebiasedReading(readings[0]) if debias.mode == "off" else combined(question, debias, plan, readings, per_order)
-    )
-    read.rows = [log_softmax(row) for row in per_order]
-    read.positions = [positions_of(order) for order in plan]
+    rows = [log_softmax(row) for row in per_order]
+    read = DebiasedReading(readings[0]) if debias.mode == "off" else combined(question, debias, plan, readings, rows)
+    read.rows = rows
+    read.positions = [in_client_order(range(len(order)), order) for order in plan]
     if content_free:
         read.priors = [in_client_order(p.logprobs, order) for p, order in zip(priors, plan, strict=True)]
     if correction.mode != "off":
         read.prior = prior_audit(question, read, correction, all(p.cached for p in priors) if priors else None)
     return read
-
-
-def positions_of(order: Sequence[int]) -> list[int]:
-    """The position each option (client order) has in a reading of ``order``."""
-    back = [0] * len(order)
-    for position, index in enumerate(order):
-        back[index] = position
-    return back
 
 
 async def prior_read(backend: DecisionBackend, question: CompiledQuestion, request_id: str, options: Any,
@@ -192,17 +181,18 @@ def reordered(question: CompiledQuestion, order: Sequence[int]) -> CompiledQuest
     return replace(question, options=tuple(question.options[i] for i in order))
 
 
-def in_client_order(scores: Sequence[float], order: Sequence[int]) -> list[float]:
-    """Scores read in ``order`` back at the options' positions in the question as sent."""
-    back = [0.0] * len(order)
+def in_client_order(values: Sequence[T], order: Sequence[int]) -> list[T]:
+    """Values read in ``order`` (scores, or the positions themselves) back at the options' positions
+    in the question as sent."""
+    back: list[T] = list(values)
     for position, index in enumerate(order):
-        back[index] = scores[position]
+        back[index] = values[position]
     return back
 
 
 def combined(question: CompiledQuestion, debias: Debias, plan: list[list[int]], readings: Sequence[Reading],
-             per_order: list[list[float]]) -> DebiasedReading:  # fmt: skip
-    rows = [log_softmax(scores) for scores in per_order]
+             rows: list[list[float]]) -> DebiasedReading:  # fmt: skip
+    """The readings averaged; ``rows`` are their log-probabilities in the client's option order."""
     scores = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
     if all(s == -math.inf for s in scores):
         raise DecisionError("the rotations of this question agree on no option (each gives the others zero)")

@@ -106,9 +106,6 @@ class PriorCache:
         self.size = size
         self._entries: OrderedDict[str, asyncio.Future[list[float]]] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     async def get(self, key: str, read: Callable[[], Awaitable[list[float]]]) -> PriorRead:
         entry = self._entries.get(key)
         if entry is not None:
