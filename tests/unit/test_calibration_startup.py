@@ -75,32 +75,38 @@ def write_mixed(path, counts, groups=40):
     return path
 
 
-def settings(tmp_path, source):
+def settings(tmp_path, source, prior="off"):
+    """The temperature tests read without a prior correction (test_prior_calibration.py covers those)."""
     return Settings.from_env({"VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
-                              "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved")})  # fmt: skip
+                              "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
+                              "VLLM_TYPED_DECISIONS_PRIOR": prior})  # fmt: skip
+
+
+async def calibrated_temperatures(backend, configured, model):
+    return (await startup_calibration(backend, configured, model)).temperatures
 
 
 async def test_fits_saves_and_reuses(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 200)
     backend = ScriptedBackend(overconfident)
-    first = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    first = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert (first.server.source, first.server.scope) == ("calibrated", "server") and first.server.value > 2
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     record = json.loads(saved.read_text())
     assert record["kept"] and record["questions"]["used"] == 200 and record["key"]["questions_sha256"]
     assert record["ece_calibrated_interval"][1] < record["ece_raw_interval"][0]
-    assert record["key"]["scheme"] == results.SCHEME == "per-type-v1"
+    assert record["key"]["scheme"] == results.SCHEME == "per-type-prior-v2"
     # One type only: its own fit is the server-wide one, on the same questions.
     assert first.for_type("score") == Temperature(first.server.value, "calibrated", "score")
     assert record["by_type"]["score"]["temperature"] == record["temperature"]
 
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
-    again = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert again == first and reads == [], "a saved result for the same deployment is reused"
 
     write_questions(source, 199)  # a changed question file: a new key, a new calibration
-    changed = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    changed = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert changed.server.source == "calibrated" and len(reads) == 199
     assert len(list((tmp_path / "saved").glob("calibration-*.json"))) == 2
 
@@ -108,7 +114,7 @@ async def test_fits_saves_and_reuses(tmp_path, caplog):
 async def test_each_question_type_gets_its_own_temperature(tmp_path, caplog):
     source = write_mixed(tmp_path / "q.jsonl", {"noul": 150, "choice": 150, "score": 20})
     backend = ScriptedBackend(lambda q: calibrated(q) if q.qtype.name == "noul" else overconfident(q))
-    first = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    first = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     server = first.server
     assert (server.source, server.scope) == ("calibrated", "server") and server.value > 2
     choice = first.for_type("choice")
@@ -138,7 +144,7 @@ async def test_each_question_type_gets_its_own_temperature(tmp_path, caplog):
     caplog.clear()
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
-    again = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert again == first and reads == [], "every fit is restored from the saved result"
     assert "loaded from a saved result)" in caplog.text and "decision calibration (choice): T=" in caplog.text
 
@@ -146,7 +152,7 @@ async def test_each_question_type_gets_its_own_temperature(tmp_path, caplog):
 async def test_an_edge_fit_for_one_type_falls_back_with_a_warning(tmp_path, caplog):
     source = write_mixed(tmp_path / "q.jsonl", {"choice": 200, "score": 60})
     backend = ScriptedBackend(lambda q: always_wrong(q) if q.qtype.name == "score" else overconfident(q))
-    result = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    result = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert result.server.source == "calibrated" and result.for_type("score") == result.server
     assert result.for_type("choice").scope == "choice"
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
@@ -161,7 +167,7 @@ async def test_an_edge_fit_for_one_type_falls_back_with_a_warning(tmp_path, capl
 async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
     source = write_questions(tmp_path / "q.jsonl", 120)
     backend = ScriptedBackend(overconfident)
-    first = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    first = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     record = json.loads(saved.read_text())
     saved.unlink()
@@ -169,7 +175,7 @@ async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
     store.save(tmp_path / "saved", old_key, {k: v for k, v in record.items() if k != "by_type"})
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
-    assert await startup_calibration(backend, settings(tmp_path, source), MODEL) == first and len(reads) == 120
+    assert await calibrated_temperatures(backend, settings(tmp_path, source), MODEL) == first and len(reads) == 120
 
 
 @pytest.mark.parametrize(
@@ -187,7 +193,7 @@ async def test_bad_files_give_the_default_with_a_warning(tmp_path, caplog, conte
     configured = settings(tmp_path, path)  # a file that does not exist is refused here, at startup
     if content is None:
         path.unlink()  # there when the server started, gone when calibration reads it
-    result = await startup_calibration(ScriptedBackend(overconfident), configured, MODEL)
+    result = await calibrated_temperatures(ScriptedBackend(overconfident), configured, MODEL)
     assert result.server == Temperature(1.0, "default", "server") and not result.by_type
     assert needle in caplog.text
 
@@ -195,14 +201,14 @@ async def test_bad_files_give_the_default_with_a_warning(tmp_path, caplog, conte
 async def test_too_few_answered_questions_give_the_default(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 60)
     refusing = ScriptedBackend(lambda q: None if expected_of(q) else overconfident(q))
-    result = await startup_calibration(refusing, settings(tmp_path, source), MODEL)
+    result = await calibrated_temperatures(refusing, settings(tmp_path, source), MODEL)
     assert result.server.source == "default" and "only 20 of 60 questions were answered" in caplog.text
 
 
 async def test_an_edge_temperature_is_a_failure(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 120)
     always_wrong = ScriptedBackend(lambda q: [0.0 if i == expected_of(q) else 9.0 for i in range(3)])
-    result = await startup_calibration(always_wrong, settings(tmp_path, source), MODEL)
+    result = await calibrated_temperatures(always_wrong, settings(tmp_path, source), MODEL)
     assert result.server.source == "default" and not result.by_type and "edge" in caplog.text
 
 
@@ -259,7 +265,7 @@ async def test_an_unwritable_folder_keeps_the_fit_and_warns(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 120)
     not_a_folder = tmp_path / "saved"
     not_a_folder.write_text("a file where the folder should be")
-    result = await startup_calibration(ScriptedBackend(overconfident), settings(tmp_path, source), MODEL)
+    result = await calibrated_temperatures(ScriptedBackend(overconfident), settings(tmp_path, source), MODEL)
     assert result.server.source == "calibrated" and result.server.value > 2  # measured and applied, not saved
     assert "decision calibration not saved (VLLM_TYPED_DECISIONS_CALIBRATION_DIR=" in caplog.text
 
@@ -278,12 +284,12 @@ def malformed(record):
 async def test_a_corrupt_saved_result_is_measured_again(tmp_path, caplog, damage):
     source = write_questions(tmp_path / "q.jsonl", 120)
     backend = ScriptedBackend(overconfident)
-    first = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    first = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     saved.write_text(damage(json.loads(saved.read_text())))
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
-    again = await startup_calibration(backend, settings(tmp_path, source), MODEL)
+    again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert again == first and len(reads) == 120  # not trusted: measured again, same answer
     assert json.loads(saved.read_text())["applied_temperature"] == first.server.value  # and saved whole again
 
@@ -296,7 +302,7 @@ async def test_calibration_reads_as_requests_do_and_keys_the_debias_setting(tmp_
     backend = ScriptedBackend(lambda q: reads.append(q) or overconfident(q))
     rotating = Settings.from_env({"VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
                                   "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
-                                  "VLLM_TYPED_DECISIONS_DEBIAS": "rotate"})  # fmt: skip
+                                  "VLLM_TYPED_DECISIONS_DEBIAS": "rotate", "VLLM_TYPED_DECISIONS_PRIOR": "off"})  # fmt: skip
     await startup_calibration(backend, rotating, MODEL)
     assert len(reads) == 240, "a score question is read forwards and reversed"
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")

@@ -117,6 +117,6 @@ def test_bad_settings_name_the_variable(text):
 
 
 def test_settings_parse_each_form():
-    assert str(Settings.from_env({}).debias) == "rotate", "the default: two readings per question"
+    assert str(Settings.from_env({}).debias) == "rotate:1", "the default: one reading in the canonical order"
     assert Settings.from_env({"VLLM_TYPED_DECISIONS_DEBIAS": "off"}).debias == NO_DEBIAS
     assert str(Settings.from_env({"VLLM_TYPED_DECISIONS_DEBIAS": "ROTATE:3"}).debias) == "rotate:3"

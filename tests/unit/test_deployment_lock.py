@@ -9,12 +9,11 @@ import sys
 import time
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.deployment_lock import exclusive
 from vllm.entrypoints.generate.decisions.startup import start_backend_once
 
 from .fakes import ScriptedBackend, TokenizerHost
-from .test_calibration_startup import MODEL, overconfident, settings, write_questions
+from .test_calibration_startup import MODEL, calibrated_temperatures, overconfident, settings, write_questions
 
 
 async def test_one_holder_at_a_time(tmp_path):
@@ -66,7 +65,7 @@ async def test_concurrent_processes_calibrate_once(tmp_path):
     source = write_questions(tmp_path / "q.jsonl", 200)
     reads = []
     backends = [ScriptedBackend(lambda q: reads.append(q) or overconfident(q)) for _ in range(3)]
-    results = await asyncio.gather(*(startup_calibration(b, settings(tmp_path, source), MODEL) for b in backends))
+    results = await asyncio.gather(*(calibrated_temperatures(b, settings(tmp_path, source), MODEL) for b in backends))
     assert len(reads) == 200, "one caller measured; the others loaded its result"
     assert len({r.server.value for r in results}) == 1 and all(r.server.source == "calibrated" for r in results)
 
@@ -75,7 +74,7 @@ async def test_a_failed_calibration_is_shared_within_a_run(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 200)
     reads = []
     backends = [ScriptedBackend(lambda q: reads.append(q) or [0.0] * len(q.options)) for _ in range(2)]
-    results = await asyncio.gather(*(startup_calibration(b, settings(tmp_path, source), MODEL) for b in backends))
+    results = await asyncio.gather(*(calibrated_temperatures(b, settings(tmp_path, source), MODEL) for b in backends))
     assert [r.server.source for r in results] == ["default", "default"] and len(reads) == 200
     assert "failed in another API-server process of this server" in caplog.text
 

@@ -7,6 +7,7 @@ from http import HTTPStatus
 import pytest
 
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
+from vllm.entrypoints.generate.decisions.corrections import Calibrated
 from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
@@ -105,7 +106,7 @@ def applied(answer):
 
 async def calibrated_service(backend, **env):
     async def calibrate():
-        return CALIBRATED
+        return Calibrated(CALIBRATED)
 
     service = DecisionService(Settings.from_env(env), backend, "served")
     await service.start(calibrate)

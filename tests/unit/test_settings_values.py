@@ -80,6 +80,11 @@ LENIENT = [
     ("BULK_IN_FLIGHT", "16", "bulk_in_flight", 16),
     ("BULK_WINDOW", "", "bulk_window", 4096),
     ("BULK_WINDOW", "1", "bulk_window", 1),
+    ("PRIOR", "", "prior", "auto"),
+    ("PRIOR", " Content-Free+Fitted ", "prior", "content-free+fitted"),
+    ("PRIOR", "off", "prior", "off"),
+    ("PRIOR_CACHE", "", "prior_cache", 4096),
+    ("PRIOR_CACHE", "1", "prior_cache", 1),
 ]  # fmt: skip
 
 # (variable, value, part of the message that says what is accepted)
@@ -114,6 +119,8 @@ REFUSED = [
     ("DEBIAS", "rotate:0", "expected off, rotate or rotate:N"),
     ("DEBIAS", "rotate:²", "expected off, rotate or rotate:N"),  # a digit int() refuses
     ("DEBIAS", "off:2", "expected off, rotate or rotate:N"),
+    ("PRIOR", "content", "expected one of auto, off, content-free, fitted, content-free\\+fitted, or empty for auto"),
+    ("PRIOR_CACHE", "0", "a whole number of at least 1, or empty for the default, 4096"),
 ]
 
 
@@ -127,6 +134,12 @@ def test_refused_values_name_the_variable_and_what_it_accepts(variable, value, a
     with pytest.raises(SettingsError, match=rf"^{PREFIX}{variable}=.*{accepted}") as refused:
         Settings.from_env({PREFIX + variable: value})
     assert "\n" not in str(refused.value)
+
+
+def test_prior_words_are_the_corrections_and_auto():
+    from vllm.entrypoints.generate.decisions.prior import AUTO, MODES
+
+    assert (AUTO, *MODES) == settings.PRIOR_CHOICES
 
 
 def test_every_variable_is_covered_here():

@@ -86,7 +86,7 @@ class DebiasedReading:
 
     ``rows`` are each reading's log-probabilities and ``positions`` the position each option had in it
     (client order); ``priors`` each reading's content-free log-probabilities, when read; ``prior`` the
-    correction applied, with the scores the temperature divides.
+    correction applied, and ``corrected`` the scores the temperature divides when one was applied.
     """
 
     reading: Reading
@@ -95,6 +95,7 @@ class DebiasedReading:
     positions: list[list[int]] = field(default_factory=list)
     priors: list[list[float]] | None = None
     prior: PriorAudit | None = None
+    corrected: list[float] | None = None
 
 
 def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
@@ -142,6 +143,8 @@ async def read_question(backend: DecisionBackend, state: str, question: Compiled
     if content_free:
         read.priors = [in_client_order(p.logprobs, order) for p, order in zip(priors, plan, strict=True)]
     if correction.mode != "off":
+        fitted = correction.bias if uses_fitted(correction.mode) else None
+        read.corrected = adjusted(read.rows, read.positions, read.priors, fitted)
         read.prior = prior_audit(question, read, correction, all(p.cached for p in priors) if priors else None)
     return read
 
@@ -165,7 +168,7 @@ def prior_audit(question: CompiledQuestion, read: DebiasedReading, correction: C
                 cached: bool | None) -> PriorAudit:  # fmt: skip
     keys = [o.key for o in question.options]
     fitted = correction.bias if uses_fitted(correction.mode) else None
-    scores = adjusted(read.rows, read.positions, read.priors, fitted)
+    scores = read.corrected or []
     bias = None
     if fitted is not None:
         zero = [[0.0] * len(keys) for _ in read.rows]

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from .debias import DebiasAudit
+from .prior import PriorAudit
 
 
 class BackendReport(BaseModel):
@@ -51,11 +52,14 @@ class AuditRecord(BaseModel):
     # The backend's own audit entries (``Reading.audit``), and the readings behind a debiased answer.
     backend: dict[str, Any] = {}
     debias: DebiasAudit | None = None
+    # The prior correction applied and the scores the temperature divided (option_logits stay raw).
+    prior: PriorAudit | None = None
 
     def as_json(self, basic: bool = False) -> dict[str, Any]:
         record = {
             **self.backend,
-            **self.model_dump(exclude={"backend", "debias"}),
+            **self.model_dump(exclude={"backend", "debias", "prior"}),
             **(self.debias.model_dump() if self.debias is not None else {}),
+            **({"prior": self.prior.model_dump(exclude_none=True)} if self.prior is not None else {}),
         }
         return {k: record[k] for k in self.BASIC if k in record} if basic else record

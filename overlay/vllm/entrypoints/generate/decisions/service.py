@@ -21,6 +21,7 @@ from .backends import DecisionBackend
 from .backends.base import checked_scores, facts_json
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
+from .corrections import Calibrated, Corrections
 from .debias import Debias, read_question
 from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
 from .metrics import record_questions, record_temperatures
@@ -88,8 +89,9 @@ class DecisionService:
         self.unavailable: str | None = None
         configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
         self.temperatures = Temperatures(configured or DEFAULT)
+        self.corrections = Corrections(settings.prior, settings.prior_cache)
 
-    async def start(self, calibrate: Callable[[], Awaitable[Temperatures]] | None = None) -> None:
+    async def start(self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None) -> None:
         """Startup work: the backend's own checks, then (unless a temperature is configured) calibration.
         Requests get 503 until this finishes; if the backend's checks fail, 503 with the reason."""
         try:
@@ -98,7 +100,8 @@ class DecisionService:
             self.unavailable = str(exc) or type(exc).__name__
             raise
         if calibrate is not None and self.temperatures.server.source == "default":
-            self.temperatures = await calibrate()
+            calibrated = await calibrate()
+            self.temperatures, self.corrections.reads = calibrated.temperatures, calibrated.reads
         self.ready = True
         record_temperatures(self.temperatures)  # metrics.py: the temperature gauges
         logger.info("decisions ready: backend=%s, %s", self.backend.name, self.temperatures.describe())
@@ -146,12 +149,14 @@ class DecisionService:
         backend: str | None = None,
         seed: int | None = None,
         debias: Debias | None = None,
+        prior: str | None = None,
     ) -> Decision:
         """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
 
         ``temperature`` is a per-request override of the server's calibration temperature; ``seed``
         (``extra.seed``) reaches backends whose reads draw randomness; ``debias`` (``extra.debias``)
-        overrides the server's VLLM_TYPED_DECISIONS_DEBIAS.
+        overrides the server's VLLM_TYPED_DECISIONS_DEBIAS and ``prior`` (``extra.prior``) its
+        VLLM_TYPED_DECISIONS_PRIOR.
         """
         if self.unavailable is not None:
             raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
@@ -174,6 +179,7 @@ class DecisionService:
                 temperature,
                 options,
                 debias or self.settings.debias,
+                prior,
             )  # fmt: skip
             for i, q in enumerate(questions)
         )
@@ -181,10 +187,6 @@ class DecisionService:
             results = await gather_or_cancel(reads)
         record_questions(results, chosen.name)  # metrics.py: questions, refusals, option mass
         return Decision(self.served_model, results)
-
-    def temperature_for(self, question: CompiledQuestion, requested: float | None = None) -> Temperature:
-        """The T for one question: the request's, else the server's for its type (Temperatures.applied)."""
-        return self.temperatures.applied(question.qtype.name, requested)
 
     async def backend_named(self, name: str | None) -> DecisionBackend:
         """The server's backend, or another registered one built (and started) with its defaults."""
@@ -220,11 +222,14 @@ class DecisionService:
         requested: float | None,
         options: Any,
         debias: Debias,
+        prior: str | None,
     ) -> Answer | Failure:
         try:
-            read = await read_question(backend, state, question, request_id, options, debias)
+            correction, applied = self.corrections.resolve(question.qtype.name, prior, self.temperatures, requested)
+            read = await read_question(backend, state, question, request_id, options, debias, correction)
             reading = read.reading
-            scores = checked_scores(reading, len(question.options), backend.name)
+            raw = checked_scores(reading, len(question.options), backend.name)
+            scores = read.corrected if read.corrected is not None else raw
         except EngineBusyError:
             raise
         except DecisionError as exc:
@@ -235,7 +240,6 @@ class DecisionService:
             logger.exception("decision read failed for %s", request_id)
             return Failure(question, DecisionError(f"internal error: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
         options = question.options
-        applied = self.temperature_for(question, requested)
         probabilities = softmax(scores, applied.value)
         audit = AuditRecord(
             served_model=self.served_model,
@@ -252,10 +256,11 @@ class DecisionService:
             readout=reading.readout,
             backend=facts_json(reading.audit),
             debias=read.debias,
+            prior=read.prior,
         )
         facts = BackendReport(
             name=backend.name,
-            option_logits={o.key: s for o, s in zip(options, scores, strict=True)},
+            option_logits={o.key: s for o, s in zip(options, raw, strict=True)},
             facts=facts_json(reading.meta),
         )
         return Answer(

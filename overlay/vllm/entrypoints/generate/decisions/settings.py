@@ -38,6 +38,8 @@ VARIABLES = (
     PREFIX + "DEBIAS",
     PREFIX + "BULK_IN_FLIGHT",
     PREFIX + "BULK_WINDOW",
+    PREFIX + "PRIOR",
+    PREFIX + "PRIOR_CACHE",
 )
 
 
@@ -104,7 +106,10 @@ def parse_debias(text: str) -> Debias:
     raise ValueError(f"{text!r}: expected off, rotate or rotate:N with N >= 1")
 
 
-DEFAULT_DEBIAS = Debias("rotate")
+DEFAULT_DEBIAS = Debias("rotate", 1)
+
+# The prior corrections (prior.py's MODES) and auto, calibration's choice per question type.
+PRIOR_CHOICES = ("auto", "off", "content-free", "fitted", "content-free+fitted")
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,10 @@ class Settings:
     # input (bulk/run_batch.py).
     bulk_in_flight: int = 256
     bulk_window: int = 4096
+    # The prior correction of each read (prior.py): a mode, or auto for what calibration chose per type;
+    # and how many questions' content-free reads are kept.
+    prior: str = "auto"
+    prior_cache: int = 4096
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -148,6 +157,8 @@ class Settings:
             debias=_debias(env),
             bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
             bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
+            prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, "auto"),
+            prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
         )
 
 
@@ -233,6 +244,17 @@ def _debias(env: Mapping[str, str]) -> Debias:
         return parse_debias(raw)
     except ValueError as exc:
         raise SettingsError(f"{name}={exc}") from None
+
+
+def _choice(env: Mapping[str, str], name: str, accepted: tuple[str, ...], default: str) -> str:
+    """One word of ``accepted`` (any case), or the default when unset or empty."""
+    raw = env.get(name, "")
+    word = raw.strip().lower()
+    if not word:
+        return default
+    if word not in accepted:
+        raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(accepted)}, or empty for {default}")
+    return word
 
 
 def default_calibration_dir(env: Mapping[str, str]) -> str:

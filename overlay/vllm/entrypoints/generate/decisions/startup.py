@@ -131,9 +131,9 @@ async def start_service(service: DecisionService, model: dict[str, Any]) -> None
     """The startup work: the backend's start (once per server), then calibration unless T is configured.
     A failure is logged, never raised: requests then get 503 with the reason (``service.unavailable``)."""
     from .calibration.run import startup_calibration
-    from .calibration.temperature import Temperatures
+    from .corrections import Calibrated
 
-    async def calibrate() -> Temperatures:
+    async def calibrate() -> Calibrated:
         return await startup_calibration(service.backend, service.settings, model)
 
     try:

@@ -56,11 +56,15 @@ class ReadChoice(BaseModel):
 
     mode: str
     candidates: dict[str, Candidate]
+    # Whether the mode is the operator's setting rather than the figures' choice.
+    forced: bool = False
 
     def log_line(self, name: str) -> str:
         off = self.candidates["off"]
         figures = ", ".join(f"{m} {c.log_loss:.3f}/{c.accuracy:.3f}" for m, c in self.candidates.items())
-        if self.mode == "off":
+        if self.forced:
+            verdict = f"{self.mode} as set"
+        elif self.mode == "off":
             verdict = "no correction kept"
         else:
             kept = self.candidates[self.mode]
@@ -164,8 +168,9 @@ def corrected(sample: Sample, mode: str, bias: Sequence[float] | None) -> list[f
     return adjusted(sample.rows, sample.positions, priors, bias if uses_fitted(mode) else None)
 
 
-def choose(samples: Sequence[Sample]) -> ReadChoice:
-    """The correction this type's questions are best answered with, and every correction's figures."""
+def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
+    """The correction this type's questions are best answered with (``forced``: the one an operator
+    set, whatever the figures say), and every correction's figures."""
     width = max(len(s.rows[0]) for s in samples)
     modes = [m for m in MODES if not uses_content_free(m) or all(s.priors is not None for s in samples)]
     candidates: dict[str, Candidate] = {}
@@ -176,4 +181,6 @@ def choose(samples: Sequence[Sample]) -> ReadChoice:
     off = candidates["off"]
     helping: list[str] = [m for m, c in candidates.items() if c.log_loss < off.log_loss and c.accuracy >= off.accuracy]
     chosen: str = min(helping, key=lambda m: candidates[m].log_loss) if helping else "off"
-    return ReadChoice(mode=chosen, candidates=candidates)
+    if forced is not None and forced in candidates:
+        chosen = forced
+    return ReadChoice(mode=chosen, candidates=candidates, forced=forced is not None)

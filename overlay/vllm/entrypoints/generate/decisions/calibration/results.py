@@ -16,12 +16,13 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from . import question_file
+from .bias import ReadChoice
 from .by_type import TypeFit
 from .maths import CalibrationResult
 from .temperature import SERVER, Temperature, Temperatures
 
 # Part of the saved result's key: a record in another layout (the single-T one before it) is not reused.
-SCHEME = "per-type-v1"
+SCHEME = "per-type-prior-v2"
 
 # A temperature as saved: a positive, finite number (strict: no strings, no booleans).
 PositiveT = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
@@ -85,24 +86,28 @@ class QuestionsUsed(BaseModel):
 
 
 class CalibrationRecord(Fit):
-    """A whole calibration: the server-wide fit, one per question type, and what it was measured on."""
+    """A whole calibration: each type's prior correction, the server-wide fit and one per question type
+    (both on the corrected scores), and what it was measured on."""
 
     applied_temperature: PositiveT
     by_type: dict[str, TypeRecord]
+    reads: dict[str, ReadChoice]
     questions: QuestionsUsed
     seconds: float
     date: str
     vllm_version: str
 
     @classmethod
-    def of(cls, result: CalibrationResult, fits: dict[str, TypeFit], questions: question_file.QuestionFile,
-           answered: int, skipped: list[str], seconds: float) -> CalibrationRecord:  # fmt: skip
+    def of(cls, result: CalibrationResult, fits: dict[str, TypeFit], reads: dict[str, ReadChoice],
+           questions: question_file.QuestionFile, answered: int, skipped: list[str],
+           seconds: float) -> CalibrationRecord:  # fmt: skip
         import vllm
 
         return cls(
             **Fit.fields(result),
             applied_temperature=result.applied_temperature,
             by_type={name: TypeRecord.of(fit, result.applied_temperature) for name, fit in fits.items()},
+            reads=reads,
             questions=QuestionsUsed(
                 file=questions.name, total=len(questions.questions), used=answered, skipped=skipped
             ),  # fmt: skip

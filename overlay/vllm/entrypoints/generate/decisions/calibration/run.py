@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Startup calibration: run the question set through the loaded backend inside the server, fit a
-temperature for the server and one per question type, keep each only if held-out calibration error
-clearly improves, and save the result.
+"""Startup calibration: run the question set through the loaded backend inside the server, choose each
+question type's prior correction (bias.py: kept only where held-out log loss and accuracy say it
+helps), fit a temperature for the server and one per question type on the corrected scores, keep each
+only if held-out calibration error clearly improves, and save the result.
 
 Failures never stop the server: they give T = 1.0 with source ``default`` and a warning naming the
 cause. A saved result for the same deployment is loaded instead of measuring again.
@@ -19,11 +20,13 @@ from pydantic import ValidationError
 from vllm.logger import init_logger
 
 from ..backends import DecisionBackend
-from ..debias import read_question
+from ..corrections import Calibrated
+from ..debias import NO_CORRECTION, Correction, DebiasedReading, read_question
 from ..deployment_lock import once_per_server, run_id, this_run
 from ..errors import DecisionError
+from ..prior import AUTO, PriorCache, uses_content_free
 from ..settings import NO_DEBIAS, Debias, Settings
-from . import by_type, question_file, results
+from . import bias, by_type, question_file, results
 from .maths import calibrate
 from .results import CalibrationRecord
 from .temperature import DEFAULT, Temperatures
@@ -34,18 +37,18 @@ CONCURRENCY = 8
 MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
-async def measure(backend: DecisionBackend, questions: question_file.QuestionFile,
-                  debias: Debias = NO_DEBIAS) -> tuple[list[Any], list[str]]:  # fmt: skip
-    """Each question's raw option scores, read as requests are (``debias``), ``CONCURRENCY`` questions
-    at a time; failed reads are skipped."""
+async def measure(backend: DecisionBackend, questions: question_file.QuestionFile, debias: Debias = NO_DEBIAS,
+                  correction: Correction = NO_CORRECTION) -> tuple[list[Any], list[str]]:  # fmt: skip
+    """Each question's reading, read as requests are (``debias``; with ``correction``'s content-free
+    reads when it asks for them), ``CONCURRENCY`` questions at a time; failed reads are skipped."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(index: int, item: question_file.LabelledQuestion) -> Any:
         async with gate:
             try:
                 request_id = f"decision-calibration-{index}"
-                read = await read_question(backend, item.state, item.question, request_id, None, debias)
-                return item, read.reading
+                return item, await read_question(backend, item.state, item.question, request_id, None, debias,
+                                                 correction)  # fmt: skip
             except DecisionError as exc:
                 logger.debug("calibration question %s skipped: %s", item.id, exc.message)
                 return item, None
@@ -56,32 +59,32 @@ async def measure(backend: DecisionBackend, questions: question_file.QuestionFil
     return answered, skipped
 
 
-async def startup_calibration(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any]) -> Temperatures:
-    """The temperatures this server applies by default (server-wide and per question type), measured
-    (or loaded) now."""
+async def startup_calibration(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any]) -> Calibrated:
+    """The temperatures this server applies by default (server-wide and per question type) and each
+    type's prior correction, measured (or loaded) now."""
     if settings.calibration == "off":
-        return Temperatures(DEFAULT)
+        return Calibrated(Temperatures(DEFAULT))
     source = question_file.BUNDLED if settings.calibration == "on" else settings.calibration
     try:
         questions = question_file.load(source)
     except question_file.QuestionFileError as exc:
         logger.warning("decision calibration skipped, T=1.0 (default): question file: %s", exc)
-        return Temperatures(DEFAULT)
+        return Calibrated(Temperatures(DEFAULT))
     key = {**deployment, "backend": backend.name, "backend_args": dict(settings.backend.args),
            "render_version": backend.render_version, "questions_sha256": questions.sha256,
-           "scheme": results.SCHEME, "debias": str(settings.debias)}  # fmt: skip
+           "scheme": results.SCHEME, "debias": str(settings.debias), "prior": settings.prior}  # fmt: skip
     record, loaded = await once_per_server(
         Path(settings.calibration_dir), key, "calibration", settings.startup_wait,
-        lambda: measure_and_fit(backend, questions, settings.debias), reusable,
+        lambda: measure_and_fit(backend, questions, settings.debias, settings.prior), reusable,
     )  # fmt: skip
     if "failed" in record:
         if loaded:
             logger.warning("decision calibration failed in another API-server process of this server, "
                            "T=1.0 (default): %s", record["failed"])  # fmt: skip
-        return Temperatures(DEFAULT)
+        return Calibrated(Temperatures(DEFAULT))
     fits = CalibrationRecord.model_validate(record)
     log(fits, loaded)
-    return fits.temperatures()
+    return Calibrated(fits.temperatures(), fits.reads)
 
 
 def reusable(saved: dict[str, Any]) -> bool:
@@ -98,14 +101,19 @@ def reusable(saved: dict[str, Any]) -> bool:
 
 
 async def measure_and_fit(backend: DecisionBackend, questions: question_file.QuestionFile,
-                          debias: Debias = NO_DEBIAS) -> dict[str, Any]:  # fmt: skip
-    """The calibration record for this deployment: the fits, or this run's failure."""
+                          debias: Debias = NO_DEBIAS, prior: str = "off") -> dict[str, Any]:  # fmt: skip
+    """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
+    server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set."""
     started = time.monotonic()
-    answered, skipped = await measure(backend, questions, debias)
+    content_free = prior == AUTO or uses_content_free(prior)
+    # Its own cache: the calibration's neutral reads are not kept for the requests.
+    correction = Correction("content-free", PriorCache(len(questions.questions))) if content_free else NO_CORRECTION
+    answered, skipped = await measure(backend, questions, debias, correction)
     if len(answered) < MIN_ANSWERED:
         return failed(f"only {len(answered)} of {len(questions.questions)} questions were answered "
                       f"(need {MIN_ANSWERED})")  # fmt: skip
-    scores = [reading.scores for _, reading in answered]
+    reads = await asyncio.to_thread(choose_reads, answered, prior)
+    scores = [corrected_scores(item, read, reads) for item, read in answered]
     correct = [item.correct for item, _ in answered]
     groups = [item.group for item, _ in answered]
     try:
@@ -119,17 +127,49 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
     types = [item.question.qtype.name for item, _ in answered]
     fits = await asyncio.to_thread(by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED)
-    record = CalibrationRecord.of(result, fits, questions, len(answered), skipped, time.monotonic() - started)
+    record = CalibrationRecord.of(result, fits, reads, questions, len(answered), skipped,
+                                  time.monotonic() - started)  # fmt: skip
     return record.model_dump(mode="json")
+
+
+def choose_reads(answered: list[tuple[question_file.LabelledQuestion, DebiasedReading]],
+                 prior: str) -> dict[str, bias.ReadChoice]:  # fmt: skip
+    """Each type's correction: under auto the one held-out figures keep (bias.choose), else the mode
+    set, with every mode's figures either way; types with too few questions get none (off)."""
+    by_kind: dict[str, list[bias.Sample]] = {}
+    for item, read in answered:
+        sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
+        by_kind.setdefault(item.question.qtype.name, []).append(sample)
+    if prior == "off":
+        return {}
+    return {
+        name: bias.choose(samples, None if prior == AUTO else prior)
+        for name, samples in by_kind.items()
+        if len(samples) >= MIN_ANSWERED
+    }
+
+
+def corrected_scores(item: question_file.LabelledQuestion, read: DebiasedReading,
+                     reads: dict[str, bias.ReadChoice]) -> list[float]:  # fmt: skip
+    """The scores a server answering this question gives: its reading under its type's correction."""
+    choice = reads.get(item.question.qtype.name)
+    if choice is None or choice.mode == "off":
+        return read.reading.scores
+    sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
+    return bias.corrected(sample, choice.mode, choice.candidates[choice.mode].bias)
 
 
 def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]:
     """(is a warning, line): the server-wide line, then one per question type; a type whose own fit
     was refused (not merely too few questions) is a warning."""
-    return [(False, record.log_line(loaded))] + [
-        (entry.fallback is not None and entry.used >= MIN_ANSWERED, entry.log_line(name))
-        for name, entry in record.by_type.items()
-    ]
+    return (
+        [(False, choice.log_line(name)) for name, choice in record.reads.items()]
+        + [(False, record.log_line(loaded))]
+        + [
+            (entry.fallback is not None and entry.used >= MIN_ANSWERED, entry.log_line(name))
+            for name, entry in record.by_type.items()
+        ]
+    )
 
 
 def log(record: CalibrationRecord, loaded: bool) -> None:

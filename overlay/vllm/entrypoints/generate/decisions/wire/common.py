@@ -33,6 +33,8 @@ class ExtraRequest(BaseModel):
     detail: Detail = "full"
     # off | rotate | rotate:N (debias.py); unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
     debias: str | None = Field(default=None, pattern=r"^(off|rotate(:[1-9][0-9]*)?)$")
+    # auto | off | content-free | fitted | content-free+fitted (prior.py); unset: VLLM_TYPED_DECISIONS_PRIOR.
+    prior: str | None = Field(default=None, pattern=r"^(auto|off|content-free|fitted|content-free\+fitted)$")
 
 
 async def decide(
@@ -55,6 +57,7 @@ async def decide(
         backend=extra.backend,
         seed=extra.seed,
         debias=parse_debias(extra.debias) if extra.debias is not None else None,
+        prior=extra.prior,
     )
     if (failure := decision.first_failure()) is not None:
         raise failure
