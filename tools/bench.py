@@ -12,6 +12,12 @@ one, then measures, with seeded inputs:
   and the share of input tokens served from the prefix cache; then where the time goes: the state's
   first prefill, one more question on the cached state as its own request, and per question when 15
   share a request on the cached state, which bound the ratio any server could reach here;
+- reads (--reads): what each way of reading costs per decision in a 16-question request over a fresh
+  ~1,000-token state, interleaved round by round in a shuffled order: ``off`` (one read in the order
+  sent, the baseline), the server's default, ``rotate:1`` with the content-free prior (its neutral reads
+  cached by a first request: what a server asking the same questions about many inputs pays), the same
+  with a cold cache (each round's questions worded anew), and ``rotate`` (two readings); the ratio to
+  ``off`` and the prompt tokens each computed;
 - concurrency: decisions per second with 1, 4 and 8 requests in flight;
 - board speed: one question per request, one at a time, p50/p95 of caller wall time and the speed score
   100 - 20*log10(s / 0.1 s) averaged over p50 and p95 (unadjusted);
@@ -23,7 +29,7 @@ one, then measures, with seeded inputs:
 This machine is shared and noisy: only the ratios measured within one run are results.
 
 usage: python tools/bench.py [--model PATH] [--port N [--server-pid PID]] [--quick] [--bulk-lines N]
-                             [--json OUT.json]
+                             [--reads | --only-reads] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -54,6 +60,14 @@ from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion  # 
 
 WORDS = ["ticket", "payout", "invoice", "refund", "account", "billing", "outage", "login", "error", "delay", "customer", "order", "shipment", "contract", "renewal", "discount", "priority", "escalation", "warehouse", "region", "weekly", "monthly", "report", "status"]  # fmt: skip
 QUESTIONS = [f"Does the text mention {w}?" for w in WORDS[:16]]
+# The reads phase's rows: the request's extra block for each.
+READS = {
+    "off": {"debias": "off", "prior": "off"},
+    "default": {},
+    "content-free, cached": {"debias": "rotate:1", "prior": "content-free"},
+    "content-free, cold": {"debias": "rotate:1", "prior": "content-free"},
+    "rotate (two readings)": {"debias": "rotate", "prior": "off"},
+}
 
 
 def state_of(rng: random.Random, words: int) -> str:
@@ -88,8 +102,9 @@ class Bench:
         api_after, engine_after = api_and_engine(self.server_pid, cpu_seconds)
         return result, api_after - api, engine_after - engine
 
-    async def decide(self, state: str, questions: list[str], **backend_options: Any) -> tuple[float, dict]:
-        body = {"model": self.model, "input": state, "extra": {"backend_options": backend_options},
+    async def decide(self, state: str, questions: list[str], extra: dict[str, Any] | None = None,
+                     **backend_options: Any) -> tuple[float, dict]:  # fmt: skip
+        body = {"model": self.model, "input": state, "extra": {"backend_options": backend_options, **(extra or {})},
                 "questions": [{"type": "predicate", "instructions": q} for q in questions]}  # fmt: skip
         started = time.perf_counter()
         response = await self.client.post("/v1/decisions", json=body)
@@ -170,6 +185,27 @@ class Bench:
                 "cached_question_in_shared_request_s": shared_later,
                 "ratio_ceiling": (first + (n - 1) * later) / (first + (n - 1) * shared_later)}  # fmt: skip
 
+    async def reads(self, rng: random.Random, words: int, rounds: int) -> dict[str, Any]:
+        """Each way of reading (READS) on fresh states, interleaved; seconds and prompt tokens per decision."""
+        seconds: dict[str, list[float]] = {row: [] for row in READS}
+        tokens = dict.fromkeys(READS, 0)
+        modes: dict[str, set[str]] = {row: set() for row in READS}
+        await self.decide(state_of(rng, 50), QUESTIONS, READS["content-free, cached"])  # the cache warmed
+        for round_ in range(rounds):
+            order = list(READS)
+            rng.shuffle(order)
+            for row in order:
+                # A cold row asks questions worded for this round only: their neutral reads are new.
+                questions = [f"{q} (round {round_})" for q in QUESTIONS] if row.endswith("cold") else QUESTIONS
+                elapsed, body = await self.decide(state_of(rng, words), questions, READS[row])
+                seconds[row].append(elapsed / len(questions))
+                tokens[row] += body["usage"]["input_tokens"] - body["usage"]["input_tokens_details"]["cached_tokens"]
+                modes[row] |= {a["extra"]["audit"].get("prior", {}).get("mode", "off") for a in body["answers"]}
+        base = median(seconds["off"])
+        return {row: {"s_per_decision": median(v), "ratio": median(v) / base, "modes": sorted(modes[row]),
+                      "computed_tokens_per_decision": tokens[row] / (rounds * len(QUESTIONS))}
+                for row, v in seconds.items()} | {"rounds": rounds, "words": words}  # fmt: skip
+
     async def concurrency(self, rng: random.Random, in_flight: int, total: int) -> dict[str, Any]:
         states = [state_of(rng, 150) for _ in range(total)]
         queue: asyncio.Queue[str] = asyncio.Queue()
@@ -190,13 +226,21 @@ class Bench:
         return {"rounds": rounds, "p50_s": p50, "p95_s": p95, "speed_score": (speed_score(p50) + speed_score(p95)) / 2}
 
 
-async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server_pid: int | None) -> dict[str, Any]:
+async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server_pid: int | None,
+                  reads: str = "") -> dict[str, Any]:  # fmt: skip
+    """Every phase; ``reads``: "" without the reads phase, "also" with it, "only" for it alone."""
     from transformers import AutoTokenizer
 
     bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path), server_pid)
     rng = random.Random(0)
     await bench.decide("warm-up", [QUESTIONS[0]])  # first-request costs are not what we measure
-    results: dict[str, Any] = {"overhead": await bench.overhead(rng, 10 if quick else 40)}
+    results: dict[str, Any] = {}
+    if reads:
+        results["reads"] = await bench.reads(rng, 800, 3 if quick else 8)
+    if reads == "only":
+        await bench.client.aclose()
+        return results
+    results["overhead"] = await bench.overhead(rng, 10 if quick else 40)
     results["shared_input"] = [await bench.shared_input(rng, words, 1 if quick else 3) for words in (800, 3400)]
     results["concurrency"] = [await bench.concurrency(rng, n, 8 if quick else 24) for n in (1, 4, 8)]
     results["board"] = await bench.board(rng, 10 if quick else 30)
@@ -204,7 +248,20 @@ async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server
     return results
 
 
+def reads_table(reads: dict[str, Any]) -> str:
+    lines = [f"16 questions over a fresh ~{reads['words']}-word state, {reads['rounds']} rounds (median per decision):",
+             "| read | s per decision | ratio to off | prompt tokens computed per decision | corrections applied |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for row in READS:
+        r = reads[row]
+        lines.append(f"| {row} | {r['s_per_decision']:.3f} | {r['ratio']:.2f} | "
+                     f"{r['computed_tokens_per_decision']:.0f} | {', '.join(r['modes'])} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def table(results: dict[str, Any]) -> str:
+    if "overhead" not in results:
+        return reads_table(results["reads"])
     o = results["overhead"]
     lines = ["| measure | ours | baseline | ratio |", "|---|---|---|---|",
              f"| one question, p50 (s) | {o['decision_p50_s']:.3f} | {o['bare_p50_s']:.3f} /v1/completions | {o['ratio_p50']:.2f} |",
@@ -244,6 +301,8 @@ def table(results: dict[str, Any]) -> str:
         st = results["startup"]
         lines.append(f"| startup: /health to first decision (s) | {st['with_saved_calibration_s']:.1f} with a saved calibration "
                      f"| {st['calibrating_s']:.1f} calibrating | |")  # fmt: skip
+    if "reads" in results:
+        lines += ["", reads_table(results["reads"])]
     return "\n".join(lines)
 
 
@@ -253,12 +312,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a result)")
     parser.add_argument("--json", default="bench-results.json")
     parser.add_argument("--bulk-lines", type=int, default=0, help="add the bulk phase with this many batch lines")
+    parser.add_argument("--reads", action="store_const", const="also", default="", help="add the reads phase")
+    parser.add_argument("--only-reads", dest="reads", action="store_const", const="only", help="the reads phase alone")
     args = parser.parse_args()
     results: dict[str, Any] = {"model": args.model, "date": time.strftime("%Y-%m-%d")}
     if args.port:
         url = f"http://127.0.0.1:{args.port}"
         served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        results.update(asyncio.run(measure(url, served, args.model, args.quick, args.server_pid)))
+        results.update(asyncio.run(measure(url, served, args.model, args.quick, args.server_pid, args.reads)))
     else:
         port = 8190
         url = f"http://127.0.0.1:{port}"
@@ -273,7 +334,7 @@ def main() -> int:
             try:
                 saved = startup_seconds(url, process)
                 results["startup"] = {"calibrating_s": calibrating, "with_saved_calibration_s": saved}
-                results.update(asyncio.run(measure(url, args.model, args.model, args.quick, process.pid)))
+                results.update(asyncio.run(measure(url, args.model, args.model, args.quick, process.pid, args.reads)))
             finally:
                 stop(process)
     if args.bulk_lines and not args.port:

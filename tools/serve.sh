@@ -3,13 +3,18 @@
 # decisions enabled, and answer a sample decision once the server is ready.
 # usage: tools/serve.sh [--once] [extra vllm serve args...]
 #   --once   stop the server after the sample answer (a smoke test)
-# env: MODEL (default: the SmolLM2-135M-Instruct built by set-up), PORT (default 8000)
+# env: MODEL  a model folder or name as `vllm serve` takes it, or a short name for one that set-up builds:
+#             smollm2 (the default): SmolLM2-135M-Instruct; qwen: Qwen2.5-Coder-0.5B-Instruct
+#      PORT   default 8000
 # The context is SmolLM2's full 8,192 tokens (a 255-option choice with short descriptions needs about
 # 4,600); a later --max-model-len among the extra args wins, e.g. for a model with a shorter one.
 set -euo pipefail
 ONCE=0; [ "${1:-}" = --once ] && { ONCE=1; shift; }
 source "$(dirname "$0")/env/common.sh"
-MODEL=${MODEL:-$MODELS/smollm2-135m-instruct}
+case "${MODEL:-smollm2}" in
+  smollm2) MODEL=$MODELS/smollm2-135m-instruct ;;
+  qwen) MODEL=$MODELS/qwen2.5-coder-0.5b-instruct ;;
+esac
 PORT=${PORT:-8000}
 ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 8192 --enable-prefix-caching)
 if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then

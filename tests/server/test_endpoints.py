@@ -43,7 +43,8 @@ def test_openai_endpoint_answers_every_type(client, server):
     assert score["name"] is None and 0 <= score["score"] <= 2
     for answer in body["answers"]:
         audit = answer["extra"]["audit"]
-        assert audit["forward_passes"] == 2 and audit["readout"] == "direct"  # two readings: rotate, the default
+        assert audit["forward_passes"] == 1 and audit["readout"] == "direct"  # rotate:1, the default
+        assert audit["debias"] == "rotate:1" and len(audit["rotations"]) == 1
         assert audit["option_mass"] > 0.5, "the answer slot should put most next-token mass on the letters"
         assert answer["extra"]["backend"]["name"] == "logit"
     assert body["usage"]["input_tokens"] == sum(a["extra"]["audit"]["input_tokens"] for a in body["answers"])

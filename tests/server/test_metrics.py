@@ -59,8 +59,8 @@ def test_decision_metrics_move(server, client):
                  reason="invalid_request") == 1  # fmt: skip
     assert moved("vllm:decision_option_mass_count", backend="logit") == 3
     assert moved("vllm:decision_option_mass_bucket", backend="logit", le="0.5") == 0, "the self-check wants > 0.5"
-    # Two reads per question (rotate, the default); the startup check read before any request.
-    assert moved("vllm:decision_engine_read_latency_seconds_count", phase="request") == 6
+    # One read per question (rotate:1, the default); the startup check read before any request.
+    assert moved("vllm:decision_engine_read_latency_seconds_count", phase="request") == 3
     assert total(after, "vllm:decision_engine_read_latency_seconds_count", phase="startup") > 0
     # Calibration is off on this server: T = 1, the default.
     assert total(after, "vllm:decision_calibration_temperature", scope="server", **model) == 1.0

