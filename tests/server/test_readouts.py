@@ -47,6 +47,31 @@ def test_readouts_and_logprob_modes(client, count, options, readout, logprobs, p
         assert len(backend["shortlist"]) == 3 and len(backend["stage1_scores"]) == count
 
 
+def test_words_answer_alike_on_both_wires(client):
+    """labels=words reads a yes/no question's Yes and No (SmolLM2's words pass the startup check), and
+    both wires get the same probabilities from it."""
+    extra = {"backend_options": {"labels": "words"}}
+    openai = client.post("/v1/decisions", json={"model": "m", "input": STATE, "extra": extra, "questions": [
+        {"type": "predicate", "instructions": "Is this urgent?"}]})  # fmt: skip
+    jev = client.post("/v1/systemone", json={"state": STATE, "extra": extra, "questions": {
+        "urgent": {"type": "noul", "instructions": "Is this urgent?"}}})  # fmt: skip
+    assert openai.status_code == 200 and jev.status_code == 200, (openai.text, jev.text)
+    (by_openai,), by_jev = openai.json()["answers"], jev.json()["answers"]["urgent"]
+    assert by_openai["probability"] == pytest.approx(by_jev["noul"], abs=1e-6)
+    assert by_openai["extra"]["audit"]["label_layout"] == by_jev["extra"]["audit"]["label_layout"] == "words"
+    assert by_openai["extra"]["audit"]["option_mass"] > 0.5
+    letters = client.post("/v1/decisions", json={"model": "m", "input": STATE, "questions": [
+        {"type": "predicate", "instructions": "Is this urgent?"}]}).json()["answers"][0]  # fmt: skip
+    assert letters["extra"]["audit"]["label_layout"] == "markers"
+
+
+def test_the_startup_log_gives_both_layouts_option_mass(server: VllmServer):
+    line = next(line for line in server.log.read_text().splitlines() if "decision prompt: " in line)
+    letters = float(line.split("option mass ")[1].split(" ")[0])
+    words = float(line.split("words option mass ")[1].split(" ")[0].rstrip(","))
+    assert letters >= 0.5 and words >= 0.5, line
+
+
 def test_top_k_floors_options_outside_the_window(client):
     result = answer(client, choice(26))  # default window: --max-logprobs 20
     backend = result["extra"]["backend"]

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
+from vllm.entrypoints.generate.decisions.backends.logit.readouts import labelled_slot
 from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
 from vllm.entrypoints.generate.decisions.backends.logit.stencil import StencilPool, stencil_check
 from vllm.entrypoints.generate.decisions.host import VllmHost
@@ -21,6 +22,7 @@ from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlot
 from vllm.entrypoints.generate.decisions.prompting.chat_template import takes_system_role
 from vllm.entrypoints.generate.decisions.prompting.labels import MARKERS, LabelCatalog, pair_candidates
 from vllm.entrypoints.generate.decisions.prompting.prompt import question_text
+from vllm.entrypoints.generate.decisions.questions import CHOICE, SCORE, ChoiceQuestion, ScoreQuestion
 
 from .families import Family
 
@@ -65,6 +67,19 @@ class PromptChecks:
     reasoning_blocks: tuple[str, ...]  # the empty blocks the self-check could prefill
     prompt: str  # the rendered decision prompt of the first self-check probe, up to the answer cue
     prompt_tokens: int  # its length in tokens
+    # The layout a read asking for words gets ("words", or "markers" where the words aren't single tokens)
+    # for a yes/no question, a 9-level score and a choice of short values (WORD_QUESTIONS).
+    word_layouts: tuple[str, ...]
+    words_prompt: str  # the first probe's prompt in the words layout (a yes/no: Yes/No)
+    words_prompt_tokens: int
+
+
+# Questions whose words are single tokens on the real tokenizers of every family (not on a tiny local one).
+WORD_QUESTIONS = (
+    SCORE.compile(ScoreQuestion(instructions="How sure?", criteria=[f"level {i}" for i in range(9)])),
+    CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": None, "technical": None,
+                                                                        "sales": None})),
+)  # fmt: skip
 
 
 async def prompt_checks(host: VllmHost) -> PromptChecks:
@@ -75,6 +90,11 @@ async def prompt_checks(host: VllmHost) -> PromptChecks:
     labels = LabelCatalog(tuple(MARKERS), ()).labels(len(question.options))
     rendered = await prompts.prompt_ids(state, question_text(question, labels))
     slot = placer.place(rendered, labels)
+    words = await labelled_slot(prompts, placer, LabelCatalog(tuple(MARKERS), ()), state, question, words=True)
+    word_layouts = [words.layout]
+    for other in WORD_QUESTIONS:
+        word_layouts.append((await labelled_slot(prompts, placer, LabelCatalog(tuple(MARKERS), ()), state, other,
+                                                 words=True)).layout)  # fmt: skip
     return PromptChecks(
         system_role=system_role,
         closing=placer.closing(rendered),
@@ -84,6 +104,9 @@ async def prompt_checks(host: VllmHost) -> PromptChecks:
         reasoning_blocks=tuple(supported_reasoning_blocks(host)),
         prompt=host.decode(slot.prompt_ids),
         prompt_tokens=len(slot.prompt_ids),
+        word_layouts=tuple(word_layouts),
+        words_prompt=host.decode(words.slot.prompt_ids),
+        words_prompt_tokens=len(words.slot.prompt_ids),
     )
 
 

@@ -1,6 +1,7 @@
 """The logit prompts, pinned byte for byte per render version (tests/golden/<render_version>.json):
-every question type and readout, on three chat templates (SmolLM2's ChatML, a Llama-3-style one, and one
-with no system role).
+every question type and readout, in both label layouts (letters; words, and a question whose words fall
+back to letters), on three chat templates (SmolLM2's ChatML, a Llama-3-style one, and one with no system
+role).
 
 A change to the prompt text must come with a new RENDER_VERSION and a new golden file:
 regenerate it with ``python -m tests.unit.test_golden`` and review the diff.
@@ -57,6 +58,18 @@ CASES = {
     "two_stage": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
                                                 criteria={"billing": "Payments", "tech": None, "sales": None})),
                   {"readout": "two-stage", "shortlist": 2}),
+    # The words layout: Yes/No, level numbers (read after the cue's space), a choice's own values, and a
+    # choice with a value that is not one token, which falls back to letters.
+    "words_noul": (NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})),
+                   {"labels": "words"}),
+    "words_score": (SCORE.compile(ScoreQuestion(instructions="How frustrated?", criteria=["Calm", "Angry", "Furious"])),
+                    {"labels": "words"}),
+    "words_choice": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
+                                                   criteria={"billing": "Payments", "technical": None, "sales": None})),
+                     {"labels": "words"}),
+    "words_fallback": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
+                                                     criteria={"billing": "Payments", "customer success": None})),
+                       {"labels": "words"}),
 }  # fmt: skip
 
 

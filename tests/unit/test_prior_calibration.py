@@ -10,17 +10,18 @@ import zlib
 from http import HTTPStatus
 
 import pytest
+from pydantic import BaseModel
 
 from vllm.entrypoints.generate.decisions.backends.base import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.calibration.bias import Candidate, ReadChoice
+from vllm.entrypoints.generate.decisions.calibration.bias import Candidate, ReadChoice, TypeReads, choose_layout
 from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
-from vllm.entrypoints.generate.decisions.corrections import Corrections
+from vllm.entrypoints.generate.decisions.corrections import Asked, Corrections
 from vllm.entrypoints.generate.decisions.errors import DecisionError
 from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
 from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.settings import Debias, Settings
 
 from .test_calibration_startup import MODEL, settings
 
@@ -79,7 +80,8 @@ async def test_calibration_chooses_a_correction_saves_it_and_the_service_answers
     backend = LeaningBackend()
     configured = settings(tmp_path, source, prior="auto")
     calibrated = await startup_calibration(backend, configured, MODEL)
-    choice = calibrated.reads["choice"]
+    assert calibrated.reads["choice"].layout is None, "a backend with one way of reading has no layouts"
+    choice = calibrated.reads["choice"].chosen
     off, kept = choice.candidates["off"], choice.candidates[choice.mode]
     assert choice.mode != "off" and kept.accuracy > off.accuracy and kept.log_loss < off.log_loss
     # One distinct question: its neutral reads are made once, beside the 150 real ones.
@@ -87,7 +89,7 @@ async def test_calibration_chooses_a_correction_saves_it_and_the_service_answers
     assert f"decision reads (choice): {choice.mode} kept (held-out log loss {off.log_loss:.3f}" in caplog.text
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     record = json.loads(saved.read_text())
-    assert record["key"]["prior"] == "auto" and record["reads"]["choice"]["mode"] == choice.mode
+    assert record["key"]["prior"] == "auto" and record["reads"]["choice"]["by_layout"]["single"]["mode"] == choice.mode
     again = await startup_calibration(backend, configured, MODEL)
     assert again.reads == calibrated.reads and len(backend.states) == 152, "the saved choice is reused"
 
@@ -115,52 +117,86 @@ async def test_calibration_chooses_a_correction_saves_it_and_the_service_answers
     assert plain.audit.calibration_temperature == pytest.approx(choice.candidates["off"].temperature)
 
 
-async def test_prior_off_reads_nothing_more_and_chooses_nothing(tmp_path):
+async def test_prior_off_reads_nothing_more_and_applies_no_correction(tmp_path):
     source = write_tickets(tmp_path / "q.jsonl")
     backend = LeaningBackend()
     calibrated = await startup_calibration(backend, settings(tmp_path, source, prior="off"), MODEL)
-    assert calibrated.reads == {} and len(backend.states) == 150
+    assert calibrated.reads["choice"].chosen.mode == "off" and len(backend.states) == 150
 
 
 async def test_a_mode_set_by_the_operator_is_taken_whatever_the_figures(tmp_path, caplog):
     source = write_tickets(tmp_path / "q.jsonl")
     calibrated = await startup_calibration(LeaningBackend(), settings(tmp_path, source, prior="fitted"), MODEL)
-    choice = calibrated.reads["choice"]
+    choice = calibrated.reads["choice"].chosen
     assert choice.mode == "fitted" and choice.forced and set(choice.candidates) == {"off", "fitted"}
     assert "decision reads (choice): fitted as set;" in caplog.text
 
 
-def figures(temperature, bias=None):
-    return Candidate(log_loss=0.5, accuracy=0.7, temperature=temperature, bias=bias)
+def figures(temperature, bias=None, log_loss=0.5, accuracy=0.7):
+    return Candidate(log_loss=log_loss, accuracy=accuracy, temperature=temperature, bias=bias)
 
 
 CHOSEN = ReadChoice(mode="content-free", candidates={"off": figures(1.5), "content-free": figures(0.8),
                                                      "fitted": figures(0.9, [0.0, -1.0, -2.0])})  # fmt: skip
+WORDS = ReadChoice(mode="off", candidates={"off": figures(1.2), "fitted": figures(1.1, [0.0, 0.5])})
+READS = {"choice": TypeReads(layout=None, by_layout={"single": CHOSEN}),
+         "noul": TypeReads(layout="words", by_layout={"letters": CHOSEN, "words": WORDS})}  # fmt: skip
 TEMPERATURES = Temperatures(
     Temperature(2.0, "calibrated", "server"), {"choice": Temperature(0.7, "calibrated", "choice")}
 )
+AS_SET = Asked(Debias("rotate", 1))
+
+
+def corrections(setting="auto"):
+    made = Corrections(setting, 8)
+    made.reads = READS
+    return made
 
 
 def test_auto_is_calibrations_choice_and_each_mode_gets_its_own_temperature():
-    corrections = Corrections("auto", 8)
-    corrections.reads = {"choice": CHOSEN}
-    correction, t = corrections.resolve("choice", None, TEMPERATURES, None)
-    assert (correction.mode, correction.bias, t) == ("content-free", None, Temperature(0.7, "calibrated", "choice"))
-    correction, t = corrections.resolve("choice", "fitted", TEMPERATURES, None)
-    assert correction.bias == [0.0, -1.0, -2.0] and t == Temperature(0.9, "calibrated", "choice:fitted")
-    correction, t = corrections.resolve("choice", "fitted", TEMPERATURES, 3.0)
-    assert t == Temperature(3.0, "request", "request"), "a request's T still wins"
+    how = corrections().resolve("choice", AS_SET, TEMPERATURES, None)
+    assert (how.correction.mode, how.correction.bias, how.layout) == ("content-free", None, None)
+    assert how.temperature == Temperature(0.7, "calibrated", "choice")
+    how = corrections().resolve("choice", Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
+    assert how.correction.bias == [0.0, -1.0, -2.0] and how.temperature == Temperature(
+        0.9, "calibrated", "choice:fitted"
+    )
+    how = corrections().resolve("choice", Asked(AS_SET.debias, "fitted"), TEMPERATURES, 3.0)
+    assert how.temperature == Temperature(3.0, "request", "request"), "a request's T still wins"
     # A type calibration chose nothing for: no correction, the server-wide T.
-    correction, t = corrections.resolve("noul", None, TEMPERATURES, None)
-    assert correction.mode == "off" and t == TEMPERATURES.server
-    assert Corrections("content-free", 8).mode_for("noul") == "content-free", "a mode set is taken as set"
+    how = corrections().resolve("score", AS_SET, TEMPERATURES, None)
+    assert how.correction.mode == "off" and how.temperature == TEMPERATURES.server and how.layout is None
+    assert corrections("content-free").resolve("score", AS_SET, TEMPERATURES, None).correction.mode == "content-free"
+    # Another backend than the one calibrated: none of calibration's choices.
+    assert corrections().resolve("choice", AS_SET, TEMPERATURES, None, calibrated=False).correction.mode == "off"
+
+
+def test_a_type_is_read_in_the_layout_calibration_kept_unless_the_request_names_one():
+    how = corrections().resolve("noul", AS_SET, TEMPERATURES, None)
+    assert (how.layout, how.correction.mode, how.temperature.scope) == ("words", "off", "server")
+    # The request's own layout: the backend's options are left as the request has them, with that layout's
+    # choice (content-free in letters) and its T.
+    how = corrections().resolve("noul", Asked(AS_SET.debias, None, "letters"), TEMPERATURES, None)
+    assert (how.layout, how.correction.mode) == (None, "content-free")
+    assert how.temperature == Temperature(0.8, "calibrated", "noul:letters:content-free")
+    how = corrections().resolve("noul", Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
+    assert how.correction.bias == [0.0, 0.5] and how.temperature.scope == "noul:words:fitted"
 
 
 def test_a_fitted_mode_without_a_fitted_bias_is_refused_naming_the_setting():
-    with pytest.raises(DecisionError, match=r"^extra\.prior='fitted': no position bias was fitted for noul"):
-        Corrections("auto", 8).resolve("noul", "fitted", TEMPERATURES, None)
+    with pytest.raises(DecisionError, match=r"^extra\.prior='fitted': no position bias was fitted for score"):
+        corrections().resolve("score", Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
     with pytest.raises(DecisionError, match=r"^VLLM_TYPED_DECISIONS_PRIOR='content-free\+fitted'"):
-        Corrections("content-free+fitted", 8).resolve("noul", None, TEMPERATURES, None)
+        corrections("content-free+fitted").resolve("score", AS_SET, TEMPERATURES, None)
+
+
+def test_a_layout_is_kept_only_where_it_beats_the_first_without_a_correction():
+    letters = ReadChoice(mode="off", candidates={"off": figures(1.0, log_loss=0.69, accuracy=0.5)})
+    better = ReadChoice(mode="off", candidates={"off": figures(1.0, log_loss=0.60, accuracy=0.6)})
+    worse_accuracy = ReadChoice(mode="off", candidates={"off": figures(1.0, log_loss=0.60, accuracy=0.4)})
+    assert choose_layout({"letters": letters, "words": better}).layout == "words"
+    assert choose_layout({"letters": letters, "words": worse_accuracy}).layout == "letters"
+    assert choose_layout({"letters": better, "words": letters}).layout == "letters"
 
 
 async def test_a_refused_correction_is_that_questions_failure():
@@ -169,3 +205,52 @@ async def test_a_refused_correction_is_that_questions_failure():
     noul = NOUL.compile(NoulQuestion(instructions="Is it urgent?"))
     decision = await service.decide("ticket about sales", [team_question(), noul], "r", prior="fitted")
     assert [r.error.status for r in decision.results] == [HTTPStatus.BAD_REQUEST] * 2
+
+
+class LayoutOptions(BaseModel):
+    labels: str = "letters"
+
+
+class TwoLayoutBackend(LeaningBackend):
+    """Letters lean by position; words don't, and follow the evidence more."""
+
+    layout_option = "labels"
+    layouts = ("letters", "words")
+    options_model = LayoutOptions
+
+    def __init__(self, options: LayoutOptions | None = None) -> None:
+        super().__init__()
+        self.options = options or LayoutOptions()
+        self.layouts_read: list[str] = []
+
+    async def read(self, state, question, request_id, options=None) -> Reading:
+        labels = (options or self.options).labels
+        self.layouts_read.append(labels)
+        reading = await super().read(state, question, request_id, options)
+        if labels == "words":
+            named = [state.endswith(f"about {o.value}") and state not in NEUTRAL_INPUTS for o in question.options]
+            reading.scores = [s - LEAN[i] + (0.5 if named[i] else 0.0) for i, s in enumerate(reading.scores)]
+        return reading
+
+
+async def test_calibration_reads_each_layout_and_the_service_reads_in_the_one_kept(tmp_path, caplog):
+    source = write_tickets(tmp_path / "q.jsonl")
+    backend = TwoLayoutBackend()
+    configured = settings(tmp_path, source, prior="auto")
+    calibrated = await startup_calibration(backend, configured, MODEL)
+    reads = calibrated.reads["choice"]
+    assert reads.layout == "words" and set(reads.by_layout) == {"letters", "words"}
+    assert backend.layouts_read.count("letters") == backend.layouts_read.count("words") == 150 + len(NEUTRAL_INPUTS)
+    assert "decision reads (choice): words labels kept (held-out log loss" in caplog.text
+    service = DecisionService(configured, backend, "served")
+
+    async def calibrate():
+        return calibrated
+
+    await service.start(calibrate)
+    backend.layouts_read.clear()
+    await service.decide("a new ticket about sales", [team_question()], "r", prior="off")
+    await service.decide("a new ticket about sales", [team_question()], "r", backend_options={"labels": "letters"})
+    assert backend.layouts_read == ["words", "letters"], "the layout kept, unless the request names one"
+    # An operator's layout at startup: nothing to compare.
+    assert TwoLayoutBackend(LayoutOptions(labels="words")).compared_layouts() == ()

@@ -1,7 +1,8 @@
 """The template matrix at the tokenizer level: every family's decision prompt as vLLM renders it for the
 server (its renderer, no engine): where the instructions go, what closes the template's open ending, the
-option letters as single tokens at the answer slot, the stencil's token equality with full rendering, no
-reasoning block left open, and the prompt itself pinned byte for byte (tests/golden/templates-*.json).
+option letters as single tokens at the answer slot, which questions get the words layout, the stencil's
+token equality with full rendering, no reasoning block left open, and the prompt itself in both layouts
+pinned byte for byte (tests/golden/templates-*.json).
 
 Regenerate the pinned prompts with ``python -m tests.unit.test_template_matrix`` and review the diff.
 """
@@ -39,6 +40,14 @@ EXPECTED = {
     "glm4": (True, "", True),
 }
 
+# The layout a read asking for words gets for a yes/no question, a 9-level score and a choice of short values
+# (matrix.WORD_QUESTIONS): words on every family's real tokenizer; the tiny local tokenizers (Granite's and
+# GLM-4's test checkpoints) keep " 1" whole but not " Yes" or " billing", so those fall back to letters.
+WORDS = {family.name: ("words", "words", "words") for family in FAMILIES} | {
+    "granite": ("markers", "words", "markers"),
+    "glm4": ("markers", "words", "markers"),
+}
+
 
 def checks(family: Family):
     return asyncio.run(prompt_checks(renderer_host(family)))
@@ -68,11 +77,17 @@ def test_the_decision_prompt_on_each_family(family, pinned):
         opener, closer = family.reasoning
         assert found.prompt.count(opener) == found.prompt.count(closer)
     assert found.markers == 26
-    assert {"prompt": found.prompt, "tokens": found.prompt_tokens} == pinned[family.name]
+    assert found.word_layouts == WORDS[family.name]
+    assert pins(found) == pinned[family.name]
+
+
+def pins(found) -> dict:
+    return {"prompt": found.prompt, "tokens": found.prompt_tokens, "words_prompt": found.words_prompt,
+            "words_tokens": found.words_prompt_tokens}  # fmt: skip
 
 
 if __name__ == "__main__":
     found = {f.name: checks(f) for f in FAMILIES}
-    pins = {name: {"prompt": c.prompt, "tokens": c.prompt_tokens} for name, c in found.items()}
-    GOLDEN.write_text(json.dumps(pins, indent=2, ensure_ascii=False) + "\n")
+    pinned_now = {name: pins(c) for name, c in found.items()}
+    GOLDEN.write_text(json.dumps(pinned_now, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {GOLDEN}", file=sys.stderr)

@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which prior correction (prior.py) and which temperature each question is answered with.
+"""Which label layout, prior correction (prior.py) and temperature each question is answered with.
 
-The request's ``extra.prior`` wins, else the server's VLLM_TYPED_DECISIONS_PRIOR; ``auto`` is what
-startup calibration chose for the question's type (``off`` where it chose nothing). The temperature
-follows the scores it divides: the type's calibrated T for the correction calibration chose, that
-correction's own fitted T (scope ``type:mode``) for another one, the server-wide T where the type has
-no fits. A request's or a configured T overrides both, as before.
+The request's choice wins (``extra.prior``; the layout in ``extra.backend_options``), else the server's
+VLLM_TYPED_DECISIONS_PRIOR; ``auto`` is what startup calibration chose for the question's type in that
+layout (``off`` where it chose nothing), and a type read in another layout than the backend's first is
+read so unless the request names one. Calibration's choices apply to the server's own backend only.
+The temperature follows the scores it divides: the type's calibrated T for the layout and correction
+calibration chose, that pair's own fitted T (scope ``type:layout:mode``) for another, the server-wide
+T where the type has no fits. A request's or a configured T overrides them all, as before.
 """
 
 from __future__ import annotations
@@ -13,20 +15,40 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .calibration.bias import ReadChoice
+from .calibration.bias import TypeReads
 from .calibration.temperature import Temperature, Temperatures
 from .debias import Correction
 from .errors import DecisionError
 from .prior import AUTO, PriorCache, uses_fitted
-from .settings import PREFIX
+from .settings import PREFIX, Debias
 
 
 @dataclass(frozen=True)
 class Calibrated:
-    """What startup calibration gives the server: its temperatures and each type's read choice."""
+    """What startup calibration gives the server: its temperatures and each type's reads."""
 
     temperatures: Temperatures
-    reads: Mapping[str, ReadChoice] = field(default_factory=dict)
+    reads: Mapping[str, TypeReads] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asked of its reads (None: the server's choice): ``extra.debias``, ``extra.prior``
+    and the label layout its ``extra.backend_options`` name."""
+
+    debias: Debias
+    prior: str | None = None
+    layout: str | None = None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """How one question is read: the correction, the layout laid over the backend's options (None: as
+    the request has them) and the temperature."""
+
+    correction: Correction
+    layout: str | None
+    temperature: Temperature
 
 
 class Corrections:
@@ -36,29 +58,29 @@ class Corrections:
     def __init__(self, setting: str, cache_size: int) -> None:
         self.setting = setting
         self.cache = PriorCache(cache_size)
-        self.reads: Mapping[str, ReadChoice] = {}
+        self.reads: Mapping[str, TypeReads] = {}
 
-    def mode_for(self, qtype: str, requested: str | None = None) -> str:
-        mode = requested or self.setting
-        if mode != AUTO:
-            return mode
-        choice = self.reads.get(qtype)
-        return choice.mode if choice is not None else "off"
-
-    def resolve(self, qtype: str, requested: str | None, temperatures: Temperatures,
-                requested_t: float | None) -> tuple[Correction, Temperature]:  # fmt: skip
-        """The correction for a question of type ``qtype`` and the T its corrected scores get."""
-        mode = self.mode_for(qtype, requested)
-        choice = self.reads.get(qtype)
+    def resolve(self, qtype: str, asked: Asked, temperatures: Temperatures, requested_t: float | None,
+                calibrated: bool = True) -> Resolved:  # fmt: skip
+        """How a question of type ``qtype`` is read; ``calibrated``: by the backend calibration measured."""
+        reads = self.reads.get(qtype) if calibrated else None
+        layout = asked.layout or (reads.layout if reads is not None else None)
+        choice = reads.in_layout(layout) if reads is not None else None
+        mode = asked.prior or self.setting
+        if mode == AUTO:
+            mode = choice.mode if choice is not None else "off"
         candidate = choice.candidates.get(mode) if choice is not None else None
         bias = candidate.bias if candidate is not None else None
         if uses_fitted(mode) and bias is None:
-            where = "extra.prior" if requested else f"{PREFIX}PRIOR"
+            where = "extra.prior" if asked.prior else f"{PREFIX}PRIOR"
             raise DecisionError(
-                f"{where}={mode!r}: no position bias was fitted for {qtype} questions on this server "
-                f"(startup calibration off, or too few {qtype} questions in its file); use off or content-free"
+                f"{where}={mode!r}: no position bias was fitted for {qtype} questions in this layout on this "
+                f"server (startup calibration off, or too few {qtype} questions in its file); use off or content-free"
             )
         applied = temperatures.applied(qtype, requested_t)
-        if applied.source == "calibrated" and choice is not None and candidate is not None and mode != choice.mode:
-            applied = Temperature(candidate.temperature, "calibrated", f"{qtype}:{mode}")
-        return Correction(mode, self.cache, bias), applied
+        chosen = reads is not None and choice is reads.chosen and mode == choice.mode
+        if applied.source == "calibrated" and reads is not None and candidate is not None and not chosen:
+            scope = ":".join(part for part in (qtype, layout, mode) if part)
+            applied = Temperature(candidate.temperature, "calibrated", scope)
+        laid = layout if asked.layout is None and reads is not None else None
+        return Resolved(Correction(mode, self.cache, bias), laid, applied)

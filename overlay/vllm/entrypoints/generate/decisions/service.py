@@ -21,7 +21,7 @@ from .backends import DecisionBackend
 from .backends.base import checked_scores, facts_json
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
-from .corrections import Calibrated, Corrections
+from .corrections import Asked, Calibrated, Corrections
 from .debias import Debias, read_question
 from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
 from .metrics import record_questions, record_temperatures
@@ -169,18 +169,11 @@ class DecisionService:
         state_sha256 = hashlib.sha256(state.encode()).hexdigest()
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
+        layout_option = chosen.layout_option
+        asked = Asked(debias or self.settings.debias, prior,
+                      (backend_options or {}).get(layout_option) if layout_option else None)  # fmt: skip
         reads = (
-            self._answer(
-                chosen,
-                state,
-                state_sha256,
-                q,
-                f"{request_id}-{i}",
-                temperature,
-                options,
-                debias or self.settings.debias,
-                prior,
-            )  # fmt: skip
+            self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", temperature, options, asked)
             for i, q in enumerate(questions)
         )
         with reads_about(state_sha256):  # one engine replica for them all (affinity.py)
@@ -221,12 +214,14 @@ class DecisionService:
         request_id: str,
         requested: float | None,
         options: Any,
-        debias: Debias,
-        prior: str | None,
+        asked: Asked,
     ) -> Answer | Failure:
         try:
-            correction, applied = self.corrections.resolve(question.qtype.name, prior, self.temperatures, requested)
-            read = await read_question(backend, state, question, request_id, options, debias, correction)
+            how = self.corrections.resolve(question.qtype.name, asked, self.temperatures, requested,
+                                           calibrated=backend is self.backend)  # fmt: skip
+            applied = how.temperature
+            read = await read_question(backend, state, question, request_id, backend.with_layout(options, how.layout),
+                                       asked.debias, how.correction)  # fmt: skip
             reading = read.reading
             raw = checked_scores(reading, len(question.options), backend.name)
             scores = read.corrected if read.corrected is not None else raw

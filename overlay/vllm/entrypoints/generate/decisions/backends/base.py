@@ -68,6 +68,10 @@ class DecisionBackend(ABC, Generic[OptionsT]):
     facts_model: ClassVar[type[BaseModel] | None] = None
     # Names the prompt layout, so answers and saved calibrations can say which prompt they saw.
     render_version: ClassVar[str] = "none"
+    # The option naming how a question's labels are laid out, for a backend with several ways (the logit
+    # backend's ``labels``), and its values; startup calibration compares them per question type.
+    layout_option: ClassVar[str | None] = None
+    layouts: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, host: BackendHost, options: OptionsT | None = None, settings: Settings | None = None) -> None:
         self.host = host
@@ -86,6 +90,18 @@ class DecisionBackend(ABC, Generic[OptionsT]):
             return self.options_model.model_validate({**base, **overrides})  # type: ignore[return-value]
         except ValidationError as exc:
             raise DecisionError(validation_message(exc, "extra.backend_options")) from None
+
+    def compared_layouts(self) -> tuple[str, ...]:
+        """The layouts startup calibration compares, the first its baseline: none where the backend has
+        one way, or where the operator chose one at startup."""
+        chosen = self.options is not None and self.layout_option in self.options.model_fields_set
+        return () if self.layout_option is None or chosen else self.layouts
+
+    def with_layout(self, options: OptionsT, layout: str | None) -> OptionsT:
+        """``options`` reading with ``layout`` (None: as they are)."""
+        if layout is None or self.layout_option is None or options is None:
+            return options
+        return options.model_copy(update={self.layout_option: layout})
 
     def seeded(self, options: OptionsT, seed: int | None) -> OptionsT:
         """``options`` for a request that sent ``extra.seed``: backends whose reads draw randomness take

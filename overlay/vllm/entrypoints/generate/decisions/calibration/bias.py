@@ -52,12 +52,16 @@ class Candidate(BaseModel):
 
 
 class ReadChoice(BaseModel):
-    """A question type's chosen correction (``mode``) and every correction's figures."""
+    """A question type's chosen correction (``mode``) and every correction's figures, in one layout."""
 
     mode: str
     candidates: dict[str, Candidate]
     # Whether the mode is the operator's setting rather than the figures' choice.
     forced: bool = False
+
+    @property
+    def kept(self) -> Candidate:
+        return self.candidates[self.mode]
 
     def log_line(self, name: str) -> str:
         off = self.candidates["off"]
@@ -184,3 +188,50 @@ def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
     if forced is not None and forced in candidates:
         chosen = forced
     return ReadChoice(mode=chosen, candidates=candidates, forced=forced is not None)
+
+
+# The key of a backend's one way of reading, where it has no layouts to compare.
+SINGLE = "single"
+
+
+class TypeReads(BaseModel):
+    """A question type's reads as calibration chose them: the label layout kept (None where the backend
+    has one way) and, for each layout compared, the correction chosen in it with every one's figures."""
+
+    layout: str | None = None
+    by_layout: dict[str, ReadChoice]
+
+    @property
+    def chosen(self) -> ReadChoice:
+        return self.by_layout[self.layout or SINGLE]
+
+    def in_layout(self, layout: str | None) -> ReadChoice | None:
+        return self.by_layout.get(layout or SINGLE)
+
+    def log_lines(self, name: str) -> list[str]:
+        if self.layout is None:
+            return [self.chosen.log_line(name)]
+        lines = [choice.log_line(f"{name}, {layout}") for layout, choice in self.by_layout.items()]
+        baseline = next(iter(self.by_layout))
+        if self.layout == baseline:
+            return [*lines, f"decision reads ({name}): {baseline} labels kept (no other layout did better)"]
+        off, kept = self.by_layout[baseline].candidates["off"], self.chosen.kept
+        return [*lines, f"decision reads ({name}): {self.layout} labels kept (held-out log loss "
+                        f"{off.log_loss:.3f} -> {kept.log_loss:.3f}, accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f} "
+                        f"against {baseline} without a correction)"]  # fmt: skip
+
+
+def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
+    """The layout a type is read in: each layout's chosen correction against the first layout read
+    without one; another layout is kept, as a correction is, only with a lower held-out log loss and no
+    lower accuracy, the best of those by log loss."""
+    layouts = list(choices)
+    baseline = choices[layouts[0]].candidates["off"]
+    helping = [
+        layout for layout in layouts[1:]
+        if choices[layout].kept.log_loss < baseline.log_loss and choices[layout].kept.accuracy >= baseline.accuracy
+        and choices[layout].kept.log_loss < choices[layouts[0]].kept.log_loss
+    ]  # fmt: skip
+    chosen = min(helping, key=lambda layout: choices[layout].kept.log_loss) if helping else layouts[0]
+    by_layout = {layout or SINGLE: choice for layout, choice in choices.items()}
+    return TypeReads(layout=chosen, by_layout=by_layout)

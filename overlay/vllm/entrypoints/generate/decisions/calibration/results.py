@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from . import question_file
-from .bias import ReadChoice
+from .bias import TypeReads
 from .by_type import TypeFit
 from .maths import CalibrationResult
 from .temperature import SERVER, Temperature, Temperatures
@@ -91,14 +91,14 @@ class CalibrationRecord(Fit):
 
     applied_temperature: PositiveT
     by_type: dict[str, TypeRecord]
-    reads: dict[str, ReadChoice]
+    reads: dict[str, TypeReads]
     questions: QuestionsUsed
     seconds: float
     date: str
     vllm_version: str
 
     @classmethod
-    def of(cls, result: CalibrationResult, fits: dict[str, TypeFit], reads: dict[str, ReadChoice],
+    def of(cls, result: CalibrationResult, fits: dict[str, TypeFit], reads: dict[str, TypeReads],
            questions: question_file.QuestionFile, answered: int, skipped: list[str],
            seconds: float) -> CalibrationRecord:  # fmt: skip
         import vllm

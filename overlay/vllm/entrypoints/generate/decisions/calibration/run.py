@@ -38,16 +38,17 @@ MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
 async def measure(backend: DecisionBackend, questions: question_file.QuestionFile, debias: Debias = NO_DEBIAS,
-                  correction: Correction = NO_CORRECTION) -> tuple[list[Any], list[str]]:  # fmt: skip
-    """Each question's reading, read as requests are (``debias``; with ``correction``'s content-free
-    reads when it asks for them), ``CONCURRENCY`` questions at a time; failed reads are skipped."""
+                  correction: Correction = NO_CORRECTION, options: Any = None) -> tuple[list[Any], list[str]]:  # fmt: skip
+    """Each question's reading, read as requests are (``debias``, the backend's ``options``; with
+    ``correction``'s content-free reads when it asks for them), ``CONCURRENCY`` questions at a time;
+    failed reads are skipped."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(index: int, item: question_file.LabelledQuestion) -> Any:
         async with gate:
             try:
                 request_id = f"decision-calibration-{index}"
-                return item, await read_question(backend, item.state, item.question, request_id, None, debias,
+                return item, await read_question(backend, item.state, item.question, request_id, options, debias,
                                                  correction)  # fmt: skip
             except DecisionError as exc:
                 logger.debug("calibration question %s skipped: %s", item.id, exc.message)
@@ -103,16 +104,31 @@ def reusable(saved: dict[str, Any]) -> bool:
 async def measure_and_fit(backend: DecisionBackend, questions: question_file.QuestionFile,
                           debias: Debias = NO_DEBIAS, prior: str = "off") -> dict[str, Any]:  # fmt: skip
     """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
-    server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set."""
+    server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set.
+    Each label layout the backend has is read and compared per type (bias.choose_layout)."""
     started = time.monotonic()
+    layouts = backend.compared_layouts() or (None,)
     content_free = prior == AUTO or uses_content_free(prior)
     # Its own cache: the calibration's neutral reads are not kept for the requests.
-    correction = Correction("content-free", PriorCache(len(questions.questions))) if content_free else NO_CORRECTION
-    answered, skipped = await measure(backend, questions, debias, correction)
-    if len(answered) < MIN_ANSWERED:
-        return failed(f"only {len(answered)} of {len(questions.questions)} questions were answered "
-                      f"(need {MIN_ANSWERED})")  # fmt: skip
-    reads = await asyncio.to_thread(choose_reads, answered, prior)
+    cache = PriorCache(len(questions.questions) * len(layouts))
+    correction = Correction("content-free", cache) if content_free else NO_CORRECTION
+    by_layout: dict[str | None, list[Any]] = {}
+    for layout in layouts:
+        if layout is not None:
+            logger.info("decision calibration: reading %d questions with %s labels", len(questions.questions), layout)
+        options = backend.with_layout(backend.options, layout)
+        by_layout[layout], _ = await measure(backend, questions, debias, correction, options)
+        if len(by_layout[layout]) < MIN_ANSWERED:
+            return failed(f"only {len(by_layout[layout])} of {len(questions.questions)} questions were answered "
+                          f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""))  # fmt: skip
+    reads = await asyncio.to_thread(choose_reads, by_layout, prior)
+    # Each type's questions as its chosen layout read them (the first layout's for a type with no choice).
+    answered = [
+        (item, read) for layout, pairs in by_layout.items() for item, read in pairs
+        if layout == chosen_layout(reads, item.question.qtype.name, layouts[0])
+    ]  # fmt: skip
+    read_ids = {id(item) for item, _ in answered}
+    skipped = [item.id for item in questions.questions if id(item) not in read_ids]
     scores = [corrected_scores(item, read, reads) for item, read in answered]
     correct = [item.correct for item, _ in answered]
     groups = [item.group for item, _ in answered]
@@ -132,38 +148,44 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     return record.model_dump(mode="json")
 
 
-def choose_reads(answered: list[tuple[question_file.LabelledQuestion, DebiasedReading]],
-                 prior: str) -> dict[str, bias.ReadChoice]:  # fmt: skip
-    """Each type's correction: under auto the one held-out figures keep (bias.choose), else the mode
-    set, with every mode's figures either way; types with too few questions get none (off)."""
-    by_kind: dict[str, list[bias.Sample]] = {}
-    for item, read in answered:
-        sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
-        by_kind.setdefault(item.question.qtype.name, []).append(sample)
-    if prior == "off":
-        return {}
+def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQuestion, DebiasedReading]]],
+                 prior: str) -> dict[str, bias.TypeReads]:  # fmt: skip
+    """Each type's layout and correction: under auto the ones held-out figures keep (bias.choose,
+    bias.choose_layout), else the mode set, with every one's figures either way; types with too few
+    questions get none (the first layout, no correction)."""
+    samples: dict[str, dict[str | None, list[bias.Sample]]] = {}
+    for layout, answered in by_layout.items():
+        for item, read in answered:
+            sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
+            samples.setdefault(item.question.qtype.name, {}).setdefault(layout, []).append(sample)
+    forced = None if prior == AUTO else prior
     return {
-        name: bias.choose(samples, None if prior == AUTO else prior)
-        for name, samples in by_kind.items()
-        if len(samples) >= MIN_ANSWERED
+        name: bias.choose_layout({layout: bias.choose(rows, forced) for layout, rows in layouts.items()})
+        for name, layouts in samples.items()
+        if all(len(rows) >= MIN_ANSWERED for rows in layouts.values()) and len(layouts) == len(by_layout)
     }
 
 
+def chosen_layout(reads: dict[str, bias.TypeReads], qtype: str, first: str | None) -> str | None:
+    choice = reads.get(qtype)
+    return choice.layout if choice is not None else first
+
+
 def corrected_scores(item: question_file.LabelledQuestion, read: DebiasedReading,
-                     reads: dict[str, bias.ReadChoice]) -> list[float]:  # fmt: skip
+                     reads: dict[str, bias.TypeReads]) -> list[float]:  # fmt: skip
     """The scores a server answering this question gives: its reading under its type's correction."""
     choice = reads.get(item.question.qtype.name)
-    if choice is None or choice.mode == "off":
+    if choice is None or choice.chosen.mode == "off":
         return read.reading.scores
     sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
-    return bias.corrected(sample, choice.mode, choice.candidates[choice.mode].bias)
+    return bias.corrected(sample, choice.chosen.mode, choice.chosen.kept.bias)
 
 
 def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]:
     """(is a warning, line): the server-wide line, then one per question type; a type whose own fit
     was refused (not merely too few questions) is a warning."""
     return (
-        [(False, choice.log_line(name)) for name, choice in record.reads.items()]
+        [(False, line) for name, choice in record.reads.items() for line in choice.log_lines(name)]
         + [(False, record.log_line(loaded))]
         + [
             (entry.fallback is not None and entry.used >= MIN_ANSWERED, entry.log_line(name))

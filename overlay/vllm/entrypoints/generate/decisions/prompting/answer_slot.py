@@ -8,6 +8,10 @@ plain-text run (the text after the last special token) is re-tokenized with the 
 tokenized exactly as the tokenizer would have done it. A label is read at the token that follows the
 cue: it must be a single token that leaves the prompt's tokens unchanged and decodes back to the label,
 or the question is refused (reading a different token would report the wrong probability).
+
+Word labels (labels.py) may instead be read after a space that ends the prompt (:meth:`place_words`):
+most BPE tokenizers keep a digit apart from the space before it, so "Answer: 1" is the cue, a space,
+then the digit, and the digit is read at the token after the space.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from ..errors import DecisionError
 from ..host import BackendHost
 
 ANSWER_CUE = "Answer:"
+
+# The most label tokens remembered (letters and pairs need about 700 per prompt ending; words come from
+# requests, so the oldest are forgotten past this).
+LABEL_CACHE_SIZE = 4096
 
 # Endings some templates leave open whatever the thinking switch says, and what closes them.
 OPEN_ENDINGS = (
@@ -44,7 +52,7 @@ class AnswerSlotPlacer:
         self.host = host
         self.cue = cue
         self.reasoning_block = reasoning_block
-        self._labels: dict[tuple[str, str], int] = {}
+        self._labels: dict[tuple[str, str, str], int] = {}
 
     def ending(self, rendered_ids: Sequence[int]) -> tuple[int, str]:
         """Where the last plain-text run starts, and the text that replaces everything from there."""
@@ -68,21 +76,41 @@ class AnswerSlotPlacer:
         tail_with_markers = self.host.decode(rendered_ids[max(0, start - 4) :])
         return next((closer for opener, closer in OPEN_ENDINGS if tail_with_markers.endswith(opener)), "")
 
-    def place(self, rendered_ids: Sequence[int], labels: Sequence[str]) -> AnswerSlot:
+    def place(self, rendered_ids: Sequence[int], labels: Sequence[str], spaced: bool = False) -> AnswerSlot:
+        """The prompt up to the answer slot and each label's token there. ``spaced``: the prompt ends
+        with the space after the cue, and each label is read without one."""
         start, tail_text = self.ending(rendered_ids)
+        tail_text += " " if spaced else ""
         tail_ids = self.host.encode(tail_text)
-        label_ids = [self.label_id(tail_text, tail_ids, label) for label in labels]
+        label_ids = [self.label_id(tail_text, tail_ids, label, "" if spaced else " ") for label in labels]
         return AnswerSlot(list(rendered_ids[:start]) + tail_ids, label_ids)
 
-    def label_id(self, tail_text: str, tail_ids: list[int], label: str) -> int:
-        key = (tail_text, label)
+    def place_words(self, rendered_ids: Sequence[int], words: Sequence[str]) -> AnswerSlot | None:
+        """The slot for word labels: after the cue where each word (with its space) is one token there,
+        else after the cue's space where each word is one token after it; None where neither holds for
+        every word, or where two words share a token."""
+        for spaced in (False, True):
+            try:
+                slot = self.place(rendered_ids, words, spaced)
+            except DecisionError:
+                continue
+            if len(set(slot.label_ids)) == len(words):
+                return slot
+        return None
+
+    def label_id(self, tail_text: str, tail_ids: list[int], label: str, joiner: str = " ") -> int:
+        key = (tail_text, joiner, label)
         if key not in self._labels:
-            ids = self.host.encode(f"{tail_text} {label}")
+            if not label.strip():
+                raise DecisionError(f"option label {label!r} is blank")
+            ids = self.host.encode(f"{tail_text}{joiner}{label}")
             if len(ids) != len(tail_ids) + 1 or ids[: len(tail_ids)] != tail_ids:
                 raise DecisionError(f"option label {label!r} is not a single token after the answer cue")
             # SentencePiece tokenizers may decode a lone token with its word marker (U+2581) for the space.
             if self.host.decode(ids[-1:]).replace("\u2581", " ").strip() != label:
                 raise DecisionError(f"option label {label!r} does not decode back to itself")
+            if len(self._labels) >= LABEL_CACHE_SIZE:  # word labels come from requests: keep the newest
+                del self._labels[next(iter(self._labels))]
             self._labels[key] = ids[-1]
         return self._labels[key]
 

@@ -2,10 +2,14 @@
 """The logit backend's prompt: the state first, then the criterion, then labelled options.
 
 The state comes first so that every question about one state shares a token prefix, which vLLM's
-prefix cache then prefills once. The instructions go in a system message, or, for chat templates with
-no system role (they refuse one or drop it), at the head of the user turn (``system_role=False``).
-``RENDER_VERSION`` names this exact layout; tests/golden pins it byte for byte, so change the version
-whenever the text changes.
+prefix cache then prefills once; the system prompt is the same for every label layout, so questions
+about one state share it whichever layout each uses. The instructions go in a system message, or, for
+chat templates with no system role (they refuse one or drop it), at the head of the user turn
+(``system_role=False``). ``RENDER_VERSION`` names this exact text, both layouts; tests/golden pins it
+byte for byte, so change the version whenever the text changes.
+
+Options are listed by layout (labels.py): letters as ``A. text``; words as ``- word: description``,
+or, for an ordered scale, numbered ``1. text``.
 """
 
 from __future__ import annotations
@@ -14,32 +18,50 @@ from collections.abc import Sequence
 
 from ..questions import NOUL, CompiledQuestion, Option, yes_no_options
 
-RENDER_VERSION = "direct-letters-2026-11-30.1"
+RENDER_VERSION = "direct-2026-12-02.1"
 
 SYSTEM_PROMPT = (
-    "You answer questions about a document. Each question lists options marked with letters. "
-    "Reply with the letter of the one option that fits best, and nothing else."
+    "You answer questions about a document. Each question lists its options. "
+    "Reply with the label of the one option that fits best, and nothing else."
 )
 
 
-def answer_instruction(labels: Sequence[str]) -> str:
+def answer_instruction(labels: Sequence[str], words: bool = False, numbered: bool = False) -> str:
+    if numbered:
+        numbers = sorted(int(label) for label in labels)
+        return f"Answer with one number ({numbers[0]}-{numbers[-1]})."
+    if words:
+        if len(labels) == 2:
+            return f"Answer with {labels[0]} or {labels[1]}."
+        return f"Answer with one of: {', '.join(labels)}."
     if all(len(label) == 1 for label in labels):
         return f"Answer with one letter ({labels[0]}-{labels[-1]})."
     return f"Answer with the label of one option ({labels[0]}-{labels[-1]})."
 
 
-def question_text(question: CompiledQuestion, labels: Sequence[str]) -> str:
+def option_line(label: str, option: Option, words: bool = False) -> str:
+    """One option's line: ``A. text`` (letters, and numbered levels), ``- word: text`` (words)."""
+    if not words:
+        return f"{label}. {option.text}"
+    text = option.text
+    return f"- {text}" if text == label or text.startswith(f"{label}: ") else f"- {label}: {text}"
+
+
+def question_text(question: CompiledQuestion, labels: Sequence[str], words: bool = False) -> str:
+    """The question's text with ``labels``; ``words``: they are the words layout's (labels.py)."""
+    numbered = words and question.qtype.ordered
+    word_lines = words and not numbered
     lines = [f"Question: {question.instructions}".rstrip(), "", "Options:"]
-    lines += [f"{label}. {option.text}" for label, option in zip(labels, question.options, strict=True)]
-    lines += ["", answer_instruction(labels)]
+    lines += [option_line(label, option, word_lines) for label, option in zip(labels, question.options, strict=True)]
+    lines += ["", answer_instruction(labels, word_lines, numbered)]
     return "\n".join(lines)
 
 
 def messages(
-    state: str, question: CompiledQuestion, labels: Sequence[str], system_role: bool = True
+    state: str, question: CompiledQuestion, labels: Sequence[str], system_role: bool = True, words: bool = False
 ) -> list[dict[str, str]]:
     """Chat messages for one question; everything before the question text depends only on the state."""
-    return chat(state, question_text(question, labels), system_role)
+    return chat(state, question_text(question, labels, words), system_role)
 
 
 def chat(state: str, question_body: str, system_role: bool = True) -> list[dict[str, str]]:

@@ -19,7 +19,7 @@ from ..base import DecisionBackend, Reading
 from .options import LogitOptions
 from .precision import describe, fp32_check
 from .readouts import ReadoutRunner, plan
-from .self_check import PROBES, self_check
+from .self_check import PROBES, self_check, words_option_mass
 from .stencil import StencilPool, stencil_check
 
 logger = init_logger(__name__)
@@ -35,6 +35,10 @@ class StartupFacts(BaseModel):
     closing: str
     reasoning_block: str
     option_mass: float
+    # The probes' option mass in the words layout (labels=words), with the same answer slot; None where no
+    # probe's words are single tokens there. Below VLLM_TYPED_DECISIONS_MIN_OPTION_MASS (or None), reads
+    # asking for words use letters.
+    words_option_mass: float | None = None
     # Marker pairs that are single tokens on this tokenizer: the wide-direct labels.
     pairs: list[str]
     # Whether the state can be rendered and tokenized once per request (stencil.py).
@@ -48,6 +52,9 @@ class LogitBackend(DecisionBackend[LogitOptions]):
     render_version = RENDER_VERSION
     options_model = LogitOptions
     facts_model = StartupFacts
+    # Startup calibration compares both per question type unless VLLM_TYPED_DECISIONS_BACKEND sets labels.
+    layout_option = "labels"
+    layouts = ("letters", "words")
 
     def __init__(
         self, host: BackendHost, options: LogitOptions | None = None, settings: Settings | None = None
@@ -89,8 +96,10 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         rendered = await self.prompts.prompt_ids(state, question_text(question, ["A", "B"]))
         pairs = self.placer.single_token_labels(rendered, pair_candidates(self.options.markers))
         slot = self.placer.place(rendered, ["A", "B"])
+        words_mass = await words_option_mass(host, self.prompts, self.placer, self.catalog)
         return StartupFacts(system_role=system_role, closing=self.placer.closing(rendered),
-                            reasoning_block=check.reasoning_block, option_mass=check.option_mass, pairs=pairs,
+                            reasoning_block=check.reasoning_block, option_mass=check.option_mass,
+                            words_option_mass=words_mass, pairs=pairs,
                             stencil=await stencil_check(host, system_role),
                             fp32_missing=await fp32_check(host, slot.prompt_ids, slot.label_ids))  # fmt: skip
 
@@ -98,10 +107,12 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         self.facts = facts
         self.placer.reasoning_block = facts.reasoning_block
         self.catalog = LabelCatalog(self.catalog.markers, tuple(facts.pairs))
-        missing = facts.fp32_missing
-        self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts, fp32_reads=missing is None)
+        missing, minimum = facts.fp32_missing, self.settings.min_option_mass
+        words = facts.words_option_mass is not None and facts.words_option_mass >= minimum
+        self.runner = ReadoutRunner(self.host, self.placer, self.catalog, self.prompts, fp32_reads=missing is None,
+                                    word_reads=words)  # fmt: skip
         self.prompts.enabled, self.prompts.system_role = facts.stencil, facts.system_role
-        logger.info(describe_prompt(facts))
+        logger.info(describe_prompt(facts, minimum))
         logger.info(self.describe_limits())
         logger.info(describe(self.host, missing))
 
@@ -123,12 +134,18 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         return await self.runner.run(chosen, state, question, options, request_id)
 
 
-def describe_prompt(facts: StartupFacts) -> str:
+def describe_prompt(facts: StartupFacts, minimum: float | None = None) -> str:
     """The startup log's account of how the decision prompt meets this chat template."""
     where = ("a system message" if facts.system_role
              else "the head of the user turn (the chat template has no system role)")  # fmt: skip
     shared = "once per request" if facts.stencil else "with each question (this tokenizer or template can't share it)"
     ending = f"closes the template's open ending with {facts.closing!r}, then " if facts.closing else ""
     block = f"the empty reasoning block {facts.reasoning_block!r}, then " if facts.reasoning_block else ""
+    words = facts.words_option_mass
+    if words is None:
+        words_mass = "none of the probes' words are single tokens (reads asking for words use letters)"
+    else:
+        below = minimum is not None and words < minimum
+        words_mass = f"{words:.3f}" + (f" (below {minimum}: reads asking for words use letters)" if below else "")
     return (f"decision prompt: instructions in {where}; state rendered {shared}; answer slot: {ending}{block}"
-            f"{ANSWER_CUE!r}; option mass {facts.option_mass:.3f}")  # fmt: skip
+            f"{ANSWER_CUE!r}; option mass {facts.option_mass:.3f} (letters), words option mass {words_mass}")  # fmt: skip

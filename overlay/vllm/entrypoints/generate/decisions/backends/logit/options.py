@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ...prompting.labels import MARKERS
+from ...prompting.labels import MARKERS, LabelLayout
 
 Readout = Literal["auto", "direct", "wide-direct", "two-stage"]
 LogprobMode = Literal["top-k", "exact"]
@@ -29,6 +29,10 @@ class LogitOptions(BaseModel):
     shortlist: int = Field(default=8, ge=2, le=26)
     # One option label per character; pairs of them make the wide-direct labels.
     markers: str = MARKERS
+    # letters: the markers. words: each option's own word (Yes/No, a level's number, a choice's value) in
+    # direct reads, where they are single tokens at the answer slot and passed the startup check; the
+    # question uses letters otherwise, and extra.audit.label_layout says which (prompting/labels.py).
+    labels: LabelLayout = "letters"
 
     @field_validator("markers")
     @classmethod

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which read answers a question, and the reads themselves.
 
-- direct: one marker per option, one forward pass.
+- direct: one marker per option, one forward pass; or, asked for words (``labels=words``), each
+  option's own word (prompting/labels.py) where each is one token at its answer slot, else markers.
 - wide-direct: more options than markers; marker pairs that are single tokens add labels; one pass.
 - two-stage: each option scored alone as yes/no over the shared state, then the leaders through a
   direct read; the finalists share their stage-1 mass. k + 1 passes.
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from ...concurrency import gather_or_cancel
 from ...errors import DecisionError, OverLimitError
 from ...host import BackendHost
-from ...prompting.answer_slot import AnswerSlotPlacer
-from ...prompting.labels import LabelCatalog
+from ...prompting.answer_slot import AnswerSlot, AnswerSlotPlacer
+from ...prompting.labels import LabelCatalog, word_labels
 from ...prompting.prompt import option_check, question_text
 from ...questions import CompiledQuestion
 from ...scoring import softmax
@@ -63,23 +64,50 @@ def plan(count: int, options: LogitOptions, catalog: LabelCatalog, token_id_cap:
     return Plan(options.readout, mode)
 
 
+@dataclass(frozen=True)
+class LabelledSlot:
+    slot: AnswerSlot
+    labels: list[str]
+    # What extra.audit.label_layout says: "words", "markers" or "markers+pairs".
+    layout: str
+
+
+async def labelled_slot(prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog, state: str,
+                        question: CompiledQuestion, words: bool = False) -> LabelledSlot:  # fmt: skip
+    """The prompt and label tokens of one read: in the question's words where asked and each is one
+    token at its answer slot, else in letters (never a refusal for words that don't fit)."""
+    if words and (labels := word_labels(question)) is not None:
+        rendered = await prompts.prompt_ids(state, question_text(question, labels, words=True))
+        slot = placer.place_words(rendered, labels)
+        if slot is not None:
+            return LabelledSlot(slot, labels, "words")
+    labels = catalog.labels(len(question.options))
+    rendered = await prompts.prompt_ids(state, question_text(question, labels))
+    return LabelledSlot(placer.place(rendered, labels), labels, LabelCatalog.layout(labels))
+
+
 class ReadoutRunner:
     """Runs a planned read for one question through the host."""
 
     def __init__(self, host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog,
-                 prompts: StencilPool | None = None, fp32_reads: bool = False) -> None:  # fmt: skip
+                 prompts: StencilPool | None = None, fp32_reads: bool = False,
+                 word_reads: bool = True) -> None:  # fmt: skip
         self.host = host
         self.placer = placer
         self.catalog = catalog
         self.prompts = prompts or StencilPool(host, enabled=False)
         # Whether reads asking for fp32 get it (precision.fp32_check passed at startup).
         self.fp32_reads = fp32_reads
+        # Whether reads asking for words get them (the words' option mass passed the startup check).
+        self.word_reads = word_reads
 
     async def labelled_read(self, state: str, question: CompiledQuestion, mode: str, request_id: str,
-                            fallback: bool = True, fp32: bool = False) -> tuple[LabelRead, list[str]]:  # fmt: skip
-        labels = self.catalog.labels(len(question.options))
-        rendered = await self.prompts.prompt_ids(state, question_text(question, labels))
-        slot = self.placer.place(rendered, labels)
+                            fallback: bool = True, fp32: bool = False,
+                            words: bool = False) -> tuple[LabelRead, list[str], str]:  # fmt: skip
+        """The read of ``question`` in letters, or in its words where asked and they fit; its labels and
+        the layout used."""
+        chosen = await labelled_slot(self.prompts, self.placer, self.catalog, state, question, words)
+        slot, labels = chosen.slot, chosen.labels
         limit = self.host.max_model_len
         if len(slot.prompt_ids) >= limit:
             raise OverLimitError(
@@ -90,18 +118,19 @@ class ReadoutRunner:
             read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fallback, fp32)
         else:
             read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fp32)
-        return read, labels
+        return read, labels, chosen.layout
 
     async def run(self, plan: Plan, state: str, question: CompiledQuestion, options: LogitOptions,
                   request_id: str) -> Reading:  # fmt: skip
         fp32 = options.precision == "float32" and self.fp32_reads
         if plan.readout == "two-stage":
             return await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id, fp32)
-        read, labels = await self.labelled_read(state, question, plan.logprobs, request_id, fp32=fp32)
-        return reading(read, plan.readout, self.audit(labels, fp32))
+        words = options.labels == "words" and plan.readout == "direct" and self.word_reads
+        read, _, layout = await self.labelled_read(state, question, plan.logprobs, request_id, fp32=fp32, words=words)
+        return reading(read, plan.readout, self.audit(layout, fp32))
 
-    def audit(self, labels: list[str], fp32: bool) -> ReadAudit:
-        return ReadAudit(label_layout=LabelCatalog.layout(labels), logit_precision=read_precision(self.host, fp32))
+    def audit(self, layout: str, fp32: bool) -> ReadAudit:
+        return ReadAudit(label_layout=layout, logit_precision=read_precision(self.host, fp32))
 
     async def two_stage(self, state: str, question: CompiledQuestion, mode: str, shortlist: int,
                         request_id: str, fp32: bool = False) -> Reading:  # fmt: skip
@@ -110,14 +139,14 @@ class ReadoutRunner:
             self.labelled_read(state, option_check(question, option), mode, f"{request_id}-s1-{i}", False, fp32)
             for i, option in enumerate(question.options)
         ]
-        stage1 = [read for read, _ in await gather_or_cancel(checks)]
+        stage1 = [read for read, _, _ in await gather_or_cancel(checks)]
         p_yes = [softmax(r.scores)[0] for r in stage1]
         total = sum(p_yes)
         first = [p / total for p in p_yes]
         leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[: min(shortlist, len(first))]
         leaders.sort()
         finals = CompiledQuestion(question.qtype, question.instructions, tuple(question.options[i] for i in leaders))
-        final, labels = await self.labelled_read(state, finals, mode, f"{request_id}-s2", fp32=fp32)
+        final, _, layout = await self.labelled_read(state, finals, mode, f"{request_id}-s2", fp32=fp32)
         shared = sum(first[i] for i in leaders)
         probabilities = list(first)
         for i, p in zip(leaders, softmax(final.scores), strict=True):
@@ -137,7 +166,7 @@ class ReadoutRunner:
                     "shortlist": [keys[i] for i in leaders],
                 }
             ),
-            audit=self.audit(labels, fp32),
+            audit=self.audit(layout, fp32),
         )
 
 

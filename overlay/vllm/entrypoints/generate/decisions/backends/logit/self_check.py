@@ -4,6 +4,10 @@
 It asks a few easy questions and measures how much next-token probability falls on their letters
 (an exact read). Below the threshold the model is about to write something else first; the check
 then tries each empty reasoning block the tokenizer supports and keeps the first that passes.
+
+Letters are what every question falls back to, so they decide the check. The same probes are then
+read in the words layout (their own labels) with the block found: :func:`words_option_mass`. Below
+the threshold, reads asking for words use letters.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from dataclasses import dataclass
 from ...host import BackendHost
 from ...prompting.answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
 from ...prompting.labels import LabelCatalog
-from ...prompting.prompt import question_text
 from ...questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from .readouts import labelled_slot
 from .reads import read_exact
 from .stencil import StencilPool
 
@@ -43,16 +47,34 @@ class SelfCheck:
         )
 
 
+async def probe_masses(host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog,
+                       words: bool = False) -> list[float]:  # fmt: skip
+    """The option mass of each probe read in letters, or (``words``) of each probe whose words fit."""
+    masses = []
+    for i, (state, question) in enumerate(PROBES):
+        chosen = await labelled_slot(prompts, placer, catalog, state, question, words)
+        if words and chosen.layout != "words":
+            continue
+        slot, labels = chosen.slot, chosen.labels
+        request_id = f"decision-self-check-{'words-' if words else ''}{i}"
+        read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, request_id)
+        masses.append(read.option_mass)
+    return masses
+
+
 async def option_mass(
     host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog
 ) -> float:
-    masses = []
-    for i, (state, question) in enumerate(PROBES):
-        labels = catalog.labels(len(question.options))
-        slot = placer.place(await prompts.prompt_ids(state, question_text(question, labels)), labels)
-        read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, f"decision-self-check-{i}")
-        masses.append(read.option_mass)
+    masses = await probe_masses(host, prompts, placer, catalog)
     return sum(masses) / len(masses)
+
+
+async def words_option_mass(
+    host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog
+) -> float | None:
+    """The probes' mean option mass in the words layout, or None where no probe's words fit."""
+    masses = await probe_masses(host, prompts, placer, catalog, words=True)
+    return sum(masses) / len(masses) if masses else None
 
 
 async def self_check(
