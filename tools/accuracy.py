@@ -8,10 +8,15 @@ file in the calibration format it asks every question once per row, one question
 
 Rows (--rows picks some, by name):
 
-- ``off``, ``content-free``, ``fitted``, ``content-free+fitted``: ours on /v1/systemone with
-  ``extra.prior`` set to that read correction and ``extra.debias`` ``rotate:1`` (one reading);
-- ``default``: ours with neither ``prior`` nor ``debias`` (whatever the server does by default);
-- ``rotate``: ours with ``prior`` ``off`` and ``debias`` ``rotate`` (two readings: the old default).
+- ``off``, ``content-free``, ``fitted``, ``content-free+fitted``: ours on /v1/systemone with letter
+  labels (``extra.backend_options.labels`` ``letters``), ``extra.prior`` set to that read correction
+  and ``extra.debias`` ``rotate:1`` (one reading);
+- ``words``, ``words+content-free``, ``words+fitted``: the same with the words layout (``labels``
+  ``words``: Yes/No, level digits, a choice's own values where each is one token);
+- ``default``: ours with neither ``prior``, ``debias`` nor ``labels`` (whatever the server does by
+  default: calibration's choice of layout and correction per question type);
+- ``rotate``: ours with letters, ``prior`` ``off`` and ``debias`` ``rotate`` (two readings: the old
+  default).
   A server that refuses a row's ``extra`` (400 or 422, e.g. one without ``prior``) makes that row
   unavailable; the reason is printed and the other rows go on.
   An answer's scores are ``extra.audit.prior.adjusted_logits`` when a correction applied, else
@@ -87,13 +92,17 @@ from vllm.entrypoints.generate.decisions.questions import NOUL, SCORE, CompiledQ
 
 DEFAULT_QUESTIONS = str(Path(__file__).parent / "data" / "heldout.jsonl")
 # The rows ours answers: the request's extra block besides "detail".
+LETTERS, WORDS = {"backend_options": {"labels": "letters"}}, {"backend_options": {"labels": "words"}}
 OURS = {
-    "off": {"prior": "off", "debias": "rotate:1"},
-    "content-free": {"prior": "content-free", "debias": "rotate:1"},
-    "fitted": {"prior": "fitted", "debias": "rotate:1"},
-    "content-free+fitted": {"prior": "content-free+fitted", "debias": "rotate:1"},
+    "off": {"prior": "off", "debias": "rotate:1", **LETTERS},
+    "content-free": {"prior": "content-free", "debias": "rotate:1", **LETTERS},
+    "fitted": {"prior": "fitted", "debias": "rotate:1", **LETTERS},
+    "content-free+fitted": {"prior": "content-free+fitted", "debias": "rotate:1", **LETTERS},
+    "words": {"prior": "off", "debias": "rotate:1", **WORDS},
+    "words+content-free": {"prior": "content-free", "debias": "rotate:1", **WORDS},
+    "words+fitted": {"prior": "fitted", "debias": "rotate:1", **WORDS},
     "default": {},
-    "rotate": {"prior": "off", "debias": "rotate"},
+    "rotate": {"prior": "off", "debias": "rotate", **LETTERS},
 }
 ROWS = [*OURS, "batch", "generation", "upstream"]
 MASS_FLOOR = 1e-6  # generation: the least probability left to the options not generated

@@ -123,3 +123,17 @@ def test_the_choice_keeps_a_fitted_bias_that_helps_and_refuses_one_that_does_not
     assert choose(samples(0.0, 1.0, 200, seed=1)).mode == "off"
     # Content-free modes need content-free reads: without them they are not candidates.
     assert set(leaning.candidates) == {"off", "fitted"}
+
+
+def test_the_bias_learns_the_models_lean_not_the_sets_answer_mix():
+    # No lean at all, but 80% of the answers sit at position 1: a bias toward position 1 would only
+    # teach the server this set's mix, so the fit weights each answer position alike.
+    rng = random.Random(3)
+    skewed = []
+    for i in range(400):
+        correct = 1 if rng.random() < 0.8 else 0
+        scores = [rng.gauss(0, 1.0), rng.gauss(0, 1.0)]
+        scores[correct] += 0.5  # weak evidence: fitted unweighted, the bias would take the mix (about 2.2)
+        skewed.append(Sample([log_softmax(scores)], [[0, 1]], None, correct, f"g{i}"))
+    _, bias = fit(skewed, "fitted", 2)
+    assert bias[1] == pytest.approx(0.0, abs=0.15)

@@ -7,7 +7,9 @@ log-likelihood, and the held-out folds are scored by log loss and accuracy. A co
 when its held-out log loss is below the uncorrected reading's and its accuracy is not lower; the best
 kept one is the type's ``auto``. The fit is a multinomial logistic regression with one slope (1/T) on
 the reading's scores and one intercept per position (position 0 fixed at 0, the shift softmax ignores),
-solved by Newton's method with a small ridge on the intercepts. Pure functions: testable without an engine.
+solved by Newton's method with a small ridge on the intercepts, each position holding the correct answer
+weighted alike (so the bias is the model's lean, not the set's answer mix). Pure functions: testable
+without an engine.
 """
 
 from __future__ import annotations
@@ -90,15 +92,23 @@ def features(sample: Sample, mode: str, width: int) -> tuple[FloatArray, FloatAr
     return scores, shares
 
 
-def _design(samples: Sequence[Sample], mode: str, width: int) -> list[tuple[FloatArray, int]]:
+def _design(samples: Sequence[Sample], mode: str, width: int) -> list[tuple[FloatArray, int, float]]:
+    """Each sample's features, its correct option and its weight. With a bias to fit, the samples are
+    weighted so that every position holding the correct answer counts alike: the bias then measures
+    the model's lean by position, not how often the calibration set's answers sit there (a yes/no set
+    that is 70% "no" must not teach every server to lean to "no")."""
+    fitted = uses_fitted(mode)
+    where = [s.positions[0][s.correct] for s in samples]
+    counts = {position: where.count(position) for position in set(where)}
     rows = []
-    for sample in samples:
-        scores, shares = features(sample, mode, width if uses_fitted(mode) else 1)
-        rows.append((np.column_stack([scores, shares]), sample.correct))
+    for sample, position in zip(samples, where, strict=True):
+        scores, shares = features(sample, mode, width if fitted else 1)
+        weight = len(samples) / (len(counts) * counts[position]) if fitted else 1.0
+        rows.append((np.column_stack([scores, shares]), sample.correct, weight))
     return rows
 
 
-def _newton(design: list[tuple[FloatArray, int]], size: int) -> FloatArray:
+def _newton(design: list[tuple[FloatArray, int, float]], size: int) -> FloatArray:
     """The maximum-likelihood (slope, intercepts), ridge on the intercepts, slope within the T range."""
     theta = np.zeros(size)
     theta[0] = 1.0
@@ -107,22 +117,22 @@ def _newton(design: list[tuple[FloatArray, int]], size: int) -> FloatArray:
 
     def objective(t: FloatArray) -> float:
         total = 0.5 * float(penalty @ (t * t))
-        for z, answer in design:
+        for z, answer, weight in design:
             logits = z @ t
             top = logits.max()
-            total += float(top + np.log(np.exp(logits - top).sum()) - logits[answer])
+            total += weight * float(top + np.log(np.exp(logits - top).sum()) - logits[answer])
         return total
 
     current = objective(theta)
     for _ in range(ITERATIONS):
         gradient = penalty * theta
         hessian = np.diag(penalty) + 1e-9 * np.eye(size)
-        for z, answer in design:
+        for z, answer, weight in design:
             logits = z @ theta
             p = np.exp(logits - logits.max())
             p /= p.sum()
-            gradient += z.T @ p - z[answer]
-            hessian += z.T @ (np.diag(p) - np.outer(p, p)) @ z
+            gradient += weight * (z.T @ p - z[answer])
+            hessian += weight * (z.T @ (np.diag(p) - np.outer(p, p)) @ z)
         step = np.linalg.solve(hessian, gradient)
         scale = 1.0
         while scale > 1e-6:
