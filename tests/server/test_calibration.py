@@ -106,9 +106,18 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
 
 
 def per_type_fits(server: VllmServer, record: dict) -> None:
-    """The saved result holds a fit for each type in the file, each logged on its own line."""
+    """The saved result holds a fit for each type in the file, each logged on its own line, and each
+    type's reads: both label layouts measured with every prior correction (VLLM_TYPED_DECISIONS_PRIOR
+    auto, the default), the 37 choice questions too few to choose by (read in letters, no correction)."""
     log = server.log.read_text(errors="replace")
-    assert record["key"]["scheme"] == "per-type-v1"
+    assert record["key"]["scheme"] == "per-type-prior-v2" and record["key"]["prior"] == "auto"
+    assert set(record["reads"]) == {"noul", "score"}
+    for name, reads in record["reads"].items():
+        assert set(reads["by_layout"]) == {"letters", "words"} and reads["layout"] in reads["by_layout"]
+        for layout, choice in reads["by_layout"].items():
+            assert set(choice["candidates"]) == {"off", "content-free", "fitted", "content-free+fitted"}
+            assert choice["mode"] in choice["candidates"] and f"decision reads ({name}, {layout}): " in log
+        assert f"decision reads ({name}): {reads['layout']} labels kept" in log
     assert set(record["by_type"]) == {"noul", "choice", "score"}
     for name, fit in record["by_type"].items():
         assert fit["used"] > 0 and f"decision calibration ({name}): " in log

@@ -137,3 +137,12 @@ def test_the_bias_learns_the_models_lean_not_the_sets_answer_mix():
         skewed.append(Sample([log_softmax(scores)], [[0, 1]], None, correct, f"g{i}"))
     _, bias = fit(skewed, "fitted", 2)
     assert bias[1] == pytest.approx(0.0, abs=0.15)
+
+
+def test_a_gain_within_the_noise_is_not_kept():
+    # A lean too small for 60 questions to show: held-out log loss may dip by chance, but the
+    # interval of the gain straddles zero and the uncorrected reading stays.
+    choice = choose(samples(0.05, 1.0, 60, seed=4))
+    assert choice.mode == "off"
+    low, high = choice.candidates["fitted"].gain
+    assert low <= 0 <= high or high < 0

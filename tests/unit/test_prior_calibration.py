@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import zlib
 from http import HTTPStatus
 
@@ -190,12 +191,22 @@ def test_a_fitted_mode_without_a_fitted_bias_is_refused_naming_the_setting():
         corrections("content-free+fitted").resolve("score", AS_SET, TEMPERATURES, None)
 
 
-def test_a_layout_is_kept_only_where_it_beats_the_first_without_a_correction():
-    letters = ReadChoice(mode="off", candidates={"off": figures(1.0, log_loss=0.69, accuracy=0.5)})
-    better = ReadChoice(mode="off", candidates={"off": figures(1.0, log_loss=0.60, accuracy=0.6)})
-    worse_accuracy = ReadChoice(mode="off", candidates={"off": figures(1.0, log_loss=0.60, accuracy=0.4)})
+def measured(losses, accuracy):
+    """A layout's read without a correction, with its held-out loss on each of 100 questions."""
+    candidate = Candidate(log_loss=sum(losses) / len(losses), accuracy=accuracy, temperature=1.0)
+    candidate._losses = {f"q{i}": loss for i, loss in enumerate(losses)}
+    return ReadChoice(mode="off", candidates={"off": candidate}, groups={f"q{i}": f"g{i // 2}" for i in range(100)})
+
+
+def test_a_layout_is_kept_only_where_it_clearly_beats_the_first_without_a_correction():
+    letters = measured([0.69] * 100, 0.5)
+    better = measured([0.60 + (0.05 if i % 2 else -0.05) for i in range(100)], 0.6)
+    rng = random.Random(0)
+    noise = measured([0.69 + rng.gauss(-0.005, 0.2) for _ in range(100)], 0.5)  # a little lower, by chance
+    assert noise.kept.log_loss < letters.kept.log_loss
     assert choose_layout({"letters": letters, "words": better}).layout == "words"
-    assert choose_layout({"letters": letters, "words": worse_accuracy}).layout == "letters"
+    assert choose_layout({"letters": letters, "words": noise}).layout == "letters", "a gain within the noise"
+    assert choose_layout({"letters": letters, "words": measured([0.60] * 100, 0.4)}).layout == "letters"
     assert choose_layout({"letters": better, "words": letters}).layout == "letters"
 
 

@@ -4,8 +4,9 @@
 For every type, each correction is tried under group-disjoint cross-validation: on the training folds
 the temperature (and, for the fitted modes, an additive bias per option position) is fitted by
 log-likelihood, and the held-out folds are scored by log loss and accuracy. A correction is kept only
-when its held-out log loss is below the uncorrected reading's and its accuracy is not lower; the best
-kept one is the type's ``auto``. The fit is a multinomial logistic regression with one slope (1/T) on
+when its gain is clearly real, as a temperature is: the 95% interval of its held-out log-loss gain over
+the uncorrected reading (resampling question groups) lies above zero, and its accuracy is not lower;
+the best kept one by log loss is the type's ``auto``. The fit is a multinomial logistic regression with one slope (1/T) on
 the reading's scores and one intercept per position (position 0 fixed at 0, the shift softmax ignores),
 solved by Newton's method with a small ridge on the intercepts, each position holding the correct answer
 weighted alike (so the bias is the model's lean, not the set's answer mix). Pure functions: testable
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, PrivateAttr
 
 from ..prior import MODES, adjusted, uses_content_free, uses_fitted
-from .maths import FOLDS, HIGH_TEMPERATURE, LOW_TEMPERATURE, fold_of_groups
+from .maths import FOLDS, HIGH_TEMPERATURE, LOW_TEMPERATURE, RESAMPLES, fold_of_groups
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -41,16 +42,50 @@ class Sample:
     priors: list[list[float]] | None
     correct: int
     group: str
+    # Names the question across layouts (its id in the question file), so their losses can be paired.
+    id: str = ""
 
 
 class Candidate(BaseModel):
-    """A correction's held-out log loss and accuracy, and the T (and, fitted modes, the bias per
-    position in score units) fitted for it on every question."""
+    """A correction's held-out log loss and accuracy, the 95% interval of its held-out log-loss gain over
+    the baseline it was judged against (None for the baseline itself), and the T (and, fitted modes,
+    the bias per position in score units) fitted for it on every question."""
 
     log_loss: float
     accuracy: float
     temperature: float
     bias: list[float] | None = None
+    gain: tuple[float, float] | None = None
+    # Each question's held-out loss by its id, for pairing (not saved).
+    _losses: dict[str, float] = PrivateAttr(default_factory=dict)
+
+    def gain_over(self, baseline: Candidate, groups: dict[str, str]) -> tuple[float, float]:
+        """The 95% interval of the mean held-out log-loss gain over ``baseline`` on the questions both
+        answered."""
+        shared = [key for key in self._losses if key in baseline._losses]
+        return gain_interval([baseline._losses[k] - self._losses[k] for k in shared], [groups[k] for k in shared])
+
+    def beats(self, baseline: Candidate) -> bool:
+        """The keep rule: a gain whose whole interval is above zero, and no lower accuracy."""
+        return self.gain is not None and self.gain[0] > 0 and self.accuracy >= baseline.accuracy
+
+
+def gain_interval(gains: Sequence[float], groups: Sequence[str], resamples: int = RESAMPLES,
+                  seed: int = 0) -> tuple[float, float]:  # fmt: skip
+    """95% interval (2.5th and 97.5th percentiles) of the mean per-question gain, resampling question
+    groups with replacement as the temperature's keep rule does (maths.bootstrap_interval)."""
+    number: dict[str, int] = {}
+    index = np.asarray([number.setdefault(g, len(number)) for g in groups], dtype=np.int64)
+    count = len(number)
+    totals = np.bincount(index, weights=np.asarray(gains, dtype=np.float64), minlength=count)
+    sizes = np.bincount(index, minlength=count).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    values = np.empty(resamples)
+    for r in range(resamples):
+        weight = np.bincount(rng.integers(0, count, size=count), minlength=count).astype(np.float64)
+        values[r] = weight @ totals / (weight @ sizes)
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
 
 
 class ReadChoice(BaseModel):
@@ -60,6 +95,8 @@ class ReadChoice(BaseModel):
     candidates: dict[str, Candidate]
     # Whether the mode is the operator's setting rather than the figures' choice.
     forced: bool = False
+    # Each question's group by its id, for pairing with another layout (not saved).
+    groups: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     @property
     def kept(self) -> Candidate:
@@ -71,11 +108,12 @@ class ReadChoice(BaseModel):
         if self.forced:
             verdict = f"{self.mode} as set"
         elif self.mode == "off":
-            verdict = "no correction kept"
+            verdict = "no correction kept (none clearly beats the uncorrected reading)"
         else:
             kept = self.candidates[self.mode]
-            verdict = (f"{self.mode} kept (held-out log loss {off.log_loss:.3f} -> {kept.log_loss:.3f}, "
-                       f"accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f})")  # fmt: skip
+            low, high = kept.gain or (0.0, 0.0)
+            verdict = (f"{self.mode} kept (held-out log loss {off.log_loss:.3f} -> {kept.log_loss:.3f}, gain 95% "
+                       f"[{low:.3f}, {high:.3f}], accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f})")  # fmt: skip
         return f"decision reads ({name}): {verdict}; log loss/accuracy: {figures}"
 
 
@@ -160,20 +198,24 @@ def fit(samples: Sequence[Sample], mode: str, width: int) -> tuple[float, list[f
     return 1.0 / slope, bias
 
 
-def held_out(samples: Sequence[Sample], mode: str, width: int, folds: int = FOLDS) -> tuple[float, float]:
-    """``mode``'s log loss and accuracy on each fold, fitted on the others."""
+def held_out(samples: Sequence[Sample], mode: str, width: int, folds: int = FOLDS) -> tuple[list[float], list[bool]]:
+    """``mode``'s log loss and hit on each question (in order), fitted on the other folds."""
     fold = fold_of_groups([s.group for s in samples], folds)
-    losses, hits = [], []
+    losses, hits = [0.0] * len(samples), [False] * len(samples)
     for f in sorted(set(fold)):
         train = [s for s, k in zip(samples, fold, strict=True) if k != f]
         temperature, bias = fit(train, mode, width)
-        for sample in (s for s, k in zip(samples, fold, strict=True) if k == f):
-            scores = corrected(sample, mode, bias)
+        for i in (i for i, k in enumerate(fold) if k == f):
+            scores = corrected(samples[i], mode, bias)
             logits = np.maximum(np.asarray(scores), SCORE_FLOOR) / temperature
             log_p = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-            losses.append(-float(log_p[sample.correct]))
-            hits.append(int(np.argmax(logits)) == sample.correct)
-    return float(np.mean(losses)), float(np.mean(hits))
+            losses[i] = -float(log_p[samples[i].correct])
+            hits[i] = int(np.argmax(logits)) == samples[i].correct
+    return losses, hits
+
+
+def keys(samples: Sequence[Sample]) -> list[str]:
+    return [s.id or f"#{i}" for i, s in enumerate(samples)]
 
 
 def corrected(sample: Sample, mode: str, bias: Sequence[float] | None) -> list[float]:
@@ -187,17 +229,25 @@ def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
     set, whatever the figures say), and every correction's figures."""
     width = max(len(s.rows[0]) for s in samples)
     modes = [m for m in MODES if not uses_content_free(m) or all(s.priors is not None for s in samples)]
+    names = keys(samples)
+    groups = dict(zip(names, (s.group for s in samples), strict=True))
     candidates: dict[str, Candidate] = {}
     for mode in modes:
-        loss, accuracy = held_out(samples, mode, width)
+        losses, hits = held_out(samples, mode, width)
         temperature, bias = fit(samples, mode, width)
-        candidates[mode] = Candidate(log_loss=loss, accuracy=accuracy, temperature=temperature, bias=bias)
+        candidate = Candidate(log_loss=float(np.mean(losses)), accuracy=float(np.mean(hits)),
+                              temperature=temperature, bias=bias)  # fmt: skip
+        candidate._losses = dict(zip(names, losses, strict=True))
+        candidates[mode] = candidate
     off = candidates["off"]
-    helping: list[str] = [m for m, c in candidates.items() if c.log_loss < off.log_loss and c.accuracy >= off.accuracy]
+    for name, candidate in candidates.items():
+        if name != "off":
+            candidate.gain = candidate.gain_over(off, groups)
+    helping: list[str] = [m for m, c in candidates.items() if c.beats(off)]
     chosen: str = min(helping, key=lambda m: candidates[m].log_loss) if helping else "off"
     if forced is not None and forced in candidates:
         chosen = forced
-    return ReadChoice(mode=chosen, candidates=candidates, forced=forced is not None)
+    return ReadChoice(mode=chosen, candidates=candidates, forced=forced is not None, groups=groups)
 
 
 # The key of a backend's one way of reading, where it has no layouts to compare.
@@ -236,12 +286,14 @@ def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
     without one; another layout is kept, as a correction is, only with a lower held-out log loss and no
     lower accuracy, the best of those by log loss."""
     layouts = list(choices)
-    baseline = choices[layouts[0]].candidates["off"]
-    helping = [
-        layout for layout in layouts[1:]
-        if choices[layout].kept.log_loss < baseline.log_loss and choices[layout].kept.accuracy >= baseline.accuracy
-        and choices[layout].kept.log_loss < choices[layouts[0]].kept.log_loss
-    ]  # fmt: skip
+    first = choices[layouts[0]]
+    baseline = first.candidates["off"]
+    helping = []
+    for layout in layouts[1:]:
+        kept = choices[layout].kept
+        gain = kept.gain_over(baseline, {**first.groups, **choices[layout].groups})
+        if gain[0] > 0 and kept.accuracy >= baseline.accuracy and kept.log_loss < first.kept.log_loss:
+            helping.append(layout)
     chosen = min(helping, key=lambda layout: choices[layout].kept.log_loss) if helping else layouts[0]
     by_layout = {layout or SINGLE: choice for layout, choice in choices.items()}
     return TypeReads(layout=chosen, by_layout=by_layout)

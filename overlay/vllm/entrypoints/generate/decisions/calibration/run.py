@@ -156,7 +156,7 @@ def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQu
     samples: dict[str, dict[str | None, list[bias.Sample]]] = {}
     for layout, answered in by_layout.items():
         for item, read in answered:
-            sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
+            sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group, item.id)
             samples.setdefault(item.question.qtype.name, {}).setdefault(layout, []).append(sample)
     forced = None if prior == AUTO else prior
     return {
