@@ -20,7 +20,14 @@ from vllm.entrypoints.generate.decisions.calibration.temperature import Temperat
 from vllm.entrypoints.generate.decisions.corrections import Asked, Corrections
 from vllm.entrypoints.generate.decisions.errors import DecisionError
 from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS
-from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    ChoiceQuestion,
+    NoulQuestion,
+    ScoreQuestion,
+)
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Debias, Settings
 
@@ -148,6 +155,13 @@ TEMPERATURES = Temperatures(
 AS_SET = Asked(Debias("rotate", 1))
 
 
+QUESTIONS = {
+    "choice": CHOICE.compile(ChoiceQuestion.model_validate(QUESTION)),
+    "noul": NOUL.compile(NoulQuestion(instructions="Is it urgent?")),
+    "score": SCORE.compile(ScoreQuestion(instructions="How angry?", criteria=["calm", "angry"])),
+}
+
+
 def corrections(setting="auto"):
     made = Corrections(setting, 8)
     made.reads = READS
@@ -155,40 +169,46 @@ def corrections(setting="auto"):
 
 
 def test_auto_is_calibrations_choice_and_each_mode_gets_its_own_temperature():
-    how = corrections().resolve("choice", AS_SET, TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["choice"], AS_SET, TEMPERATURES, None)
     assert (how.correction.mode, how.correction.bias, how.layout) == ("content-free", None, None)
     assert how.temperature == Temperature(0.7, "calibrated", "choice")
-    how = corrections().resolve("choice", Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
     assert how.correction.bias == [0.0, -1.0, -2.0] and how.temperature == Temperature(
         0.9, "calibrated", "choice:fitted"
     )
-    how = corrections().resolve("choice", Asked(AS_SET.debias, "fitted"), TEMPERATURES, 3.0)
+    how = corrections().resolve(QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, 3.0)
     assert how.temperature == Temperature(3.0, "request", "request"), "a request's T still wins"
     # A type calibration chose nothing for: no correction, the server-wide T.
-    how = corrections().resolve("score", AS_SET, TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["score"], AS_SET, TEMPERATURES, None)
     assert how.correction.mode == "off" and how.temperature == TEMPERATURES.server and how.layout is None
-    assert corrections("content-free").resolve("score", AS_SET, TEMPERATURES, None).correction.mode == "content-free"
+    assert (
+        corrections("content-free").resolve(QUESTIONS["score"], AS_SET, TEMPERATURES, None).correction.mode
+        == "content-free"
+    )
     # Another backend than the one calibrated: none of calibration's choices.
-    assert corrections().resolve("choice", AS_SET, TEMPERATURES, None, calibrated=False).correction.mode == "off"
+    assert (
+        corrections().resolve(QUESTIONS["choice"], AS_SET, TEMPERATURES, None, calibrated=False).correction.mode
+        == "off"
+    )
 
 
 def test_a_type_is_read_in_the_layout_calibration_kept_unless_the_request_names_one():
-    how = corrections().resolve("noul", AS_SET, TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["noul"], AS_SET, TEMPERATURES, None)
     assert (how.layout, how.correction.mode, how.temperature.scope) == ("words", "off", "server")
     # The request's own layout: the backend's options are left as the request has them, with that layout's
     # choice (content-free in letters) and its T.
-    how = corrections().resolve("noul", Asked(AS_SET.debias, None, "letters"), TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["noul"], Asked(AS_SET.debias, None, "letters"), TEMPERATURES, None)
     assert (how.layout, how.correction.mode) == (None, "content-free")
     assert how.temperature == Temperature(0.8, "calibrated", "noul:letters:content-free")
-    how = corrections().resolve("noul", Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["noul"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
     assert how.correction.bias == [0.0, 0.5] and how.temperature.scope == "noul:words:fitted"
 
 
 def test_a_fitted_mode_without_a_fitted_bias_is_refused_naming_the_setting():
     with pytest.raises(DecisionError, match=r"^extra\.prior='fitted': no position bias was fitted for score"):
-        corrections().resolve("score", Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
+        corrections().resolve(QUESTIONS["score"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, None)
     with pytest.raises(DecisionError, match=r"^VLLM_TYPED_DECISIONS_PRIOR='content-free\+fitted'"):
-        corrections("content-free+fitted").resolve("score", AS_SET, TEMPERATURES, None)
+        corrections("content-free+fitted").resolve(QUESTIONS["score"], AS_SET, TEMPERATURES, None)
 
 
 def measured(losses, accuracy):
@@ -265,3 +285,53 @@ async def test_calibration_reads_each_layout_and_the_service_reads_in_the_one_ke
     assert backend.layouts_read == ["words", "letters"], "the layout kept, unless the request names one"
     # An operator's layout at startup: nothing to compare.
     assert TwoLayoutBackend(LayoutOptions(labels="words")).compared_layouts() == ()
+
+
+class TwoDesksBackend(LeaningBackend):
+    """The ticket question leans to the first position; the desk question, worded otherwise, to the last."""
+
+    async def read(self, state, question, request_id, options=None) -> Reading:
+        reading = await super().read(state, question, request_id, options)
+        if question.instructions.startswith("Which desk"):
+            reading.scores = [s - LEAN[i] + LEAN[::-1][i] for i, s in enumerate(reading.scores)]
+        return reading
+
+
+async def test_a_question_labelled_many_times_gets_a_bias_of_its_own(tmp_path, caplog):
+    desk = {**QUESTION, "instructions": "Which desk should take it?"}
+    lines = [
+        json.dumps(
+            {
+                "state": f"ticket {i} about {TEAMS[i % 3]}",
+                "question": QUESTION if i % 2 else desk,
+                "expected": TEAMS[i % 3],
+                "group": f"g{i % 60}",
+                "id": f"q{i}",
+            }
+        )  # fmt: skip
+        for i in range(240)
+    ]
+    source = tmp_path / "q.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    backend = TwoDesksBackend()
+    configured = settings(tmp_path, source, prior="fitted")
+    calibrated = await startup_calibration(backend, configured, MODEL)
+    reads = calibrated.reads["choice"]
+    own = {json.loads(key)[1]: choice for key, choice in reads.questions.items()}
+    assert set(own) == {"Which team?", "Which desk should take it?"}
+    # Each question's bias undoes its own lean: position 0 down for the team, position 2 down for the desk.
+    team, desk_bias = own["Which team?"].kept.bias, own["Which desk should take it?"].kept.bias
+    assert team[2] > team[1] > 0 and desk_bias[2] < desk_bias[1] < 0
+    assert "decision reads (choice, 'Which desk should take it?'): fitted as set" in caplog.text
+
+    service = DecisionService(configured, backend, "served")
+
+    async def calibrate():
+        return calibrated
+
+    await service.start(calibrate)
+    desk_question = CHOICE.compile(ChoiceQuestion.model_validate(desk))
+    (answer,) = (await service.decide("a new ticket about sales", [desk_question], "r")).results
+    audit = answer.audit.as_json()
+    assert audit["temperature_scope"] == "choice:question:fitted"
+    assert audit["prior"]["bias"] == dict(zip(['"billing"', '"sales"', '"technical"'], desk_bias, strict=True))

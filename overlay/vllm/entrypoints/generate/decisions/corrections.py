@@ -3,8 +3,9 @@
 
 The request's choice wins (``extra.prior``; the layout in ``extra.backend_options``), else the server's
 VLLM_TYPED_DECISIONS_PRIOR; ``auto`` is what startup calibration chose for the question's type in that
-layout (``off`` where it chose nothing), and a type read in another layout than the backend's first is
-read so unless the request names one. Calibration's choices apply to the server's own backend only.
+layout (``off`` where it chose nothing; a question the calibration file labelled many times may have
+a fitted bias of its own), and a type read in another layout than the backend's first is read so
+unless the request names one. Calibration's choices apply to the server's own backend only.
 The temperature follows the scores it divides: the type's calibrated T for the layout and correction
 calibration chose, that pair's own fitted T (scope ``type:layout:mode``) for another, the server-wide
 T where the type has no fits. A request's or a configured T overrides them all, as before.
@@ -15,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .calibration.bias import TypeReads
+from .calibration.bias import TypeReads, question_key
 from .calibration.temperature import Temperature, Temperatures
 from .debias import Correction
 from .errors import DecisionError
 from .prior import AUTO, PriorCache, uses_fitted
+from .questions import CompiledQuestion
 from .settings import PREFIX, Debias
 
 
@@ -60,12 +62,16 @@ class Corrections:
         self.cache = PriorCache(cache_size)
         self.reads: Mapping[str, TypeReads] = {}
 
-    def resolve(self, qtype: str, asked: Asked, temperatures: Temperatures, requested_t: float | None,
-                calibrated: bool = True) -> Resolved:  # fmt: skip
-        """How a question of type ``qtype`` is read; ``calibrated``: by the backend calibration measured."""
+    def resolve(self, question: CompiledQuestion, asked: Asked, temperatures: Temperatures,
+                requested_t: float | None, calibrated: bool = True) -> Resolved:  # fmt: skip
+        """How ``question`` is read; ``calibrated``: by the backend calibration measured."""
+        qtype = question.qtype.name
         reads = self.reads.get(qtype) if calibrated else None
         layout = asked.layout or (reads.layout if reads is not None else None)
-        choice = reads.in_layout(layout) if reads is not None else None
+        choice, own = None, False
+        if reads is not None:
+            key = question_key(question) if reads.questions else None
+            choice, own = reads.for_question(key, layout)
         mode = asked.prior or self.setting
         if mode == AUTO:
             mode = choice.mode if choice is not None else "off"
@@ -80,7 +86,7 @@ class Corrections:
         applied = temperatures.applied(qtype, requested_t)
         chosen = reads is not None and choice is reads.chosen and mode == choice.mode
         if applied.source == "calibrated" and reads is not None and candidate is not None and not chosen:
-            scope = ":".join(part for part in (qtype, layout, mode) if part)
+            scope = ":".join(part for part in (qtype, "question" if own else layout, mode) if part)
             applied = Temperature(candidate.temperature, "calibrated", scope)
         laid = layout if asked.layout is None and reads is not None else None
         return Resolved(Correction(mode, self.cache, bias), laid, applied)

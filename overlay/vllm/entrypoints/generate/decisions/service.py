@@ -217,7 +217,7 @@ class DecisionService:
         asked: Asked,
     ) -> Answer | Failure:
         try:
-            how = self.corrections.resolve(question.qtype.name, asked, self.temperatures, requested,
+            how = self.corrections.resolve(question, asked, self.temperatures, requested,
                                            calibrated=backend is self.backend)  # fmt: skip
             applied = how.temperature
             read = await read_question(backend, state, question, request_id, backend.with_layout(options, how.layout),

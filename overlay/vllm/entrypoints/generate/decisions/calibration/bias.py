@@ -15,6 +15,7 @@ without an engine.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, Field, PrivateAttr
 
 from ..prior import MODES, adjusted, uses_content_free, uses_fitted
+from ..questions import CompiledQuestion
 from .maths import FOLDS, HIGH_TEMPERATURE, LOW_TEMPERATURE, RESAMPLES, fold_of_groups
 
 FloatArray = npt.NDArray[np.float64]
@@ -254,12 +256,27 @@ def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
 SINGLE = "single"
 
 
+def question_key(question: CompiledQuestion) -> str:
+    """Names a question alike in a calibration file and in requests: its type, criterion and options
+    (sorted, so the order they are sent in doesn't matter)."""
+    options = sorted([o.key, o.text] for o in question.options)
+    return json.dumps([question.qtype.name, question.instructions, options], ensure_ascii=False)
+
+
 class TypeReads(BaseModel):
     """A question type's reads as calibration chose them: the label layout kept (None where the backend
-    has one way) and, for each layout compared, the correction chosen in it with every one's figures."""
+    has one way) and, for each layout compared, the correction chosen in it with every one's figures;
+    and, in the layout kept, a fitted bias of their own for questions the file labels many times
+    (``questions``, by :func:`question_key`)."""
 
     layout: str | None = None
     by_layout: dict[str, ReadChoice]
+    questions: dict[str, ReadChoice] = Field(default_factory=dict)
+
+    def for_question(self, key: str | None, layout: str | None) -> tuple[ReadChoice | None, bool]:
+        """The choice a question read in ``layout`` gets, and whether it is the question's own."""
+        own = self.questions.get(key) if key is not None and layout == self.layout else None
+        return (own, True) if own is not None else (self.in_layout(layout), False)
 
     @property
     def chosen(self) -> ReadChoice:
@@ -269,16 +286,17 @@ class TypeReads(BaseModel):
         return self.by_layout.get(layout or SINGLE)
 
     def log_lines(self, name: str) -> list[str]:
+        own = [choice.log_line(f"{name}, {json.loads(key)[1]!r}") for key, choice in self.questions.items()]
         if self.layout is None:
-            return [self.chosen.log_line(name)]
+            return [self.chosen.log_line(name), *own]
         lines = [choice.log_line(f"{name}, {layout}") for layout, choice in self.by_layout.items()]
         baseline = next(iter(self.by_layout))
         if self.layout == baseline:
-            return [*lines, f"decision reads ({name}): {baseline} labels kept (no other layout did better)"]
+            return [*lines, f"decision reads ({name}): {baseline} labels kept (no other layout did better)", *own]
         off, kept = self.by_layout[baseline].candidates["off"], self.chosen.kept
         return [*lines, f"decision reads ({name}): {self.layout} labels kept (held-out log loss "
                         f"{off.log_loss:.3f} -> {kept.log_loss:.3f}, accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f} "
-                        f"against {baseline} without a correction)"]  # fmt: skip
+                        f"against {baseline} without a correction)", *own]  # fmt: skip
 
 
 def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
@@ -297,3 +315,11 @@ def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
     chosen = min(helping, key=lambda layout: choices[layout].kept.log_loss) if helping else layouts[0]
     by_layout = {layout or SINGLE: choice for layout, choice in choices.items()}
     return TypeReads(layout=chosen, by_layout=by_layout)
+
+
+def choose_per_question(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice | None:
+    """One question's own fitted bias, from its many labelled answers: kept where a fitted mode clearly
+    beats reading it uncorrected (the type's keep rule); None otherwise, and the type's choice serves it.
+    Under a mode set by the operator, that mode if it is a fitted one."""
+    choice = choose(samples, forced)
+    return choice if uses_fitted(choice.mode) else None

@@ -152,18 +152,29 @@ def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQu
                  prior: str) -> dict[str, bias.TypeReads]:  # fmt: skip
     """Each type's layout and correction: under auto the ones held-out figures keep (bias.choose,
     bias.choose_layout), else the mode set, with every one's figures either way; types with too few
-    questions get none (the first layout, no correction)."""
+    questions get none (the first layout, no correction). In the layout kept, a question the file
+    labels at least MIN_ANSWERED times may get a fitted bias of its own (bias.choose_per_question)."""
     samples: dict[str, dict[str | None, list[bias.Sample]]] = {}
+    asked: dict[tuple[str | None, str, str], list[bias.Sample]] = {}
     for layout, answered in by_layout.items():
         for item, read in answered:
             sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group, item.id)
             samples.setdefault(item.question.qtype.name, {}).setdefault(layout, []).append(sample)
+            asked.setdefault((layout, item.question.qtype.name, bias.question_key(item.question)), []).append(sample)
     forced = None if prior == AUTO else prior
-    return {
+    reads = {
         name: bias.choose_layout({layout: bias.choose(rows, forced) for layout, rows in layouts.items()})
         for name, layouts in samples.items()
         if all(len(rows) >= MIN_ANSWERED for rows in layouts.values()) and len(layouts) == len(by_layout)
     }
+    for (layout, name, key), rows in asked.items():
+        kind = reads.get(name)
+        # A type asked as one question has its fit already.
+        if kind is not None and kind.layout == layout and MIN_ANSWERED <= len(rows) < len(samples[name][layout]):
+            own = bias.choose_per_question(rows, forced)
+            if own is not None:
+                kind.questions[key] = own
+    return reads
 
 
 def chosen_layout(reads: dict[str, bias.TypeReads], qtype: str, first: str | None) -> str | None:
@@ -173,12 +184,14 @@ def chosen_layout(reads: dict[str, bias.TypeReads], qtype: str, first: str | Non
 
 def corrected_scores(item: question_file.LabelledQuestion, read: DebiasedReading,
                      reads: dict[str, bias.TypeReads]) -> list[float]:  # fmt: skip
-    """The scores a server answering this question gives: its reading under its type's correction."""
-    choice = reads.get(item.question.qtype.name)
-    if choice is None or choice.chosen.mode == "off":
+    """The scores a server answering this question gives: its reading under its correction (the
+    question's own, else its type's)."""
+    kind = reads.get(item.question.qtype.name)
+    choice = kind.for_question(bias.question_key(item.question), kind.layout)[0] if kind is not None else None
+    if choice is None or choice.mode == "off":
         return read.reading.scores
     sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
-    return bias.corrected(sample, choice.chosen.mode, choice.chosen.kept.bias)
+    return bias.corrected(sample, choice.mode, choice.kept.bias)
 
 
 def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]:
