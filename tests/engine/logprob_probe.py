@@ -21,8 +21,10 @@ def main() -> None:
 
     checkpoint, dtype, head_dtype, window = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     job = json.load(sys.stdin)
+    # No prefix cache: each batch below prefills afresh, so the reads compared differ only in what they ask
+    # for (with native bf16 kernels, AMX say, a read over cached blocks differs from a fresh one by hundredths).
     llm = LLM(model=checkpoint, dtype=dtype, enforce_eager=True, max_model_len=2048, seed=0, max_logprobs=window,
-              block_size=32, hf_overrides={"head_dtype": head_dtype})  # fmt: skip
+              block_size=32, hf_overrides={"head_dtype": head_dtype}, enable_prefix_caching=False)  # fmt: skip
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
 
     def params(fp32: bool, exact: bool) -> SamplingParams:
