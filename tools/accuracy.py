@@ -71,13 +71,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,35 +83,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from accuracy_figures import Reading, batch_calibrated, first_errors, row_metrics, table  # noqa: E402
+from accuracy_rows import ROWS, RowRefused, Servers  # noqa: E402
 from serving import add_server_arguments, target  # noqa: E402
 
 from vllm.entrypoints.generate.decisions.calibration import question_file  # noqa: E402
-from vllm.entrypoints.generate.decisions.questions import NOUL, SCORE, CompiledQuestion  # noqa: E402
 
 DEFAULT_QUESTIONS = str(Path(__file__).parent / "data" / "heldout.jsonl")
-# The rows ours answers: the request's extra block besides "detail".
-LETTERS, WORDS = {"backend_options": {"labels": "letters"}}, {"backend_options": {"labels": "words"}}
-OURS = {
-    "off": {"prior": "off", "debias": "rotate:1", **LETTERS},
-    "content-free": {"prior": "content-free", "debias": "rotate:1", **LETTERS},
-    "fitted": {"prior": "fitted", "debias": "rotate:1", **LETTERS},
-    "content-free+fitted": {"prior": "content-free+fitted", "debias": "rotate:1", **LETTERS},
-    "words": {"prior": "off", "debias": "rotate:1", **WORDS},
-    "words+content-free": {"prior": "content-free", "debias": "rotate:1", **WORDS},
-    "words+fitted": {"prior": "fitted", "debias": "rotate:1", **WORDS},
-    "default": {},
-    "rotate": {"prior": "off", "debias": "rotate", **LETTERS},
-}
-ROWS = [*OURS, "batch", "generation", "upstream"]
-MASS_FLOOR = 1e-6  # generation: the least probability left to the options not generated
-
-
-class RowRefused(Exception):
-    """A request the server answered with an error status; the message is its body's gist."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{status}: {message}")
-        self.status = status
 
 
 # --- questions --------------------------------------------------------------------------------
@@ -127,121 +102,6 @@ def load_items(path: str, limit: int | None) -> list[question_file.LabelledQuest
     states = list(dict.fromkeys(item.state for item in items))[:limit]
     chosen = set(states)
     return [item for item in items if item.state in chosen]
-
-
-def plain_keys(question: CompiledQuestion) -> list[str]:
-    """The options as a user writes them: ``yes``/``no``, the choice values, a score's level numbers."""
-    if question.qtype is NOUL:
-        return ["yes", "no"]
-    if question.qtype is SCORE:
-        return [option.key for option in question.options]
-    return [option.label for option in question.options]
-
-
-# --- the rows' requests -----------------------------------------------------------------------
-
-
-def error_message(response: httpx.Response) -> str:
-    """The gist of an error body, whichever wire shaped it."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict):
-        error = error.get("message", error)
-    if isinstance(body, dict) and isinstance(body.get("detail"), list):  # FastAPI's validation errors
-        error = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in body["detail"])
-    return str(error)[:300]
-
-
-async def post(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await http.post(path, json=body)
-    if response.status_code != 200:
-        raise RowRefused(response.status_code, error_message(response))
-    return response.json()
-
-
-def served_scores(answer: dict[str, Any], keys: Sequence[str]) -> list[float]:
-    """An answer's scores in option order: the corrected ones when a correction applied."""
-    prior = answer["extra"]["audit"].get("prior")
-    adjusted = prior.get("adjusted_logits") if isinstance(prior, dict) else None
-    logits = adjusted or answer["extra"]["backend"]["option_logits"]
-    return [-math.inf if logits.get(k) is None else float(logits[k]) for k in keys]
-
-
-async def ask_ours(http: httpx.AsyncClient, item: question_file.LabelledQuestion, extra: dict[str, Any]) -> Reading:
-    body = {"model": "m", "state": item.state, "questions": {"q": item.raw}, "extra": {"detail": "full", **extra}}
-    answer = (await post(http, "/v1/systemone", body))["answers"]["q"]
-    keys = [option.key for option in item.question.options]
-    temperature = answer["extra"]["audit"].get("calibration_temperature") or 1.0
-    return Reading(served_scores(answer, keys), float(temperature))
-
-
-def chat_prompt(item: question_file.LabelledQuestion) -> str:
-    """The question in plain words, as a user would ask it in a chat."""
-    question = item.question
-    keys = plain_keys(question)
-    lines = [f"Input:\n{item.state}", ""]
-    if question.instructions:
-        lines.append(f"Question: {question.instructions}")
-    lines.append("Levels, lowest first:" if question.qtype is SCORE else "Options:")
-    for key, option in zip(keys, question.options, strict=True):
-        meaning = option.label if question.qtype is SCORE else option.description
-        lines.append(f"- {key}: {meaning}" if meaning else f"- {key}")
-    lines.append("Answer with one of: " + ", ".join(keys))
-    return "\n".join(lines)
-
-
-def generation_scores(reply: str, token_logprobs: Sequence[float], keys: Sequence[str]) -> list[float]:
-    """Log-probabilities for a generated key: its own from its tokens, the rest shared equally."""
-    if reply not in keys:
-        raise RowRefused(200, f"generated {reply!r}, not one of the options")
-    chosen = math.exp(sum(token_logprobs))
-    rest = max(1.0 - chosen, MASS_FLOOR) / max(len(keys) - 1, 1)
-    return [math.log(max(chosen, MASS_FLOOR)) if key == reply else math.log(rest) for key in keys]
-
-
-async def ask_generation(http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str) -> Reading:
-    keys = plain_keys(item.question)
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": chat_prompt(item)}],
-        "temperature": 0,
-        # A token is at least one character; one more for the end of text.
-        "max_tokens": max(len(k) for k in keys) + 1,
-        "logprobs": True,
-        "top_logprobs": 20,
-        "structured_outputs": {"choice": keys},
-    }
-    choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
-    tokens = (choice.get("logprobs") or {}).get("content") or []
-    return Reading(generation_scores(choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys))
-
-
-async def ask_upstream(http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str) -> Reading:
-    body = {"model": model, "state": item.state, "questions": {"q": item.raw}}
-    probabilities = (await post(http, "/v1/systemone", body))["answers"]["q"]["probabilities"]
-    return Reading([math.log(max(float(probabilities[k]), 1e-300)) for k in plain_keys(item.question)])
-
-
-@dataclass
-class Servers:
-    """The clients the rows ask through, and the model names their servers serve."""
-
-    ours: httpx.AsyncClient
-    model: str
-    upstream: httpx.AsyncClient | None = None
-    upstream_model: str = ""
-
-    async def ask(self, row: str, item: question_file.LabelledQuestion) -> Reading:
-        if row in OURS:
-            return await ask_ours(self.ours, item, OURS[row])
-        if row == "generation":
-            return await ask_generation(self.ours, item, self.model)
-        if row == "upstream" and self.upstream is not None:
-            return await ask_upstream(self.upstream, item, self.upstream_model)
-        raise ValueError(f"no requests for row {row!r}")
 
 
 # --- running ----------------------------------------------------------------------------------

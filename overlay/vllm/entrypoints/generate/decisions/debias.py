@@ -145,7 +145,9 @@ async def read_question(backend: DecisionBackend, state: str, question: Compiled
     if correction.mode != "off":
         fitted = correction.bias if uses_fitted(correction.mode) else None
         read.corrected = adjusted(read.rows, read.positions, read.priors, fitted)
-        read.prior = prior_audit(question, read, correction, all(p.cached for p in priors) if priors else None)
+        read.prior = prior_audit(
+            question, read, correction.mode, fitted, all(p.cached for p in priors) if priors else None
+        )
     return read
 
 
@@ -164,10 +166,9 @@ async def prior_read(backend: DecisionBackend, question: CompiledQuestion, reque
     return await correction.cache.get(key, neutral)
 
 
-def prior_audit(question: CompiledQuestion, read: DebiasedReading, correction: Correction,
+def prior_audit(question: CompiledQuestion, read: DebiasedReading, mode: str, fitted: list[float] | None,
                 cached: bool | None) -> PriorAudit:  # fmt: skip
     keys = [o.key for o in question.options]
-    fitted = correction.bias if uses_fitted(correction.mode) else None
     scores = read.corrected or []
     bias = None
     if fitted is not None:
@@ -176,7 +177,7 @@ def prior_audit(question: CompiledQuestion, read: DebiasedReading, correction: C
     content_free = None
     if read.priors is not None:
         content_free = {k: sum(p[i] for p in read.priors) / len(read.priors) for i, k in enumerate(keys)}
-    return PriorAudit(mode=correction.mode, content_free=content_free, cached=cached, bias=bias,
+    return PriorAudit(mode=mode, content_free=content_free, cached=cached, bias=bias,
                       adjusted_logits=dict(zip(keys, scores, strict=True)))  # fmt: skip
 
 
