@@ -92,7 +92,7 @@ class ScriptedBackend(DecisionBackend):
         self.in_flight = 0
         self.most_in_flight = 0
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options=None) -> Reading:
+    async def read(self, question, context) -> Reading:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:

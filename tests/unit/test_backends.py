@@ -27,7 +27,7 @@ def claiming():
         architectures = ("LlamaForCausalLM",)
         options_model = Options
 
-        async def read(self, state, question, request_id, options=None):
+        async def read(self, question, context):
             raise NotImplementedError
 
     register_backend(Claiming)

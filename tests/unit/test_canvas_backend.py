@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.backends import CanvasBackend
 from vllm.entrypoints.generate.decisions.backends.base import facts_json
 from vllm.entrypoints.generate.decisions.backends.canvas.options import CanvasOptions
@@ -16,6 +17,7 @@ from vllm.entrypoints.generate.decisions.errors import DecisionError
 from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer
 from vllm.entrypoints.generate.decisions.prompting.prompt import messages
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.registry import choose_backend
 from vllm.entrypoints.generate.decisions.scoring import softmax
 from vllm.entrypoints.generate.decisions.service import DecisionService
@@ -40,7 +42,9 @@ def started(host, **options) -> CanvasBackend:
 
 
 def read(backend, question=QUESTION, **options):
-    return asyncio.run(backend.read(STATE, question, "r", backend.options.model_copy(update=options)))
+    return asyncio.run(
+        backend.read(question, ReadContext.about(STATE, "r", backend.options.model_copy(update=options)))
+    )
 
 
 def test_chosen_for_diffusiongemma_by_itself():
@@ -92,7 +96,7 @@ def test_extra_seed_reaches_the_reads_and_no_seed_draws_one(host):
     backend = started(host)
     service = DecisionService(Settings.from_env({}), backend, "tiny")
     service.ready = True
-    answer = asyncio.run(service.decide(STATE, [QUESTION], "r", seed=42)).results[0]
+    answer = asyncio.run(service.decide(ask(STATE, [QUESTION], "r", seed=42))).results[0]
     assert answer.backend.facts["seed"] == 42 and host.canvas_calls[-1][1][0] == noise_tokens(42, 1, host.vocab_size)[0]
     drawn = read(backend).meta.seed
     assert isinstance(drawn, int) and 0 <= drawn < 2**63

@@ -9,6 +9,7 @@ from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.errors import BackendUnavailable
 from vllm.entrypoints.generate.decisions.prompting.chat_template import takes_system_role
 from vllm.entrypoints.generate.decisions.prompting.prompt import SYSTEM_PROMPT
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import Settings
 
 from ..conftest import model_path
@@ -39,7 +40,7 @@ async def test_without_a_system_role_the_instructions_open_the_user_turn(smollm2
     backend = LogitBackend(host, settings=Settings.from_env({}))
     facts = await backend.start()
     assert not facts.system_role and facts.option_mass > 0.5
-    await backend.runner.labelled_read("A ticket.", choice(3), "exact", "r")
+    await backend.runner.labelled_read(choice(3), "exact", ReadContext.about("A ticket.", "r"))
     prompt = host.decode(host.reads[-1][0])
     assert prompt.startswith(f"<|im_start|>user\n{SYSTEM_PROMPT}\n\nDocument:\nA ticket.\n\nQuestion: Which?")
     assert "system" not in prompt

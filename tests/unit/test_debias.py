@@ -18,6 +18,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import NO_DEBIAS, Settings, SettingsError, parse_debias
 
 from .fakes import ScriptedBackend
@@ -42,7 +43,7 @@ def log_softmax(values):
 
 async def test_off_reads_once_in_the_clients_order():
     backend = ScriptedBackend(biased)
-    read = await read_question(backend, "s", choice(["sales", "billing"]), "r", None, NO_DEBIAS)
+    read = await read_question(backend, choice(["sales", "billing"]), ReadContext.about("s", "r", None), NO_DEBIAS)
     assert read.reading.scores == pytest.approx([0.0 + 1.5, 0.3 + 0.7])
     assert read.reading.forward_passes == 1 and read.debias is None
 
@@ -53,7 +54,7 @@ async def test_a_full_rotation_is_independent_of_the_order_sent_and_cancels_the_
     truth = dict(zip(EVIDENCE, log_softmax(list(EVIDENCE.values())), strict=True))
     answers = []
     for order in itertools.permutations(EVIDENCE):
-        reading = (await read_question(backend, "s", choice(order), "r", None, full)).reading
+        reading = (await read_question(backend, choice(order), ReadContext.about("s", "r", None), full)).reading
         assert reading.forward_passes == 4
         by_key = dict(zip(order, log_softmax(reading.scores), strict=True))
         assert by_key == pytest.approx(truth, abs=1e-9)
@@ -65,7 +66,9 @@ async def test_fewer_rotations_still_ignore_the_order_sent():
     backend = ScriptedBackend(biased)
     seen = set()
     for order in itertools.permutations(EVIDENCE):
-        reading = (await read_question(backend, "s", choice(order), "r", None, parse_debias("rotate:2"))).reading
+        reading = (
+            await read_question(backend, choice(order), ReadContext.about("s", "r", None), parse_debias("rotate:2"))
+        ).reading
         seen.add(tuple(round(s, 12) for _, s in sorted(zip(order, reading.scores, strict=True))))
         assert reading.forward_passes == 2
     assert len(seen) == 1
@@ -73,8 +76,7 @@ async def test_fewer_rotations_still_ignore_the_order_sent():
 
 async def test_the_audit_names_each_rotation_and_their_agreement():
     backend = ScriptedBackend(biased)
-    read = await read_question(backend, "s", choice(["sales", "billing", "account"]), "r", None,
-                               parse_debias("rotate:3"))  # fmt: skip
+    read = await read_question(backend, choice(["sales", "billing", "account"]), ReadContext.about("s", "r", None), parse_debias("rotate:3"))  # fmt: skip
     audit = read.debias
     assert audit is not None and audit.debias == "rotate:3" and len(audit.rotations) == 3
     # The canonical order is by key (the JSON text of the value): account, billing, sales.
@@ -103,7 +105,9 @@ def test_yes_no_reads_both_ways_and_a_large_choice_caps_its_rotations():
 
 async def test_rotations_of_a_score_report_reversed_readings():
     question = SCORE.compile(ScoreQuestion(instructions="How bad?", criteria=["low", "mid", "high"]))
-    read = await read_question(ScriptedBackend(biased), "s", question, "r", None, parse_debias("rotate"))
+    read = await read_question(
+        ScriptedBackend(biased), question, ReadContext.about("s", "r", None), parse_debias("rotate")
+    )
     reading = read.reading
     assert read.debias is not None and [r.reversed for r in read.debias.rotations] == [False, True]
     # The bias favours the first position: low in one reading, high in the other; they cancel.

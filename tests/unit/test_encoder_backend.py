@@ -21,6 +21,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.registry import choose_backend
 from vllm.entrypoints.generate.decisions.settings import BackendSpec
 
@@ -99,7 +100,7 @@ def started(host: LayaHost) -> EncoderBackend:
 
 
 def read(backend: EncoderBackend, question, state: str = "The parcel arrived broken and late."):
-    return asyncio.run(backend.read(state, question, "r"))
+    return asyncio.run(backend.read(question, ReadContext.about(state, "r")))
 
 
 def test_chosen_for_the_architecture_by_itself():

@@ -30,6 +30,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     ScoreQuestion,
     choice_options,
 )
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 
 from ..conftest import ROOT, model_path
 from .fakes import TokenizerHost
@@ -82,7 +83,7 @@ async def prompts_for(template: str | None) -> dict[str, list[str]]:
         backend.prompts.system_role = await takes_system_role(host)
         backend.catalog = LabelCatalog(backend.catalog.markers, ("AA", "AB"))
         backend.runner.catalog = backend.catalog
-        await backend.read(STATE, question, "golden")
+        await backend.read(question, ReadContext.about(STATE, "golden"))
         rendered[name] = sorted(host.decode(prompt) for prompt, _ in host.reads)
     return rendered
 

@@ -26,6 +26,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     ScoreQuestion,
     choice_options,
 )
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.registry import backend_options
 from vllm.entrypoints.generate.decisions.settings import Settings, parse_backend_spec
 
@@ -187,7 +188,7 @@ def test_both_layouts_share_the_system_prompt_and_the_state():
 
 async def read(tokenizer, question, options=WORDS, **host_args):
     host = TokenizerHost(tokenizer, **host_args)
-    reading = await LogitBackend(host, options).read("Card charged twice!", question, "r")
+    reading = await LogitBackend(host, options).read(question, ReadContext.about("Card charged twice!", "r"))
     (prompt_ids, label_ids), *_ = host.reads
     return reading, host.decode(prompt_ids), [host.decode([t]).strip() for t in label_ids]
 
@@ -232,7 +233,7 @@ async def test_word_scores_are_the_words_log_probabilities(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
     yes, no = (host.encode(f"{ANSWER_CUE} {w}")[-1] for w in ("Yes", "No"))
     host.logprob = lambda prompt, token: {yes: math.log(0.7), no: math.log(0.2)}.get(token, -20.0)
-    reading = await LogitBackend(host, WORDS).read("s", yes_no(), "r")
+    reading = await LogitBackend(host, WORDS).read(yes_no(), ReadContext.about("s", "r"))
     assert reading.scores == pytest.approx([math.log(0.7), math.log(0.2)])
     assert reading.option_mass == pytest.approx(0.9)
 
@@ -241,14 +242,14 @@ async def test_top_k_reads_of_words(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer, max_logprobs=5)
     yes = host.encode(f"{ANSWER_CUE} Yes")[-1]
     host.logprob = lambda prompt, token: -0.1 if token == yes else -3.0 - token / 1e5
-    reading = await LogitBackend(host, LogitOptions(labels="words")).read("s", yes_no(), "r")
+    reading = await LogitBackend(host, LogitOptions(labels="words")).read(yes_no(), ReadContext.about("s", "r"))
     assert reading.audit.label_layout == "words" and reading.meta.floored == ["No"]
 
 
 async def test_wide_direct_and_two_stage_keep_letters(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
     backend = LogitBackend(host, LogitOptions(labels="words", logprobs="exact", readout="two-stage", shortlist=2))
-    reading = await backend.read("s", choice(billing=None, technical=None, sales=None), "r")
+    reading = await backend.read(choice(billing=None, technical=None, sales=None), ReadContext.about("s", "r"))
     assert reading.audit.label_layout == "markers"
     assert all("A. " in host.decode(prompt) for prompt, _ in host.reads)
 
@@ -257,9 +258,9 @@ async def test_debias_rotations_keep_each_options_word(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
     backend = LogitBackend(host, WORDS)
     question = choice(billing=None, technical=None, sales=None)
-    first = await backend.read("s", question, "r1")
+    first = await backend.read(question, ReadContext.about("s", "r1"))
     rotated = CompiledQuestion(question.qtype, question.instructions, question.options[1:] + question.options[:1])
-    second = await backend.read("s", rotated, "r2")
+    second = await backend.read(rotated, ReadContext.about("s", "r2"))
     (_, ids1), (_, ids2) = host.reads
     assert ids2 == ids1[1:] + ids1[:1]
     assert second.scores == first.scores[1:] + first.scores[:1]
@@ -301,7 +302,7 @@ async def test_the_self_check_measures_words_and_gates_them(smollm2_tokenizer, w
     line = describe_prompt(facts, 0.5)
     assert f"words option mass {facts.words_option_mass:.3f}" in line
     assert ("reads asking for words use letters" in line) is not word_reads
-    reading = await backend.read("s", yes_no(), "r")
+    reading = await backend.read(yes_no(), ReadContext.about("s", "r"))
     assert reading.audit.label_layout == ("words" if word_reads else "markers")
 
 
@@ -312,5 +313,7 @@ async def test_without_any_probe_in_words_reads_use_letters(local_tokenizer):
     facts = await backend.start()
     assert facts.words_option_mass is None and backend.runner.word_reads is False
     assert "none of the probes' words are single tokens" in describe_prompt(facts, 0.5)
-    reading = await backend.read("s", score("low", "high"), "r")  # " 1" is one token here, but unchecked
+    reading = await backend.read(
+        score("low", "high"), ReadContext.about("s", "r")
+    )  # " 1" is one token here, but unchecked
     assert reading.audit.label_layout == "markers"

@@ -19,6 +19,7 @@ from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
 )
 from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
 from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import Settings, SettingsError
 
 from .fakes import TokenizerHost
@@ -83,7 +84,7 @@ async def test_direct_read_returns_the_label_log_probabilities(smollm2_tokenizer
     host = TokenizerHost(smollm2_tokenizer, logprob=lambda prompt, token: -float(token % 5) - 0.5)
     backend = LogitBackend(host, LogitOptions(logprobs="exact"))
     question = CHOICE.compile(ChoiceQuestion(instructions="Which?", criteria={"a": "first", "b": None, "c": None}))
-    reading = await backend.read("The state.", question, "r")
+    reading = await backend.read(question, ReadContext.about("The state.", "r"))
     (prompt_ids, label_ids), *_ = host.reads
     assert reading.scores == [-float(t % 5) - 0.5 for t in label_ids]
     assert reading.option_mass == pytest.approx(sum(math.exp(s) for s in reading.scores))
@@ -96,7 +97,7 @@ async def test_top_k_floors_labels_outside_the_window(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer, max_logprobs=5)
     b_id = host.encode(" B")[-1]
     host.logprob = lambda prompt, token: -0.1 if token == b_id else -3.0 - token / 1e5
-    reading = await LogitBackend(host).read("s", choice(3), "r")
+    reading = await LogitBackend(host).read(choice(3), ReadContext.about("s", "r"))
     assert reading.meta.logprobs == "top-k" and reading.meta.topk_window == 5
     assert reading.meta.floored == ["A", "C"]
     # The 5-wide window holds B and the four next-best tokens (ids 0-3); its lowest value is the floor.
@@ -108,7 +109,7 @@ async def test_top_k_floors_labels_outside_the_window(smollm2_tokenizer):
 async def test_incomplete_exact_read_falls_back_and_says_so(smollm2_tokenizer):
     c_id = smollm2_tokenizer.encode(" C", add_special_tokens=False)[-1]
     host = TokenizerHost(smollm2_tokenizer, drop=lambda token: token == c_id)
-    reading = await LogitBackend(host, LogitOptions(logprobs="exact")).read("s", choice(3), "r")
+    reading = await LogitBackend(host, LogitOptions(logprobs="exact")).read(choice(3), ReadContext.about("s", "r"))
     assert reading.meta.degraded is True and "lacked 1 of 3" in reading.meta.degraded_reason
     assert reading.forward_passes == 2 and len(host.top_reads) == 1
 
@@ -118,7 +119,7 @@ async def test_two_stage_exact_reads_have_no_fallback(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer, drop=lambda token: token == b_id)
     backend = LogitBackend(host, LogitOptions(logprobs="exact", readout="two-stage"))
     with pytest.raises(DecisionError, match="no fallback"):
-        await backend.read("s", choice(4), "r")
+        await backend.read(choice(4), ReadContext.about("s", "r"))
 
 
 async def test_wide_direct_uses_pairs_after_the_markers(smollm2_tokenizer):
@@ -129,7 +130,7 @@ async def test_wide_direct_uses_pairs_after_the_markers(smollm2_tokenizer):
     assert pairs, "SmolLM2 keeps some letter pairs as single tokens"
     backend.catalog = LabelCatalog(backend.catalog.markers, tuple(pairs))
     backend.runner.catalog = backend.catalog
-    reading = await backend.read("s", choice(26 + len(pairs)), "r")
+    reading = await backend.read(choice(26 + len(pairs)), ReadContext.about("s", "r"))
     assert reading.readout == "wide-direct" and reading.audit.label_layout == "markers+pairs"
     assert host.decode(host.reads[-1][0]).count(f"{pairs[-1]}. option {25 + len(pairs)}") == 1
 
@@ -147,7 +148,7 @@ async def test_two_stage_finalists_share_their_stage_one_mass(smollm2_tokenizer)
 
     host.logprob = logprob
     backend = LogitBackend(host, LogitOptions(logprobs="exact", readout="two-stage", shortlist=3))
-    reading = await backend.read("s", choice(6), "r")
+    reading = await backend.read(choice(6), ReadContext.about("s", "r"))
     assert reading.readout == "two-stage" and reading.forward_passes == 7
     assert reading.meta.shortlist == ['"option 0"', '"option 1"', '"option 2"']
     probs = [math.exp(s) for s in reading.scores]
@@ -216,9 +217,10 @@ async def test_questions_about_one_state_share_the_state_prefix(smollm2_tokenize
     host = TokenizerHost(smollm2_tokenizer)
     backend = LogitBackend(host, LogitOptions(logprobs="exact"))
     state = "A long state. " * 50
-    await backend.read(state, NOUL.compile(NoulQuestion(instructions="One?")), "r1")
+    await backend.read(NOUL.compile(NoulQuestion(instructions="One?")), ReadContext.about(state, "r1"))
     await backend.read(
-        state, CHOICE.compile(ChoiceQuestion(instructions="Two?", criteria={"x": None, "y": None})), "r2"
+        CHOICE.compile(ChoiceQuestion(instructions="Two?", criteria={"x": None, "y": None})),
+        ReadContext.about(state, "r2"),
     )
     (first, _), (second, _) = host.reads
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
@@ -228,5 +230,7 @@ async def test_questions_about_one_state_share_the_state_prefix(smollm2_tokenize
 async def test_a_prompt_longer_than_the_context_is_refused(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer, max_model_len=64)
     with pytest.raises(DecisionError, match="--max-model-len 64"):
-        await LogitBackend(host).read("word " * 100, NOUL.compile(NoulQuestion(instructions="?")), "r")
+        await LogitBackend(host).read(
+            NOUL.compile(NoulQuestion(instructions="?")), ReadContext.about("word " * 100, "r")
+        )
     assert host.reads == [] and host.top_reads == []

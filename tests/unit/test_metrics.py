@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions import metrics
 from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
@@ -126,7 +127,7 @@ async def test_questions_count_answers_refusals_and_option_mass(registry):
     backend = ScriptedBackend(lambda q: None if q.instructions == "bad" else [math.log(0.6), math.log(0.2)])
     service = DecisionService(Settings.from_env({}), backend, MODEL)
     await service.start()
-    await service.decide("s", [noul("good"), noul("bad"), noul("fine")], "r")
+    await service.decide(ask("s", [noul("good"), noul("bad"), noul("fine")], "r"))
     answered = {"endpoint": "other", "question_type": "noul", "backend": "scripted", "readout": "direct"}
     assert value(registry, "vllm:decision_questions_total", outcome="answered", **answered) == 2
     refused = {**answered, "readout": "none", "outcome": "refused"}

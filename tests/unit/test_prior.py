@@ -15,6 +15,7 @@ from vllm.entrypoints.generate.decisions.calibration.bias import Sample, choose,
 from vllm.entrypoints.generate.decisions.debias import Correction, read_question
 from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS, PriorCache, adjusted
 from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceQuestion
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import NO_DEBIAS, parse_debias
 
 # The model's lean by position, whatever the input; the evidence an input carries, by option value.
@@ -37,7 +38,8 @@ class LeaningBackend(DecisionBackend):
         super().__init__(host=None)  # type: ignore[arg-type]
         self.states: list[str] = []
 
-    async def read(self, state, question, request_id, options=None) -> Reading:
+    async def read(self, question, context) -> Reading:
+        state = context.state
         self.states.append(state)
         neutral = state in NEUTRAL_INPUTS
         scores = [PRIOR[i] + (0.0 if neutral else EVIDENCE[o.value]) for i, o in enumerate(question.options)]
@@ -52,21 +54,22 @@ async def test_a_known_prior_is_removed_exactly_and_read_once_per_question():
     backend, cache = LeaningBackend(), PriorCache(16)
     correction = Correction("content-free", cache)
     question = choice(["sales", "billing", "technical"])
-    first = await read_question(backend, "ticket", question, "r", None, NO_DEBIAS, correction)
+    first = await read_question(backend, question, ReadContext.about("ticket", "r", None), NO_DEBIAS, correction)
     evidence = log_softmax([EVIDENCE[k] for k in ("sales", "billing", "technical")])
     assert log_softmax(list(first.prior.adjusted_logits.values())) == pytest.approx(evidence, abs=1e-9)
     assert first.prior.cached is False and first.prior.mode == "content-free"
     # option_logits stay the raw reading: the prior is still in it.
     assert first.reading.scores == pytest.approx([PRIOR[0] + 0.1, PRIOR[1] + 0.5, PRIOR[2] - 0.2])
     assert backend.states.count("ticket") == 1 and len(backend.states) == 1 + len(NEUTRAL_INPUTS)
-    again = await read_question(backend, "another ticket", question, "r2", None, NO_DEBIAS, correction)
+    again = await read_question(
+        backend, question, ReadContext.about("another ticket", "r2", None), NO_DEBIAS, correction
+    )
     assert again.prior.cached is True and len(backend.states) == 2 + len(NEUTRAL_INPUTS)
 
 
 async def test_each_rotation_subtracts_its_own_prior():
     backend, correction = LeaningBackend(), Correction("content-free", PriorCache(16))
-    read = await read_question(backend, "s", choice(["sales", "billing", "technical"]), "r", None,
-                               parse_debias("rotate:3"), correction)  # fmt: skip
+    read = await read_question(backend, choice(["sales", "billing", "technical"]), ReadContext.about("s", "r", None), parse_debias("rotate:3"), correction)  # fmt: skip
     keys = ['"sales"', '"billing"', '"technical"']
     truth = dict(zip(keys, log_softmax([0.1, 0.5, -0.2]), strict=True))
     got = read.prior.adjusted_logits

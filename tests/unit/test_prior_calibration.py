@@ -13,6 +13,7 @@ from http import HTTPStatus
 import pytest
 from pydantic import BaseModel
 
+from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.backends.base import DecisionBackend, Reading
 from vllm.entrypoints.generate.decisions.calibration.bias import Candidate, ReadChoice, TypeReads, choose_layout
 from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
@@ -28,6 +29,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
+from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Debias, Settings
 
@@ -49,7 +51,8 @@ class LeaningBackend(DecisionBackend):
         super().__init__(host=None)  # type: ignore[arg-type]
         self.states: list[str] = []
 
-    async def read(self, state, question, request_id, options=None) -> Reading:
+    async def read(self, question, context) -> Reading:
+        state = context.state
         self.states.append(state)
         scores = []
         for position, option in enumerate(question.options):
@@ -107,19 +110,19 @@ async def test_calibration_chooses_a_correction_saves_it_and_the_service_answers
         return calibrated
 
     await service.start(calibrate)
-    (answer,) = (await service.decide("a new ticket about sales", [team_question()], "r")).results
+    (answer,) = (await service.decide(ask("a new ticket about sales", [team_question()], "r"))).results
     audit = answer.audit.as_json()
     assert audit["prior"]["mode"] == choice.mode and audit["temperature_scope"] == "choice"
     assert answer.fields["choice"] == "sales", "the evidence wins over the lean once the prior is out"
     raw = answer.backend.option_logits
-    reading = await backend.read("a new ticket about sales", team_question(), "again")
+    reading = await backend.read(team_question(), ReadContext.about("a new ticket about sales", "again"))
     assert list(raw.values()) == reading.scores, "option_logits stay the raw reading, lean and all"
     t = audit["calibration_temperature"]
     adjusted = list(audit["prior"]["adjusted_logits"].values())
     expected = [math.exp(a / t) / sum(math.exp(b / t) for b in adjusted) for a in adjusted]
     assert answer.probabilities == pytest.approx(expected)
 
-    (plain,) = (await service.decide("a new ticket about sales", [team_question()], "r", prior="off")).results
+    (plain,) = (await service.decide(ask("a new ticket about sales", [team_question()], "r", prior="off"))).results
     assert "prior" not in plain.audit.as_json() and list(plain.backend.option_logits.values()) == reading.scores
     assert plain.audit.temperature_scope == "choice:off"
     assert plain.audit.calibration_temperature == pytest.approx(choice.candidates["off"].temperature)
@@ -234,7 +237,7 @@ async def test_a_refused_correction_is_that_questions_failure():
     service = DecisionService(Settings.from_env({}), LeaningBackend(), "served")
     await service.start(None)
     noul = NOUL.compile(NoulQuestion(instructions="Is it urgent?"))
-    decision = await service.decide("ticket about sales", [team_question(), noul], "r", prior="fitted")
+    decision = await service.decide(ask("ticket about sales", [team_question(), noul], "r", prior="fitted"))
     assert [r.error.status for r in decision.results] == [HTTPStatus.BAD_REQUEST] * 2
 
 
@@ -254,10 +257,11 @@ class TwoLayoutBackend(LeaningBackend):
         self.options = options or LayoutOptions()
         self.layouts_read: list[str] = []
 
-    async def read(self, state, question, request_id, options=None) -> Reading:
+    async def read(self, question, context) -> Reading:
+        state, options = context.state, context.options
         labels = (options or self.options).labels
         self.layouts_read.append(labels)
-        reading = await super().read(state, question, request_id, options)
+        reading = await super().read(question, context)
         if labels == "words":
             named = [state.endswith(f"about {o.value}") and state not in NEUTRAL_INPUTS for o in question.options]
             reading.scores = [s - LEAN[i] + (0.5 if named[i] else 0.0) for i, s in enumerate(reading.scores)]
@@ -280,8 +284,8 @@ async def test_calibration_reads_each_layout_and_the_service_reads_in_the_one_ke
 
     await service.start(calibrate)
     backend.layouts_read.clear()
-    await service.decide("a new ticket about sales", [team_question()], "r", prior="off")
-    await service.decide("a new ticket about sales", [team_question()], "r", backend_options={"labels": "letters"})
+    await service.decide(ask("a new ticket about sales", [team_question()], "r", prior="off"))
+    await service.decide(ask("a new ticket about sales", [team_question()], "r", backend_options={"labels": "letters"}))
     assert backend.layouts_read == ["words", "letters"], "the layout kept, unless the request names one"
     # An operator's layout at startup: nothing to compare.
     assert TwoLayoutBackend(LayoutOptions(labels="words")).compared_layouts() == ()
@@ -290,8 +294,8 @@ async def test_calibration_reads_each_layout_and_the_service_reads_in_the_one_ke
 class TwoDesksBackend(LeaningBackend):
     """The ticket question leans to the first position; the desk question, worded otherwise, to the last."""
 
-    async def read(self, state, question, request_id, options=None) -> Reading:
-        reading = await super().read(state, question, request_id, options)
+    async def read(self, question, context) -> Reading:
+        reading = await super().read(question, context)
         if question.instructions.startswith("Which desk"):
             reading.scores = [s - LEAN[i] + LEAN[::-1][i] for i, s in enumerate(reading.scores)]
         return reading
@@ -331,7 +335,7 @@ async def test_a_question_labelled_many_times_gets_a_bias_of_its_own(tmp_path, c
 
     await service.start(calibrate)
     desk_question = CHOICE.compile(ChoiceQuestion.model_validate(desk))
-    (answer,) = (await service.decide("a new ticket about sales", [desk_question], "r")).results
+    (answer,) = (await service.decide(ask("a new ticket about sales", [desk_question], "r"))).results
     audit = answer.audit.as_json()
     assert audit["temperature_scope"] == "choice:question:fitted"
     assert audit["prior"]["bias"] == dict(zip(['"billing"', '"sales"', '"technical"'], desk_bias, strict=True))

@@ -6,6 +6,7 @@ from http import HTTPStatus
 
 import pytest
 
+from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
 from vllm.entrypoints.generate.decisions.corrections import Calibrated
 from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
@@ -39,7 +40,7 @@ async def started(backend, **env):
 
 async def test_answers_carry_probabilities_confidence_and_audit():
     service = await started(ScriptedBackend(lambda q: [math.log(0.6), math.log(0.2)]))
-    decision = await service.decide("state", [noul()], "r")
+    decision = await service.decide(ask("state", [noul()], "r"))
     (answer,) = decision.results
     assert isinstance(answer, Answer)
     assert answer.probabilities == pytest.approx([0.75, 0.25])
@@ -57,20 +58,20 @@ async def test_answers_carry_probabilities_confidence_and_audit():
 async def test_questions_are_read_concurrently():
     backend = ScriptedBackend(lambda q: [0.0, -1.0], delay=0.05)
     service = await started(backend)
-    await service.decide("s", [noul(f"q{i}") for i in range(4)], "r")
+    await service.decide(ask("s", [noul(f"q{i}") for i in range(4)], "r"))
     assert backend.most_in_flight == 4
 
 
 async def test_a_failed_question_does_not_stop_the_others():
     service = await started(ScriptedBackend(lambda q: None if q.instructions == "bad" else [0.0, -1.0]))
-    decision = await service.decide("s", [noul("good"), noul("bad")], "r")
+    decision = await service.decide(ask("s", [noul("good"), noul("bad")], "r"))
     assert isinstance(decision.results[0], Answer) and isinstance(decision.results[1], Failure)
     assert decision.first_failure() is None
 
 
 async def test_when_every_question_fails_the_first_failure_is_reported():
     service = await started(ScriptedBackend(lambda q: None))
-    decision = await service.decide("s", [noul("first"), noul("second")], "r")
+    decision = await service.decide(ask("s", [noul("first"), noul("second")], "r"))
     assert "first" in decision.first_failure().message
 
 
@@ -79,17 +80,17 @@ async def test_an_unexpected_fault_becomes_a_500_failure():
         raise RuntimeError("boom")
 
     service = await started(ScriptedBackend(explode))
-    (failure,) = (await service.decide("s", [noul()], "r")).results
+    (failure,) = (await service.decide(ask("s", [noul()], "r"))).results
     assert failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
 
 
 async def test_configured_and_per_request_temperatures():
     scores = [math.log(0.9), math.log(0.1)]
     service = await started(ScriptedBackend(lambda q: scores), VLLM_TYPED_DECISIONS_TEMPERATURE="2.0")
-    (a,) = (await service.decide("s", [noul()], "r")).results
+    (a,) = (await service.decide(ask("s", [noul()], "r"))).results
     assert applied(a) == (2.0, "configured", "server")
     assert a.probabilities[0] == pytest.approx(3 / 4)
-    (b,) = (await service.decide("s", [noul()], "r", temperature=1.0)).results
+    (b,) = (await service.decide(ask("s", [noul()], "r", temperature=1.0))).results
     assert applied(b) == (1.0, "request", "request") and b.probabilities[0] == pytest.approx(0.9)
 
 
@@ -117,7 +118,7 @@ async def test_each_question_gets_its_types_temperature_unless_the_request_sets_
     scores = [math.log(0.9), math.log(0.1)]
     service = await calibrated_service(ScriptedBackend(lambda q: scores))
     score = SCORE.compile(ScoreQuestion(criteria=["low", "high"]))
-    decision = await service.decide("s", [noul(), choice(2), score], "r")
+    decision = await service.decide(ask("s", [noul(), choice(2), score], "r"))
     assert [applied(a) for a in decision.results] == [
         (1.0, "calibrated", "noul"),
         (4.0, "calibrated", "choice"),
@@ -125,14 +126,14 @@ async def test_each_question_gets_its_types_temperature_unless_the_request_sets_
     ]
     assert decision.results[0].probabilities[0] == pytest.approx(0.9)
     assert decision.results[1].probabilities[0] == pytest.approx(0.9**0.25 / (0.9**0.25 + 0.1**0.25))
-    requested = await service.decide("s", [noul(), choice(2)], "r", temperature=3.0)
+    requested = await service.decide(ask("s", [noul(), choice(2)], "r", temperature=3.0))
     assert [applied(a) for a in requested.results] == [(3.0, "request", "request")] * 2
     assert "decisions ready: backend=scripted, T=2.00 (calibrated, server); choice T=4.00 (calibrated), " in caplog.text
 
 
 async def test_a_configured_temperature_beats_calibration_for_every_type():
     service = await calibrated_service(ScriptedBackend(lambda q: [0.0, -1.0]), VLLM_TYPED_DECISIONS_TEMPERATURE="1.5")
-    decision = await service.decide("s", [noul(), choice(2)], "r")
+    decision = await service.decide(ask("s", [noul(), choice(2)], "r"))
     assert [applied(a) for a in decision.results] == [(1.5, "configured", "server")] * 2
 
 
@@ -159,7 +160,7 @@ async def test_limits_refuse_before_any_read_and_name_the_setting(env, questions
     backend = ScriptedBackend(lambda q: pytest.fail("no read may happen over a limit"))
     service = await started(backend, **env)
     with pytest.raises(DecisionError, match=variable) as caught:
-        await service.decide("s", questions, "r")
+        await service.decide(ask("s", questions, "r"))
     assert caught.value.status == HTTPStatus.BAD_REQUEST
 
 
@@ -167,7 +168,7 @@ async def test_not_ready_then_unavailable():
     backend = ScriptedBackend(lambda q: [0.0, 0.0])
     service = DecisionService(Settings.from_env({}), backend, "served")
     with pytest.raises(NotReadyError):
-        await service.decide("s", [noul()], "r")
+        await service.decide(ask("s", [noul()], "r"))
 
     async def broken_start():
         raise RuntimeError("the model never answers with a letter")
@@ -176,7 +177,7 @@ async def test_not_ready_then_unavailable():
     with pytest.raises(RuntimeError):
         await service.start()
     with pytest.raises(DecisionError, match="never answers") as caught:
-        await service.decide("s", [noul()], "r")
+        await service.decide(ask("s", [noul()], "r"))
     assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
 
 
@@ -193,7 +194,7 @@ async def test_not_ready_then_unavailable():
 async def test_a_backend_fault_is_one_refusal_not_nan(scores, needle):
     faulty = {"Faulty?"}
     service = await started(ScriptedBackend(lambda q: scores if q.instructions in faulty else [-0.1, -2.5]))
-    decision = await service.decide("state", [noul("Faulty?"), noul("Fine?")], "r")
+    decision = await service.decide(ask("state", [noul("Faulty?"), noul("Fine?")], "r"))
     failure, answer = decision.results
     assert isinstance(failure, Failure) and needle in failure.error.message
     assert failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
@@ -205,7 +206,7 @@ async def test_scores_of_other_number_types_are_accepted():
     import numpy as np
 
     service = await started(ScriptedBackend(lambda q: [np.float32(-0.1), np.float64(-2.0)]))
-    (answer,) = (await service.decide("state", [noul()], "r")).results
+    (answer,) = (await service.decide(ask("state", [noul()], "r"))).results
     assert isinstance(answer, Answer) and type(answer.backend.option_logits["true"]) is float
 
 
@@ -213,16 +214,16 @@ async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads
     from vllm.entrypoints.generate.decisions.errors import EngineBusyError
 
     class Busy(ScriptedBackend):
-        async def read(self, state, question, request_id, options=None):
+        async def read(self, question, context):
             if question.instructions == "Busy?":
                 await asyncio.sleep(0.01)
                 raise EngineBusyError("--max-num-queued-reqs")
-            return await super().read(state, question, request_id, options)
+            return await super().read(question, context)
 
     backend = Busy(lambda q: [-0.1, -2.5], delay=30)
     service = await started(backend)
     with pytest.raises(EngineBusyError) as caught:
-        await asyncio.wait_for(service.decide("state", [noul("Slow?"), noul("Busy?"), noul("Slow too?")], "r"), 5)
+        await asyncio.wait_for(service.decide(ask("state", [noul("Slow?"), noul("Busy?"), noul("Slow too?")], "r")), 5)
     assert caught.value.retry_after and caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
     assert "--max-num-queued-reqs" in caught.value.message
     assert backend.in_flight == 0  # the slow reads were cancelled, not left running

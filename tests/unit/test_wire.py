@@ -122,7 +122,7 @@ async def test_openai_input_messages_are_joined_in_order(app):
         {"role": "user", "content": "first"},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "second"}]},
     ]
-    assert openai.input_text(messages) == "first\n\nsecond"
+    assert openai.input_text(messages, 1000) == "first\n\nsecond"
 
 
 JEV_REQUEST = {
@@ -185,10 +185,13 @@ async def test_same_question_same_probabilities_on_both_wires(app):
         ),
     ]
     for openai_q, jev_q in both:
-        _, _, (a,) = openai.compiled(
-            DecisionsRequest.model_validate({"model": "m", "input": "s", "questions": [openai_q]})
+        _, asked_openai = openai.compiled(
+            DecisionsRequest.model_validate({"model": "m", "input": "s", "questions": [openai_q]}), "r", 1000
         )
-        _, _, (b,) = jev.compiled(SystemOneRequest.model_validate({"state": "s", "questions": {"q": jev_q}}))
+        _, asked_jev = jev.compiled(
+            SystemOneRequest.model_validate({"state": "s", "questions": {"q": jev_q}}), "r", 1000
+        )
+        (a,), (b,) = asked_openai.questions, asked_jev.questions
         assert (a.qtype, a.instructions, [(o.key, o.text) for o in a.options]) == (
             b.qtype,
             b.instructions,

@@ -2,9 +2,9 @@
 """Typed decisions for vLLM: ``/v1/decisions`` (OpenAI's format) and ``/v1/systemone`` (Jev's).
 
 The plugin API: register a backend with :func:`register_backend` (a :class:`DecisionBackend`
-subclass that reaches the engine through its :class:`BackendHost`; :func:`standard_messages` renders
-the standard question prompt, :func:`takes_system_role` says whether the chat template has a system
-role) and a question type with :func:`register_question_type` (a :class:`QuestionType`), directly or
+subclass whose ``read(question, context)`` reaches the engine through its :class:`BackendHost`, passing
+the :class:`ReadContext` on; :func:`standard_messages` renders the standard question prompt,
+:func:`takes_system_role` says whether the chat template has a system role) and a question type with :func:`register_question_type` (a :class:`QuestionType`), directly or
 through the ``vllm.decision_backends`` / ``vllm.decision_question_types`` entry-point groups. See
 backends/README.md.
 """
@@ -14,7 +14,8 @@ from .errors import BackendUnavailable, DecisionError
 from .host import BackendHost, Generation, TokenRead
 from .prompting.chat_template import takes_system_role
 from .prompting.prompt import messages as standard_messages
-from .questions import CompiledQuestion, Option, QuestionModel, QuestionType
+from .questions import CompiledQuestion, Option, OptionsLimit, QuestionModel, QuestionType
+from .read_context import ReadContext
 from .registry import register_backend, register_question_type
 
 __all__ = [
@@ -25,8 +26,10 @@ __all__ = [
     "DecisionError",
     "Generation",
     "Option",
+    "OptionsLimit",
     "QuestionModel",
     "QuestionType",
+    "ReadContext",
     "Reading",
     "TokenRead",
     "register_backend",

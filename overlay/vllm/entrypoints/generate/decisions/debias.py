@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from .backends.base import DecisionBackend, Reading, checked_scores
+from .backends.base import DecisionBackend, Reading, checked_scores, read_options
 from .concurrency import gather_or_cancel
 from .errors import DecisionError
 from .prior import (
@@ -39,6 +39,7 @@ from .prior import (
     uses_fitted,
 )
 from .questions import CompiledQuestion, top_index
+from .read_context import ReadContext
 from .scoring import log_softmax
 from .settings import Debias
 
@@ -98,10 +99,11 @@ class DebiasedReading:
     corrected: list[float] | None = None
 
 
-def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
-    """The option orders to read, each a list of indices into ``question.options`` in prompt order."""
+def orders(question: CompiledQuestion, debias: Debias, order_independent: bool = False) -> list[list[int]]:
+    """The option orders to read, each a list of indices into ``question.options`` in prompt order; one,
+    the client's, for a backend whose readings don't depend on the order."""
     count = len(question.options)
-    if debias.mode == "off":
+    if debias.mode == "off" or order_independent:
         return [list(range(count))]
     if question.qtype.ordered:
         forward = list(range(count))
@@ -114,20 +116,19 @@ def orders(question: CompiledQuestion, debias: Debias) -> list[list[int]]:
     return [canonical[s:] + canonical[:s] for s in shifts]
 
 
-async def read_question(backend: DecisionBackend, state: str, question: CompiledQuestion, request_id: str,
-                        options: Any, debias: Debias,
-                        correction: Correction = NO_CORRECTION) -> DebiasedReading:  # fmt: skip
-    """The backend's reading of ``question``, debiased and corrected as asked; scores in the client's
-    option order. Content-free reads not yet cached go to the engine with the real ones."""
-    plan = orders(question, debias)
+async def read_question(backend: DecisionBackend, question: CompiledQuestion, context: ReadContext[Any],
+                        debias: Debias, correction: Correction = NO_CORRECTION) -> DebiasedReading:  # fmt: skip
+    """The backend's reading of ``question`` under ``context``, debiased and corrected as asked; scores in
+    the client's option order. Content-free reads not yet cached go to the engine with the real ones."""
+    plan = orders(question, debias, backend.order_independent)
     several = len(plan) > 1
     reads: list[Awaitable[Any]] = [
-        backend.read(state, reordered(question, order), f"{request_id}-r{i}" if several else request_id, options)
+        read_options(backend, reordered(question, order), context.part(f"r{i}") if several else context)
         for i, order in enumerate(plan)
     ]
     content_free = uses_content_free(correction.mode) and correction.cache is not None
     if content_free:
-        reads += [prior_read(backend, reordered(question, order), f"{request_id}-p{i}", options, correction)
+        reads += [prior_read(backend, reordered(question, order), context.part(f"p{i}"), correction)
                   for i, order in enumerate(plan)]  # fmt: skip
     results = await gather_or_cancel(reads)
     readings: list[Reading] = list(results[: len(plan)])
@@ -137,7 +138,8 @@ async def read_question(backend: DecisionBackend, state: str, question: Compiled
         for reading, order in zip(readings, plan, strict=True)
     ]
     rows = [log_softmax(row) for row in per_order]
-    read = DebiasedReading(readings[0]) if debias.mode == "off" else combined(question, debias, plan, readings, rows)
+    single = debias.mode == "off" or backend.order_independent
+    read = DebiasedReading(readings[0]) if single else combined(question, debias, plan, readings, rows)
     read.rows = rows
     read.positions = [in_client_order(range(len(order)), order) for order in plan]
     if content_free:
@@ -151,15 +153,17 @@ async def read_question(backend: DecisionBackend, state: str, question: Compiled
     return read
 
 
-async def prior_read(backend: DecisionBackend, question: CompiledQuestion, request_id: str, options: Any,
+async def prior_read(backend: DecisionBackend, question: CompiledQuestion, context: ReadContext[Any],
                      correction: Correction) -> PriorRead:  # fmt: skip
-    """``question``'s content-free log-probabilities in the order given, from the cache or read now."""
+    """``question``'s content-free log-probabilities in the order given, from the cache or read now (about
+    each neutral input in place of ``context``'s state)."""
     assert correction.cache is not None
-    key = fingerprint(backend.name, backend.render_version, options, question.qtype.name, question.instructions,
-                      [o.text for o in question.options])  # fmt: skip
+    key = fingerprint(backend.name, backend.render_version, context.options, question.qtype.name,
+                      question.instructions, [o.text for o in question.options])  # fmt: skip
 
     async def neutral() -> list[float]:
-        reads = [backend.read(text, question, f"{request_id}-{i}", options) for i, text in enumerate(NEUTRAL_INPUTS)]
+        reads = [read_options(backend, question, context.with_state(text, f"{context.request_id}-{i}"))
+                 for i, text in enumerate(NEUTRAL_INPUTS)]  # fmt: skip
         readings = await gather_or_cancel(reads)
         return mean_log_probabilities([checked_scores(r, len(question.options), backend.name) for r in readings])
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .affinity import replica_for
 from .errors import DecisionError, EngineBusyError
 from .metrics import engine_read
+from .read_context import ReadContext, as_context
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -48,7 +49,12 @@ class Generation:
 
 
 class BackendHost(ABC):
-    """What a backend may ask of the serving engine."""
+    """What a backend may ask of the serving engine.
+
+    Every engine call takes the question's :class:`ReadContext` (``context.part(...)`` for each of several
+    calls): its request id names the call in vLLM's request log, and its state picks the engine replica
+    under data parallelism. A bare request id still works, for plugins written before contexts.
+    """
 
     served_model: str
     max_model_len: int
@@ -100,27 +106,34 @@ class BackendHost(ABC):
 
     @abstractmethod
     async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+        self, prompt_ids: list[int], token_ids: list[int], context: ReadContext[Any] | str, fp32: bool = False
     ) -> TokenRead:
         """One forward pass over ``prompt_ids``: the next-token log-probability of each of
         ``token_ids`` over the full vocabulary. No token is kept. ``fp32``: recompute the returned
         values in fp32 where :attr:`fp32_reads_missing` is None (ignored elsewhere)."""
 
     @abstractmethod
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
+    async def read_top_logprobs(
+        self, prompt_ids: list[int], k: int, context: ReadContext[Any] | str, fp32: bool = False
+    ) -> TokenRead:
         """One forward pass over ``prompt_ids``: the ``k`` most likely next tokens and their
         log-probabilities (``k = -1``: the whole vocabulary); ``fp32`` as for :meth:`read_token_logprobs`."""
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
+    async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
         """Greedy generation of up to ``max_tokens`` tokens (for backends that read generated text)."""
         raise DecisionError("this host cannot generate", HTTPStatus.NOT_IMPLEMENTED)
 
-    async def pool(self, prompt_ids: list[int], task: str, request_id: str) -> Any:
+    async def pool(self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str) -> Any:
         """One pooling pass (for pooling models, e.g. ``token_classify``): the pooler's output as lists."""
         raise DecisionError("this host cannot pool", HTTPStatus.NOT_IMPLEMENTED)
 
     async def read_canvas(
-        self, prompt_ids: list[int], canvas_ids: list[int], token_ids: list[int], max_steps: int, request_id: str
+        self,
+        prompt_ids: list[int],
+        canvas_ids: list[int],
+        token_ids: list[int],
+        max_steps: int,
+        context: ReadContext[Any] | str,
     ) -> TokenRead:
         """A read-only canvas read (diffusion models): the canvas after ``prompt_ids`` starts as
         ``canvas_ids``, only its first position may change, the engine denoises at most ``max_steps``
@@ -230,7 +243,7 @@ class VllmHost(BackendHost):
         return self._special_ids
 
     async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+        self, prompt_ids: list[int], token_ids: list[int], context: ReadContext[Any] | str, fp32: bool = False
     ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
@@ -239,21 +252,28 @@ class VllmHost(BackendHost):
         # so nothing is detokenized.
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False,
                                 extra_args=self._fp32_args(fp32))  # fmt: skip
-        return only(await self._read(prompt_ids, params, request_id, "exact"), token_ids)
+        return only(await self._read(prompt_ids, params, as_context(context), "exact"), token_ids)
 
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
+    async def read_top_logprobs(
+        self, prompt_ids: list[int], k: int, context: ReadContext[Any] | str, fp32: bool = False
+    ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False,
                                 extra_args=self._fp32_args(fp32))  # fmt: skip
-        return await self._read(prompt_ids, params, request_id, "top_k")
+        return await self._read(prompt_ids, params, as_context(context), "top_k")
 
     def _fp32_args(self, fp32: bool) -> dict[str, Any] | None:
         """``extra_args`` asking patches/exact-logprobs for fp32 values (None: not asked, or no patch)."""
         return {"fp32_logprobs": True} if fp32 and self.fp32_reads_missing is None else None
 
     async def read_canvas(
-        self, prompt_ids: list[int], canvas_ids: list[int], token_ids: list[int], max_steps: int, request_id: str
+        self,
+        prompt_ids: list[int],
+        canvas_ids: list[int],
+        token_ids: list[int],
+        max_steps: int,
+        context: ReadContext[Any] | str,
     ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
@@ -261,30 +281,29 @@ class VllmHost(BackendHost):
         canvas = {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
         params = SamplingParams(max_tokens=1, logprob_token_ids=token_ids, detokenize=False,
                                 extra_args={"canvas_read": canvas})  # fmt: skip
-        return only(await self._read(prompt_ids, params, request_id, "canvas"), token_ids)
+        return only(await self._read(prompt_ids, params, as_context(context), "canvas"), token_ids)
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> Generation:
+    async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
         from vllm.inputs import tokens_input
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        final = None
+        read, final = as_context(context), None
         with engine_admission(), engine_read("generate"):  # metrics.py: engine-read latency
-            self._log(request_id, prompt_ids, params)
-            async for output in self.engine_client.generate(
-                tokens_input(prompt_ids), params, request_id, data_parallel_rank=replica_for(self.replicas)
-            ):
+            self._log(read.request_id, prompt_ids, params)
+            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, read.request_id,
+                                                            data_parallel_rank=self._replica(read)):  # fmt: skip
                 final = output
         if final is None or not final.outputs:
             raise DecisionError("the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR)
         out = final.outputs[0]
         return Generation(out.text, list(out.token_ids), len(prompt_ids), int(final.num_cached_tokens or 0))
 
-    async def pool(self, prompt_ids: list[int], task: str, request_id: str) -> Any:
+    async def pool(self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str) -> Any:
         from vllm.inputs import tokens_input
         from vllm.pooling_params import PoolingParams
 
-        final = None
+        request_id, final = as_context(context).request_id, None
         try:
             params = PoolingParams(task=cast(Any, task))
             with engine_admission(), engine_read("pool"):  # metrics.py: engine-read latency
@@ -311,15 +330,17 @@ class VllmHost(BackendHost):
         config = self._model_config
         return get_hf_file_bytes(name, config.model, config.revision)
 
-    async def _read(self, prompt_ids: list[int], params: Any, request_id: str, kind: str) -> TokenRead:
+    def _replica(self, context: ReadContext[Any]) -> int | None:
+        return replica_for(self.replicas, context.state_sha256)
+
+    async def _read(self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str) -> TokenRead:
         from vllm.inputs import tokens_input
 
         final = None
         with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
-            self._log(request_id, prompt_ids, params)
-            async for output in self.engine_client.generate(
-                tokens_input(prompt_ids), params, request_id, data_parallel_rank=replica_for(self.replicas)
-            ):
+            self._log(context.request_id, prompt_ids, params)
+            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, context.request_id,
+                                                            data_parallel_rank=self._replica(context)):  # fmt: skip
                 final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise DecisionError("the engine returned no log-probabilities", HTTPStatus.INTERNAL_SERVER_ERROR)

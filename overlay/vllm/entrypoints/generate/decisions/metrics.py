@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from .answers import Answer, Failure
 from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
 
 if TYPE_CHECKING:
     from .calibration.temperature import Temperatures
-    from .service import Answer, Failure
 
 # The endpoint label: the route's path; anything else (a route added later) is "other".
 ENDPOINTS = ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions")
@@ -264,8 +264,6 @@ def record_request(observation: Observation, status: int, seconds: float) -> Non
 def record_questions(results: Sequence[Answer | Failure], backend: str) -> None:
     """A request's questions decided by ``backend``: each answered or refused, and each answer's
     option mass (when its backend reports one)."""
-    from .service import Answer
-
     observation = _observation.get()
     if observation is not None:
         observation.decided = True

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -51,6 +49,15 @@ class CompiledQuestion:
     model: BaseModel | None = None
 
 
+@dataclass(frozen=True)
+class OptionsLimit:
+    """A question type's limit on its options: the :class:`Settings` field holding it (its variable is
+    ``VLLM_TYPED_DECISIONS_`` + the name in capitals) and what the options are called in the refusal."""
+
+    setting: str
+    noun: str
+
+
 class QuestionModel(BaseModel):
     """Base for question JSON models: unknown fields are refused (a typo could change an answer)."""
 
@@ -62,31 +69,20 @@ Content = str | int | float | bool | dict[str, Any] | list[Any]
 Instructions = Content | None
 
 
-# The most characters a JSON value may render to: the request's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS,
-# set around its parsing by :func:`rendering_limit`. Indented JSON grows with the square of its depth (a
-# few KiB of nested objects render to megabytes), so the rendering stops here rather than after the
-# text is built.
-_render_limit: ContextVar[int] = ContextVar("decisions_render_limit", default=DEFAULT_MAX_INPUT_CHARS)
 _INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
 
 
-@contextmanager
-def rendering_limit(chars: int) -> Iterator[None]:
-    """Content rendered inside this block stops at ``chars`` characters (the server's settings)."""
-    token = _render_limit.set(chars)
-    try:
-        yield
-    finally:
-        _render_limit.reset(token)
+def content_text(content: Content | None, limit: int = DEFAULT_MAX_INPUT_CHARS) -> str:
+    """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept).
 
-
-def content_text(content: Content | None) -> str:
-    """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept)."""
+    Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
+    so rendering stops at ``limit`` characters (the server's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS) rather
+    than after the text is built."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    chunks, size, limit = [], 0, _render_limit.get()
+    chunks, size = [], 0
     for chunk in _INDENTED.iterencode(content):
         size += len(chunk)
         if size > limit:
@@ -109,6 +105,8 @@ class QuestionType(ABC):
     model: ClassVar[type[BaseModel]]
     # Whether the option order is part of the question (a scale's levels): debiasing then keeps it.
     ordered: ClassVar[bool] = False
+    # The setting that caps how many options one question may have (None: only the request's limits).
+    options_limit: ClassVar[OptionsLimit | None] = None
 
     def instructions(self, question: Any) -> str:
         return content_text(getattr(question, "instructions", None))
@@ -121,8 +119,35 @@ class QuestionType(ABC):
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
         """The type's own answer fields for calibrated probabilities over ``options``."""
 
-    def compile(self, question: BaseModel) -> CompiledQuestion:
-        return CompiledQuestion(self, self.instructions(question), tuple(self.options(question)), question)
+    def compile(self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> CompiledQuestion:
+        """The question as backends read it; a text longer than ``max_chars`` (the server's
+        VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS) is refused, naming the setting."""
+        compiled = CompiledQuestion(self, self.instructions(question), tuple(self.options(question)), question)
+        return within(compiled, max_chars)
+
+
+class ContentQuestionType(QuestionType):
+    """A type whose texts are Jev content (text or any JSON value), rendered within the server's limit
+    as they are compiled: the built-in types."""
+
+    def instructions(self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
+        return content_text(getattr(question, "instructions", None), max_chars)
+
+    @abstractmethod
+    def options(self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]: ...
+
+    def compile(self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> CompiledQuestion:
+        options = tuple(self.options(question, max_chars))
+        return within(CompiledQuestion(self, self.instructions(question, max_chars), options, question), max_chars)
+
+
+def within(question: CompiledQuestion, max_chars: int) -> CompiledQuestion:
+    """``question``, when each of its texts is at most ``max_chars`` long."""
+    longest = max([len(question.instructions), *(len(o.text) for o in question.options)])
+    if longest > max_chars:
+        raise OverLimitError(f"a question's text is {longest} characters; the limit is {max_chars} "
+                             f"(set {PREFIX}MAX_INPUT_CHARS to raise it)")  # fmt: skip
+    return question
 
 
 def top_index(probabilities: Sequence[float]) -> int:
@@ -144,21 +169,22 @@ class NoulQuestion(QuestionModel):
     criteria: NoulCriteria | None = None
 
 
-def yes_no_options(when_yes: Content | None = None, when_no: Content | None = None) -> tuple[Option, Option]:
+def yes_no_options(when_yes: Content | None = None, when_no: Content | None = None,
+                   max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> tuple[Option, Option]:  # fmt: skip
     def option(key: str, value: bool, word: str, when: Content | None) -> Option:
-        description = content_text(when)
+        description = content_text(when, max_chars)
         return Option(key, value, f"{word}: {description}" if description else word, word.lower(), description)
 
     return option("true", True, "Yes", when_yes), option("false", False, "No", when_no)
 
 
-class NoulType(QuestionType):
+class NoulType(ContentQuestionType):
     name = "noul"
     model = NoulQuestion
 
-    def options(self, question: NoulQuestion) -> Sequence[Option]:
+    def options(self, question: NoulQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]:
         criteria = question.criteria or NoulCriteria()
-        return yes_no_options(criteria.true, criteria.false)
+        return yes_no_options(criteria.true, criteria.false, max_chars)
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
         return {"probability": probabilities[0]}
@@ -173,23 +199,25 @@ class ChoiceQuestion(QuestionModel):
     criteria: dict[str, Content | None] = Field(min_length=2)
 
 
-def choice_options(items: Sequence[tuple[StrictStr | StrictBool, Content | None]]) -> tuple[Option, ...]:
+def choice_options(items: Sequence[tuple[StrictStr | StrictBool, Content | None]],
+                   max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> tuple[Option, ...]:  # fmt: skip
     """Options for choice values (strings or booleans, kept typed), described or not."""
     options = []
     for value, content in items:
         shown = value if isinstance(value, str) else json.dumps(value)
-        description = content_text(content)
+        description = content_text(content, max_chars)
         text = f"{shown}: {description}" if description else shown
         options.append(Option(json.dumps(value, ensure_ascii=False), value, text, shown, description))
     return tuple(options)
 
 
-class ChoiceType(QuestionType):
+class ChoiceType(ContentQuestionType):
     name = "choice"
     model = ChoiceQuestion
+    options_limit = OptionsLimit("max_choices", "choices")
 
-    def options(self, question: ChoiceQuestion) -> Sequence[Option]:
-        return choice_options(list(question.criteria.items()))
+    def options(self, question: ChoiceQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]:
+        return choice_options(list(question.criteria.items()), max_chars)
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
         return {"choice": options[top_index(probabilities)].value}
@@ -213,13 +241,14 @@ def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...
     )
 
 
-class ScoreType(QuestionType):
+class ScoreType(ContentQuestionType):
     name = "score"
     model = ScoreQuestion
     ordered = True
+    options_limit = OptionsLimit("max_levels", "levels")
 
-    def options(self, question: ScoreQuestion) -> Sequence[Option]:
-        return level_options([(content_text(level), None) for level in question.criteria])
+    def options(self, question: ScoreQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]:
+        return level_options([(content_text(level, max_chars), None) for level in question.criteria])
 
     def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
         return {"score": sum(i * p for i, p in enumerate(probabilities))}

@@ -1,75 +1,38 @@
 # SPDX-License-Identifier: Apache-2.0
 """The one decision path both endpoints call: limits -> backend read -> temperature -> answer -> audit.
 
-Wire modules only translate JSON to compiled questions and answers back to JSON; everything that
-decides a number happens here or in a backend.
+Wire modules only translate JSON to a :class:`DecisionRequest` and answers back to JSON; everything that
+decides a number happens here or in a backend. Each question is read under its own :class:`ReadContext`
+(debias.py, then the backend, then the host), passed as an argument all the way down.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
 from vllm.logger import init_logger
 
-from .affinity import reads_about
+from .answers import Answer, Decision, Failure
 from .backends import DecisionBackend
 from .backends.base import checked_scores, facts_json
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .corrections import Asked, Calibrated, Corrections
-from .debias import Debias, read_question
+from .debias import read_question
 from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
 from .metrics import record_questions, record_temperatures
-from .questions import CHOICE, SCORE, CompiledQuestion
+from .questions import CompiledQuestion
+from .read_context import ReadContext
 from .registry import backend_class, backend_names, failures_note
 from .reports import AuditRecord, BackendReport
+from .request import DecisionRequest
 from .scoring import CONFIDENCE_FORMULA, confidence, softmax
 from .settings import PREFIX, Settings
 
 logger = init_logger(__name__)
-
-
-@dataclass
-class Answer:
-    question: CompiledQuestion
-    probabilities: list[float]
-    confidence: float
-    fields: dict[str, Any]
-    backend: BackendReport
-    audit: AuditRecord
-    input_tokens: int
-    cached_tokens: int
-
-
-@dataclass
-class Failure:
-    question: CompiledQuestion
-    error: DecisionError
-
-
-@dataclass
-class Decision:
-    served_model: str
-    results: list[Answer | Failure] = field(default_factory=list)
-
-    @property
-    def input_tokens(self) -> int:
-        return sum(r.input_tokens for r in self.results if isinstance(r, Answer))
-
-    @property
-    def cached_tokens(self) -> int:
-        return sum(r.cached_tokens for r in self.results if isinstance(r, Answer))
-
-    def first_failure(self) -> DecisionError | None:
-        """The first failure in question order, when no question was answered."""
-        if any(isinstance(r, Answer) for r in self.results):
-            return None
-        return next(r.error for r in self.results if isinstance(r, Failure))
 
 
 class DecisionService:
@@ -106,20 +69,14 @@ class DecisionService:
         record_temperatures(self.temperatures)  # metrics.py: the temperature gauges
         logger.info("decisions ready: backend=%s, %s", self.backend.name, self.temperatures.describe())
 
-    def check_input(self, state: str) -> None:
-        """Refuse an input too long to be worth tokenizing, before any work on it."""
-        limit = self.settings.max_input_chars
-        if len(state) > limit:
-            raise OverLimitError(
-                f"the input is {len(state)} characters; the limit is {limit} (set {PREFIX}MAX_INPUT_CHARS to raise it)"
-            )
-
-    def check_limits(self, questions: Sequence[CompiledQuestion], where: Sequence[str] | None = None) -> None:
-        """Refuse, before any model work, a request over a configured limit, naming the setting.
-
-        ``where`` names each question as its wire format does (``questions[0]``, ``questions.urgent``).
-        """
+    def check_limits(self, request: DecisionRequest) -> None:
+        """Refuse, before any model work, a request over a configured limit, naming the setting: the
+        input's length, the number of questions, and each question type's own limit on its options."""
         s = self.settings
+        if len(request.state) > s.max_input_chars:
+            raise OverLimitError(f"the input is {len(request.state)} characters; the limit is {s.max_input_chars} "
+                                 f"(set {PREFIX}MAX_INPUT_CHARS to raise it)")  # fmt: skip
+        questions = request.questions
         if not questions:
             raise DecisionError("a request needs at least one question")
         if len(questions) > s.max_questions:
@@ -127,57 +84,45 @@ class DecisionService:
                 f"{len(questions)} questions in one request; the limit is {s.max_questions} "
                 f"(set {PREFIX}MAX_QUESTIONS to raise it)"
             )
-        for index, q in enumerate(questions):
-            limit, what, variable = {
-                CHOICE.name: (s.max_choices, "choices", "MAX_CHOICES"),
-                SCORE.name: (s.max_levels, "levels", "MAX_LEVELS"),
-            }.get(q.qtype.name, (None, "", ""))
-            if limit is not None and len(q.options) > limit:
-                name = where[index] if where else f"question {index}"
-                raise OverLimitError(
-                    f"{name} has {len(q.options)} {what}; the limit is {limit} (set {PREFIX}{variable} to raise it)"
-                )
+        for name, q in zip(request.names, questions, strict=True):
+            if (limit := q.qtype.options_limit) is None:
+                continue
+            most = getattr(s, limit.setting)
+            if len(q.options) > most:
+                raise OverLimitError(f"{name} has {len(q.options)} {limit.noun}; the limit is {most} "
+                                     f"(set {PREFIX}{limit.setting.upper()} to raise it)")  # fmt: skip
 
-    async def decide(
-        self,
-        state: str,
-        questions: Sequence[CompiledQuestion],
-        request_id: str,
-        temperature: float | None = None,
-        where: Sequence[str] | None = None,
-        backend_options: dict[str, Any] | None = None,
-        backend: str | None = None,
-        seed: int | None = None,
-        debias: Debias | None = None,
-        prior: str | None = None,
-    ) -> Decision:
-        """Answer every question about ``state``, concurrently; a failed question doesn't stop the rest.
+    async def decide(self, request: DecisionRequest) -> Decision:
+        """Answer every question of ``request``, concurrently; a failed question doesn't stop the rest.
 
-        ``temperature`` is a per-request override of the server's calibration temperature; ``seed``
-        (``extra.seed``) reaches backends whose reads draw randomness; ``debias`` (``extra.debias``)
-        overrides the server's VLLM_TYPED_DECISIONS_DEBIAS and ``prior`` (``extra.prior``) its
-        VLLM_TYPED_DECISIONS_PRIOR.
+        The request's optional fields override the server's settings for it: ``temperature`` the
+        calibration temperature, ``debias`` VLLM_TYPED_DECISIONS_DEBIAS, ``prior`` ..._PRIOR; ``seed``
+        reaches backends whose reads draw randomness.
         """
         if self.unavailable is not None:
             raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
         if not self.ready:
             raise NotReadyError()
-        self.check_input(state)
-        self.check_limits(questions, where)
-        chosen = await self.backend_named(backend)
-        options = chosen.seeded(chosen.request_options(backend_options), seed)
-        state_sha256 = hashlib.sha256(state.encode()).hexdigest()
+        self.check_limits(request)
+        chosen = await self.backend_named(request.backend)
+        overrides = dict(request.backend_options) if request.backend_options else None
+        options = chosen.seeded(chosen.request_options(overrides), request.seed)
+        layout_option = chosen.layout_option
+        asked = Asked(request.debias or self.settings.debias, request.prior,
+                      (overrides or {}).get(layout_option) if layout_option else None)  # fmt: skip
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
-        layout_option = chosen.layout_option
-        asked = Asked(debias or self.settings.debias, prior,
-                      (backend_options or {}).get(layout_option) if layout_option else None)  # fmt: skip
         reads = (
-            self._answer(chosen, state, state_sha256, q, f"{request_id}-{i}", temperature, options, asked)
-            for i, q in enumerate(questions)
+            self._answer(
+                chosen,
+                question,
+                ReadContext(request.state, request.state_sha256, f"{request.request_id}-{i}", options),
+                request.temperature,
+                asked,
+            )  # fmt: skip
+            for i, question in enumerate(request.questions)
         )
-        with reads_about(state_sha256):  # one engine replica for them all (affinity.py)
-            results = await gather_or_cancel(reads)
+        results = await gather_or_cancel(reads)
         record_questions(results, chosen.name)  # metrics.py: questions, refusals, option mass
         return Decision(self.served_model, results)
 
@@ -205,23 +150,14 @@ class DecisionService:
                 self._others[name] = other
         return self._others[name]
 
-    async def _answer(
-        self,
-        backend: DecisionBackend,
-        state: str,
-        state_sha256: str,
-        question: CompiledQuestion,
-        request_id: str,
-        requested: float | None,
-        options: Any,
-        asked: Asked,
-    ) -> Answer | Failure:
+    async def _answer(self, backend: DecisionBackend, question: CompiledQuestion, context: ReadContext[Any],
+                      requested: float | None, asked: Asked) -> Answer | Failure:  # fmt: skip
         try:
             how = self.corrections.resolve(question, asked, self.temperatures, requested,
                                            calibrated=backend is self.backend)  # fmt: skip
             applied = how.temperature
-            read = await read_question(backend, state, question, request_id, backend.with_layout(options, how.layout),
-                                       asked.debias, how.correction)  # fmt: skip
+            layout = context.with_options(backend.with_layout(context.options, how.layout))
+            read = await read_question(backend, question, layout, asked.debias, how.correction)
             reading = read.reading
             raw = checked_scores(reading, len(question.options), backend.name)
             scores = read.corrected if read.corrected is not None else raw
@@ -229,16 +165,16 @@ class DecisionService:
             raise
         except DecisionError as exc:
             if exc.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
-                logger.error("decision %s: %s", request_id, exc.message)
+                logger.error("decision %s: %s", context.request_id, exc.message)
             return Failure(question, exc)
         except Exception as exc:  # a fault in one question must not sink the others
-            logger.exception("decision read failed for %s", request_id)
+            logger.exception("decision read failed for %s", context.request_id)
             return Failure(question, DecisionError(f"internal error: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
         options = question.options
         probabilities = softmax(scores, applied.value)
         audit = AuditRecord(
             served_model=self.served_model,
-            state_sha256=state_sha256,
+            state_sha256=context.state_sha256,
             render_version=backend.render_version,
             confidence_formula=CONFIDENCE_FORMULA,
             calibration_temperature=applied.value,

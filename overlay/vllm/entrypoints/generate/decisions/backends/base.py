@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from pydantic import BaseModel, JsonValue, ValidationError
 from ..errors import DecisionError
 from ..host import BackendHost
 from ..questions import CompiledQuestion
+from ..read_context import ReadContext
 from ..settings import Settings
 from ..validation import validation_message
 
@@ -72,6 +75,19 @@ class DecisionBackend(ABC, Generic[OptionsT]):
     # backend's ``labels``), and its values; startup calibration compares them per question type.
     layout_option: ClassVar[str | None] = None
     layouts: ClassVar[tuple[str, ...]] = ()
+    # Whether a reading doesn't depend on the order of the question's options (a backend that scores each
+    # option on its own): debiasing then reads such a backend once, in the client's order.
+    order_independent: ClassVar[bool] = False
+    # Set for a subclass whose ``read`` still takes ``(state, question, request_id, options)``.
+    legacy_read: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.legacy_read = takes_legacy_read(cls.read)
+        if cls.legacy_read:
+            warnings.warn(f"decision backend {cls.__qualname__}: read(state, question, request_id, options) is "
+                          "deprecated; implement read(question, context) (backends/README.md)",
+                          DeprecationWarning, stacklevel=2)  # fmt: skip
 
     def __init__(self, host: BackendHost, options: OptionsT | None = None, settings: Settings | None = None) -> None:
         self.host = host
@@ -123,11 +139,30 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         """Apply the facts (a :attr:`facts_model`) another API-server process's :meth:`start` returned."""
 
     @abstractmethod
-    async def read(
-        self, state: str, question: CompiledQuestion, request_id: str, options: OptionsT | None = None
-    ) -> Reading:
-        """Score every option of ``question`` about ``state``; ``options`` are this request's
-        (from :meth:`request_options`), or None for the startup options."""
+    async def read(self, question: CompiledQuestion, context: ReadContext[OptionsT]) -> Reading:
+        """Score every option of ``question`` about ``context.state``, with this request's options
+        (``context.options``, from :meth:`request_options`); engine reads go through the host with
+        ``context`` (or ``context.part(...)`` for each of several)."""
+
+
+def takes_legacy_read(read: Any) -> bool:
+    """Whether ``read`` is the old ``read(self, state, question, request_id, options=None)``: more than
+    two positional parameters after ``self``."""
+    try:
+        parameters = list(inspect.signature(read).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional for p in parameters) > 2
+
+
+async def read_options(backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]) -> Reading:
+    """``backend``'s reading of ``question``: the one way the package calls ``read``, so backends written
+    for the old signature keep working."""
+    if backend.legacy_read:
+        legacy: Any = backend.read
+        return cast(Reading, await legacy(context.state, question, context.request_id, context.options))
+    return await backend.read(question, context)
 
 
 def checked_scores(reading: Any, options: int, backend: str) -> list[float]:

@@ -25,6 +25,7 @@ from ..debias import NO_CORRECTION, Correction, DebiasedReading, read_question
 from ..deployment_lock import once_per_server, run_id, this_run
 from ..errors import DecisionError
 from ..prior import AUTO, PriorCache, uses_content_free
+from ..read_context import ReadContext
 from ..settings import NO_DEBIAS, Debias, Settings
 from . import bias, by_type, question_file, results
 from .maths import calibrate
@@ -47,9 +48,8 @@ async def measure(backend: DecisionBackend, questions: question_file.QuestionFil
     async def one(index: int, item: question_file.LabelledQuestion) -> Any:
         async with gate:
             try:
-                request_id = f"decision-calibration-{index}"
-                return item, await read_question(backend, item.state, item.question, request_id, options, debias,
-                                                 correction)  # fmt: skip
+                context = ReadContext.about(item.state, f"decision-calibration-{index}", options)
+                return item, await read_question(backend, item.question, context, debias, correction)
             except DecisionError as exc:
                 logger.debug("calibration question %s skipped: %s", item.id, exc.message)
                 return item, None

@@ -7,18 +7,18 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from ..answers import Answer, Decision
 from ..errors import NotReadyError
 from ..questions import CompiledQuestion
-from ..service import Answer, Decision, DecisionService
+from ..request import DecisionRequest, Detail
+from ..service import DecisionService
 from ..settings import parse_debias
-
-Detail = Literal["none", "basic", "full"]
 
 
 class ExtraRequest(BaseModel):
@@ -37,28 +37,28 @@ class ExtraRequest(BaseModel):
     prior: str | None = Field(default=None, pattern=r"^(auto|off|content-free|fitted|content-free\+fitted)$")
 
 
-async def decide(
-    service: DecisionService,
-    extra: ExtraRequest,
-    state: str,
-    questions: list[CompiledQuestion],
-    where: list[str],
-    request_id: str,
-) -> Decision:
-    """The decision for a parsed request; when no question could be answered, its first failure.
-    ``where`` names each question in the request, for error messages."""
-    decision = await service.decide(
+def decision_request(extra: ExtraRequest, state: str, questions: list[CompiledQuestion], names: list[str],
+                     request_id: str) -> DecisionRequest:  # fmt: skip
+    """The request the service decides: the compiled questions, named as the wire names them in messages
+    (``names``), with the ``extra`` block's choices."""
+    return DecisionRequest(
         state,
-        questions,
+        tuple(questions),
+        tuple(names),
         request_id,
-        extra.calibration_temperature,
-        where,
-        backend_options=extra.backend_options,
         backend=extra.backend,
+        backend_options=extra.backend_options,
         seed=extra.seed,
         debias=parse_debias(extra.debias) if extra.debias is not None else None,
         prior=extra.prior,
+        temperature=extra.calibration_temperature,
+        detail=extra.detail,
     )
+
+
+async def decide(service: DecisionService, request: DecisionRequest) -> Decision:
+    """The decision for a compiled request; when no question could be answered, its first failure."""
+    decision = await service.decide(request)
     if (failure := decision.first_failure()) is not None:
         raise failure
     return decision

@@ -26,6 +26,7 @@ from ...prompting.chat_template import takes_system_role
 from ...prompting.labels import MARKERS, LabelCatalog
 from ...prompting.prompt import RENDER_VERSION, messages
 from ...questions import CompiledQuestion
+from ...read_context import ReadContext
 from ...scoring import softmax
 from ...settings import Settings
 from ..base import DecisionBackend, Reading
@@ -88,10 +89,8 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
         self.turn_close = await turn_close_id(self.host)
         logger.info("canvas backend: turn-close token %d, %s", self.turn_close, self.options)
 
-    async def read(
-        self, state: str, question: CompiledQuestion, request_id: str, options: CanvasOptions | None = None
-    ) -> Reading:
-        options, turn_close = options or self.options, self.turn_close
+    async def read(self, question: CompiledQuestion, context: ReadContext[CanvasOptions]) -> Reading:
+        options, turn_close, state = context.options or self.options, self.turn_close, context.state
         if turn_close is None:
             raise DecisionError("the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
         count, markers = len(question.options), len(self.catalog.markers)
@@ -115,7 +114,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
         def canvas_read(index: int) -> Any:
             canvas = [noise[index], turn_close]
             return self.host.read_canvas(slot.prompt_ids, canvas, slot.label_ids, options.max_steps,
-                                         f"{request_id}-c{index}")  # fmt: skip
+                                         context.part(f"c{index}"))  # fmt: skip
 
         # The first read puts the prompt in the prefix cache; the others then read it from there.
         reads = [await canvas_read(0)]

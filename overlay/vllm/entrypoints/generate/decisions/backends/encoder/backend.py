@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 from ...errors import BackendUnavailable, DecisionError
 from ...host import BackendHost
 from ...questions import CompiledQuestion
+from ...read_context import ReadContext
 from ...settings import Settings
 from ..base import DecisionBackend, Reading
 from .checkpoint import LAYA_TYPES, LayaConfig, PromptBuilder, load_prompt_builder, read_laya_config
@@ -72,8 +73,8 @@ class EncoderBackend(DecisionBackend[None]):
     def __init__(self, host: BackendHost, options: None = None, settings: Settings | None = None) -> None:
         super().__init__(host, None, settings)
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: None = None) -> Reading:
-        config, builder = self._config, self._builder
+    async def read(self, question: CompiledQuestion, context: ReadContext[None]) -> Reading:
+        config, builder, state = self._config, self._builder, context.state
         if config is None or builder is None:
             raise DecisionError("the encoder backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
         qtype = question.qtype.name
@@ -101,7 +102,7 @@ class EncoderBackend(DecisionBackend[None]):
                 f"the {builder.source} prompt builder marked {len(markers)} of {count} options",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
             )
-        values = _flat(await self.host.pool(ids, "token_classify", request_id))
+        values = _flat(await self.host.pool(ids, "token_classify", context))
         if len(values) != count + config.act_size:
             raise DecisionError(
                 f"the model returned {len(values)} values for {count} options and {config.act_size} act scores",

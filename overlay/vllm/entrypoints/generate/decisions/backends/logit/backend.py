@@ -14,6 +14,7 @@ from ...prompting.chat_template import takes_system_role
 from ...prompting.labels import LabelCatalog, pair_candidates
 from ...prompting.prompt import RENDER_VERSION, question_text
 from ...questions import CompiledQuestion
+from ...read_context import ReadContext
 from ...settings import PREFIX, Settings, SettingsError
 from ..base import DecisionBackend, Reading
 from .options import LogitOptions
@@ -126,12 +127,10 @@ class LogitBackend(DecisionBackend[LogitOptions]):
             + (f" (window {window} = --max-logprobs)" if self.options.logprobs == "top-k" else "")
         )
 
-    async def read(
-        self, state: str, question: CompiledQuestion, request_id: str, options: LogitOptions | None = None
-    ) -> Reading:
-        options = options or self.options
+    async def read(self, question: CompiledQuestion, context: ReadContext[LogitOptions]) -> Reading:
+        options = context.options or self.options
         chosen = plan(len(question.options), options, self.catalog, self.host.max_logprob_token_ids)
-        return await self.runner.run(chosen, state, question, options, request_id)
+        return await self.runner.run(chosen, question, context.with_options(options))
 
 
 def describe_prompt(facts: StartupFacts, minimum: float | None = None) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...host import BackendHost
+from ...read_context import ReadContext
 
 # Largest |fp32 - rounded| accepted, in nats: half a bf16 step at logits up to 256, plus the normaliser.
 TOLERANCE = 1.0
@@ -25,8 +26,9 @@ async def fp32_check(host: BackendHost, prompt_ids: list[int], label_ids: Sequen
     if host.fp32_reads_missing is not None:
         return host.fp32_reads_missing
     ids = list(dict.fromkeys(label_ids))
-    plain = await host.read_token_logprobs(prompt_ids, ids, "decision-precision-check")
-    exact = await host.read_token_logprobs(prompt_ids, ids, "decision-precision-check-fp32", fp32=True)
+    check = ReadContext.about("", "decision-precision-check")
+    plain = await host.read_token_logprobs(prompt_ids, ids, check)
+    exact = await host.read_token_logprobs(prompt_ids, ids, check.part("fp32"), fp32=True)
     gaps = [abs(exact.logprobs[t] - plain.logprobs[t]) for t in ids if t in exact.logprobs and t in plain.logprobs]
     if not gaps or max(gaps) == 0.0:
         return "the engine returned the LM head's own values (a head patches/exact-logprobs can't recompute)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ...concurrency import gather_or_cancel
 from ...errors import DecisionError, OverLimitError
@@ -23,6 +24,7 @@ from ...prompting.answer_slot import AnswerSlot, AnswerSlotPlacer
 from ...prompting.labels import LabelCatalog, word_labels
 from ...prompting.prompt import option_check, question_text
 from ...questions import CompiledQuestion
+from ...read_context import ReadContext
 from ...scoring import softmax
 from ..base import Reading
 from .options import LogitOptions
@@ -101,12 +103,12 @@ class ReadoutRunner:
         # Whether reads asking for words get them (the words' option mass passed the startup check).
         self.word_reads = word_reads
 
-    async def labelled_read(self, state: str, question: CompiledQuestion, mode: str, request_id: str,
+    async def labelled_read(self, question: CompiledQuestion, mode: str, context: ReadContext[Any],
                             fallback: bool = True, fp32: bool = False,
                             words: bool = False) -> tuple[LabelRead, list[str], str]:  # fmt: skip
-        """The read of ``question`` in letters, or in its words where asked and they fit; its labels and
-        the layout used."""
-        chosen = await labelled_slot(self.prompts, self.placer, self.catalog, state, question, words)
+        """The read of ``question`` about ``context.state`` in letters, or in its words where asked and
+        they fit; its labels and the layout used."""
+        chosen = await labelled_slot(self.prompts, self.placer, self.catalog, context.state, question, words)
         slot, labels = chosen.slot, chosen.labels
         limit = self.host.max_model_len
         if len(slot.prompt_ids) >= limit:
@@ -115,28 +117,28 @@ class ReadoutRunner:
                 f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
             )
         if mode == "exact":
-            read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fallback, fp32)
+            read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, context, fallback, fp32)
         else:
-            read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, request_id, fp32)
+            read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, context, fp32)
         return read, labels, chosen.layout
 
-    async def run(self, plan: Plan, state: str, question: CompiledQuestion, options: LogitOptions,
-                  request_id: str) -> Reading:  # fmt: skip
+    async def run(self, plan: Plan, question: CompiledQuestion, context: ReadContext[LogitOptions]) -> Reading:
+        options = context.options
         fp32 = options.precision == "float32" and self.fp32_reads
         if plan.readout == "two-stage":
-            return await self.two_stage(state, question, plan.logprobs, options.shortlist, request_id, fp32)
+            return await self.two_stage(question, plan.logprobs, options.shortlist, context, fp32)
         words = options.labels == "words" and plan.readout == "direct" and self.word_reads
-        read, _, layout = await self.labelled_read(state, question, plan.logprobs, request_id, fp32=fp32, words=words)
+        read, _, layout = await self.labelled_read(question, plan.logprobs, context, fp32=fp32, words=words)
         return reading(read, plan.readout, self.audit(layout, fp32))
 
     def audit(self, layout: str, fp32: bool) -> ReadAudit:
         return ReadAudit(label_layout=layout, logit_precision=read_precision(self.host, fp32))
 
-    async def two_stage(self, state: str, question: CompiledQuestion, mode: str, shortlist: int,
-                        request_id: str, fp32: bool = False) -> Reading:  # fmt: skip
+    async def two_stage(self, question: CompiledQuestion, mode: str, shortlist: int, context: ReadContext[Any],
+                        fp32: bool = False) -> Reading:  # fmt: skip
         # Stage 1: each option alone, as yes/no. Exact reads here have no fallback.
         checks = [
-            self.labelled_read(state, option_check(question, option), mode, f"{request_id}-s1-{i}", False, fp32)
+            self.labelled_read(option_check(question, option), mode, context.part(f"s1-{i}"), False, fp32)
             for i, option in enumerate(question.options)
         ]
         stage1 = [read for read, _, _ in await gather_or_cancel(checks)]
@@ -146,7 +148,7 @@ class ReadoutRunner:
         leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[: min(shortlist, len(first))]
         leaders.sort()
         finals = CompiledQuestion(question.qtype, question.instructions, tuple(question.options[i] for i in leaders))
-        final, _, layout = await self.labelled_read(state, finals, mode, f"{request_id}-s2", fp32=fp32)
+        final, _, layout = await self.labelled_read(finals, mode, context.part("s2"), fp32=fp32)
         shared = sum(first[i] for i in leaders)
         probabilities = list(first)
         for i, p in zip(leaders, softmax(final.scores), strict=True):

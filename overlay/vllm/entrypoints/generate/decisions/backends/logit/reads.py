@@ -13,12 +13,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from ...errors import DecisionError
 from ...host import BackendHost, TokenRead
+from ...read_context import ReadContext
 
 
 class ReadFacts(BaseModel):
@@ -76,20 +77,20 @@ def mass(read: TokenRead, ids: Sequence[int]) -> float:
 
 
 async def read_top_k(host: BackendHost, prompt_ids: list[int], labels: Sequence[str], ids: Sequence[int],
-                     request_id: str, fp32: bool = False) -> LabelRead:  # fmt: skip
+                     context: ReadContext[Any], fp32: bool = False) -> LabelRead:  # fmt: skip
     window = top_k_window(host)
-    read = await host.read_top_logprobs(prompt_ids, window, request_id, fp32)
+    read = await host.read_top_logprobs(prompt_ids, window, context, fp32)
     scores, floored = scores_from(read, labels, ids, min(read.logprobs.values()))
     facts = ReadFacts(logprobs="top-k", topk_window=window, floored=floored)
     return LabelRead(scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, facts)
 
 
 async def read_exact(host: BackendHost, prompt_ids: list[int], labels: Sequence[str], ids: Sequence[int],
-                     request_id: str, fallback: bool = True, fp32: bool = False) -> LabelRead:  # fmt: skip
+                     context: ReadContext[Any], fallback: bool = True, fp32: bool = False) -> LabelRead:  # fmt: skip
     """An exact read; when the engine returns it incomplete (as under speculative decoding), a
     degraded fallback fills the gaps from a top-k read, or the question fails if ``fallback`` is off.
     ``fp32``: ask for fp32 log-probabilities (:mod:`.precision`)."""
-    read = await host.read_token_logprobs(prompt_ids, list(ids), request_id, fp32)
+    read = await host.read_token_logprobs(prompt_ids, list(ids), context, fp32)
     missing = [label for label, token in zip(labels, ids, strict=True) if token not in read.logprobs]
     if not missing:
         scores, _ = scores_from(read, labels, ids, -math.inf)
@@ -99,7 +100,7 @@ async def read_exact(host: BackendHost, prompt_ids: list[int], labels: Sequence[
     reason = f"the engine's exact read lacked {len(missing)} of {len(ids)} label log-probabilities"
     if not fallback:
         raise DecisionError(f"{reason}; this read has no fallback (try logprobs=top-k)", HTTPStatus.SERVICE_UNAVAILABLE)
-    top = await host.read_top_logprobs(prompt_ids, top_k_window(host), f"{request_id}-fallback", fp32)
+    top = await host.read_top_logprobs(prompt_ids, top_k_window(host), context.part("fallback"), fp32)
     merged = TokenRead({**top.logprobs, **read.logprobs}, read.prompt_tokens, read.cached_tokens + top.cached_tokens)
     scores, floored = scores_from(merged, labels, ids, min(top.logprobs.values()))
     facts = ReadFacts(logprobs="exact", degraded=True, degraded_reason=reason, floored=floored,

@@ -18,6 +18,7 @@ from ...host import BackendHost
 from ...prompting.answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
 from ...prompting.labels import LabelCatalog
 from ...questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from ...read_context import ReadContext
 from .readouts import labelled_slot
 from .reads import read_exact
 from .stencil import StencilPool
@@ -56,8 +57,8 @@ async def probe_masses(host: BackendHost, prompts: StencilPool, placer: AnswerSl
         if words and chosen.layout != "words":
             continue
         slot, labels = chosen.slot, chosen.labels
-        request_id = f"decision-self-check-{'words-' if words else ''}{i}"
-        read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, request_id)
+        context = ReadContext.about(state, f"decision-self-check-{'words-' if words else ''}{i}")
+        read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, context)
         masses.append(read.option_mass)
     return masses
 

@@ -9,12 +9,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ...answers import Answer, Decision
 from ...errors import DecisionError
-from ...questions import CompiledQuestion, content_text, rendering_limit
+from ...questions import CompiledQuestion, content_text
 from ...registry import built_in_question_type, failures_note, question_type
-from ...service import Answer, Decision, DecisionService
+from ...request import DecisionRequest
+from ...service import DecisionService
 from ...validation import detail_message, is_field_name
-from ..common import answer_extra, decide, response_id
+from ..common import answer_extra, decide, decision_request, response_id
 from .protocol import ChoiceAnswer, NoulAnswer, PluginAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse, Usage
 
 
@@ -50,7 +52,7 @@ class JevValidationError(DecisionError):
 IMAGE_ONLY_TYPES = {"box": "box questions locate a region in an image; this server's model reads text only"}
 
 
-def compile_question(question_id: str, raw: Any) -> CompiledQuestion:
+def compile_question(question_id: str, raw: Any, max_chars: int) -> CompiledQuestion:
     if not isinstance(raw, dict):
         raise JevValidationError.at(("questions", question_id), "a question must be an object")
     kind = raw.get("type")
@@ -62,19 +64,22 @@ def compile_question(question_id: str, raw: Any) -> CompiledQuestion:
             ("questions", question_id, "type"), f"unknown question type {kind!r}" + failures_note()
         )
     try:
-        return qtype.compile(qtype.model.model_validate(raw))
+        validated = qtype.model.model_validate(raw)
     except ValidationError as exc:
         raise JevValidationError.from_errors(exc.errors(include_url=False), ("questions", question_id)) from None
+    return qtype.compile(validated, max_chars)
 
 
-def compiled(request: SystemOneRequest) -> tuple[str, list[str], list[CompiledQuestion]]:
-    """The state's text, the question ids in request order and their compiled questions."""
+def compiled(request: SystemOneRequest, request_id: str, max_chars: int) -> tuple[list[str], DecisionRequest]:
+    """The question ids in request order (for the answers), and the request the service decides."""
     if request.backend is not None:
         if request.extra.backend is not None:
             raise JevValidationError.at(("backend",), "send backend at the top level or under extra, not both")
         request.extra.backend = request.backend
     ids = list(request.questions)
-    return content_text(request.state), ids, [compile_question(i, request.questions[i]) for i in ids]
+    questions = [compile_question(i, request.questions[i], max_chars) for i in ids]
+    where = [f"questions.{question_id}" for question_id in ids]
+    return ids, decision_request(request.extra, content_text(request.state, max_chars), questions, where, request_id)
 
 
 def noul_answer(answer: Answer) -> NoulAnswer:
@@ -149,8 +154,5 @@ def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> S
 
 
 async def create_systemone(service: DecisionService, request: SystemOneRequest, request_id: str) -> SystemOneResponse:
-    with rendering_limit(service.settings.max_input_chars):
-        state, ids, questions = compiled(request)
-    where = [f"questions.{question_id}" for question_id in ids]
-    decision = await decide(service, request.extra, state, questions, where, request_id)
-    return response(request, ids, decision)
+    ids, asked = compiled(request, request_id, service.settings.max_input_chars)
+    return response(request, ids, await decide(service, asked))

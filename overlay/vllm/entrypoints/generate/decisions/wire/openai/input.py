@@ -145,8 +145,9 @@ def parse_items(items: list[Any]) -> list[Any]:
     return parsed
 
 
-def parts_text(parts: str | list[Any], where: str) -> str:
-    """Text, JSON and assistant parts joined in order, one per line; an image is refused."""
+def parts_text(parts: str | list[Any], where: str, max_chars: int) -> str:
+    """Text, JSON and assistant parts joined in order, one per line; an image is refused. A JSON part
+    renders within ``max_chars`` (VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS)."""
     if isinstance(parts, str):
         return parts
     texts = []
@@ -154,7 +155,7 @@ def parts_text(parts: str | list[Any], where: str) -> str:
         if isinstance(part, ImagePart):
             raise DecisionError(f"{where}[{index}]: text input only; this server's model does not read images")
         if isinstance(part, JsonPart):
-            texts.append(content_text(part.data))
+            texts.append(content_text(part.data, max_chars))
         elif isinstance(part, RefusalPart):
             texts.append(part.refusal)
         else:
@@ -162,17 +163,17 @@ def parts_text(parts: str | list[Any], where: str) -> str:
     return "\n".join(texts)
 
 
-def render_input(items: list[Any]) -> str:
+def render_input(items: list[Any], max_chars: int) -> str:
     """Input items as one text, blocks separated by a blank line; tool outputs must follow their call."""
     calls: set[str] = set()
     blocks = []
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if isinstance(item, UserMessage):
-            blocks.append(parts_text(item.content, f"{where}.content"))
+            blocks.append(parts_text(item.content, f"{where}.content", max_chars))
         elif isinstance(item, (InstructionMessage, AssistantMessage)):
             label = item.role.capitalize()
-            blocks.append(f"{label}: {parts_text(item.content, f'{where}.content')}")
+            blocks.append(f"{label}: {parts_text(item.content, f'{where}.content', max_chars)}")
         elif isinstance(item, ToolCall):
             calls.add(item.call_id)
             body = item.arguments if item.type == "function_call" else item.input
@@ -183,5 +184,5 @@ def render_input(items: list[Any]) -> str:
         else:
             if item.call_id not in calls:
                 raise DecisionError(f"{where}.call_id: no earlier tool call has call_id {item.call_id!r}")
-            blocks.append(f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output')}")
+            blocks.append(f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output', max_chars)}")
     return "\n\n".join(blocks)

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ...answers import Answer, Decision
 from ...errors import DecisionError
 from ...questions import (
     CHOICE,
@@ -22,12 +23,13 @@ from ...questions import (
     NoulQuestion,
     choice_options,
     level_options,
-    rendering_limit,
+    within,
 )
 from ...registry import built_in_question_type, failures_note, question_type
-from ...service import Answer, Decision, DecisionService
+from ...request import DecisionRequest
+from ...service import DecisionService
 from ...validation import validation_message
-from ..common import answer_extra, decide, response_id
+from ..common import answer_extra, decide, decision_request, response_id
 from .input import parse_items, parts_text, render_input
 from .protocol import (
     BUILT_IN,
@@ -53,12 +55,12 @@ from .protocol import (
 AnyAnswer = PredicateAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
 
 
-def input_text(value: str | list[Any]) -> str:
+def input_text(value: str | list[Any], max_chars: int) -> str:
     """The input as one text: a string as it is, input items rendered in order."""
-    return value if isinstance(value, str) else render_input(parse_items(value))
+    return value if isinstance(value, str) else render_input(parse_items(value), max_chars)
 
 
-def compile_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion]:
+def compile_question(index: int, raw: Any, max_chars: int) -> tuple[str | None, CompiledQuestion]:
     """One question of the request as (its name, the compiled question).
 
     OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
@@ -66,23 +68,23 @@ def compile_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion
     """
     kind = raw.get("type") if isinstance(raw, dict) else None
     if not isinstance(kind, str) or kind not in BUILT_IN:
-        return compile_plugin_question(index, raw)
+        return compile_plugin_question(index, raw, max_chars)
     try:
         question = BUILT_IN[kind].model_validate(raw)
     except ValidationError as exc:
         raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
-    text = parts_text(question.instructions, f"questions[{index}].instructions")
+    text = parts_text(question.instructions, f"questions[{index}].instructions", max_chars)
     if isinstance(question, PredicateQuestion):
-        return question.name, NOUL.compile(NoulQuestion(instructions=text))
+        return question.name, NOUL.compile(NoulQuestion(instructions=text), max_chars)
     if isinstance(question, ChoiceQuestion):
         options = choice_options([(c.value, c.description) for c in question.choices])
-        return question.name, CompiledQuestion(CHOICE, text, options)
+        return question.name, within(CompiledQuestion(CHOICE, text, options), max_chars)
     assert isinstance(question, ScoreQuestion)
     options = level_options([(level.label, level.description) for level in question.levels])
-    return question.name, CompiledQuestion(SCORE, text, options)
+    return question.name, within(CompiledQuestion(SCORE, text, options), max_chars)
 
 
-def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQuestion]:
+def compile_plugin_question(index: int, raw: Any, max_chars: int) -> tuple[str | None, CompiledQuestion]:
     if not isinstance(raw, dict):
         raise DecisionError(f"questions[{index}]: must be an object")
     kind = raw.get("type")
@@ -96,14 +98,15 @@ def compile_plugin_question(index: int, raw: Any) -> tuple[str | None, CompiledQ
         question = qtype.model.model_validate({k: v for k, v in raw.items() if k != "name"})
     except ValidationError as exc:
         raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
-    return name, qtype.compile(question)
+    return name, qtype.compile(question, max_chars)
 
 
-def compiled(request: DecisionsRequest) -> tuple[str, list[str | None], list[CompiledQuestion]]:
-    """The input's text, each question's name and the compiled questions."""
-    state = input_text(request.input)
-    named = [compile_question(i, q) for i, q in enumerate(request.questions)]
-    return state, [n for n, _ in named], [q for _, q in named]
+def compiled(request: DecisionsRequest, request_id: str, max_chars: int) -> tuple[list[str | None], DecisionRequest]:
+    """Each question's name (for the answers), and the request the service decides."""
+    state = input_text(request.input, max_chars)
+    named = [compile_question(i, q, max_chars) for i, q in enumerate(request.questions)]
+    where = [f"questions[{i}]" for i in range(len(named))]
+    return [n for n, _ in named], decision_request(request.extra, state, [q for _, q in named], where, request_id)
 
 
 def predicate_answer(name: str | None, answer: Answer) -> PredicateAnswer:
@@ -186,8 +189,5 @@ def response(request: DecisionsRequest, names: list[str | None], decision: Decis
 
 
 async def create_decision(service: DecisionService, request: DecisionsRequest, request_id: str) -> DecisionsResponse:
-    with rendering_limit(service.settings.max_input_chars):
-        state, names, questions = compiled(request)
-    where = [f"questions[{i}]" for i in range(len(questions))]
-    decision = await decide(service, request.extra, state, questions, where, request_id)
-    return response(request, names, decision)
+    names, asked = compiled(request, request_id, service.settings.max_input_chars)
+    return response(request, names, await decide(service, asked))

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a read depends on besides its question, passed as an argument from the service to the engine.
+
+The service builds one :class:`ReadContext` per question; debiasing, the backend and the host pass it
+on (each sub-read names itself with :meth:`ReadContext.part`). The host reads the request id for vLLM's
+request log and the state's hash for replica affinity (affinity.py); the backend reads the state and
+its options. Nothing about a request travels any other way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
+
+OptionsT = TypeVar("OptionsT")
+
+
+def sha256_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ReadContext(Generic[OptionsT]):
+    """One question's read: the state it is about (and that state's SHA-256), the engine request id
+    (each engine read under it adds a suffix) and the backend's options for this request."""
+
+    state: str
+    state_sha256: str
+    request_id: str
+    options: OptionsT
+
+    @classmethod
+    def about(cls, state: str, request_id: str, options: Any = None) -> ReadContext[Any]:
+        return cls(state, sha256_of(state), request_id, options)
+
+    def part(self, suffix: str) -> ReadContext[OptionsT]:
+        """The same read under a sub-request id (``<id>-<suffix>``), for one of several engine reads."""
+        return replace(self, request_id=f"{self.request_id}-{suffix}")
+
+    def with_options(self, options: Any) -> ReadContext[Any]:
+        return replace(self, options=options)
+
+    def with_state(self, state: str, request_id: str) -> ReadContext[OptionsT]:
+        """A read about another text (the content-free prior's neutral inputs), with these options."""
+        return replace(self, state=state, state_sha256=sha256_of(state), request_id=request_id)
+
+
+def as_context(context: ReadContext[Any] | str) -> ReadContext[Any]:
+    """A host method's read context; a bare request id (plugins written before contexts) reads with no
+    state named, so vLLM balances it on its own under data parallelism."""
+    return context if isinstance(context, ReadContext) else ReadContext("", "", context, None)
