@@ -22,14 +22,11 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
-
 from .backends.base import DecisionBackend, Reading, checked_scores, read_options
 from .concurrency import gather_or_cancel
 from .errors import DecisionError
 from .prior import (
     NEUTRAL_INPUTS,
-    PriorAudit,
     PriorCache,
     PriorRead,
     adjusted,
@@ -40,6 +37,7 @@ from .prior import (
 )
 from .questions import CompiledQuestion, top_index
 from .read_context import ReadContext
+from .reports import DebiasAudit, PriorAudit, Rotation
 from .scoring import log_softmax
 from .settings import Debias
 
@@ -48,24 +46,6 @@ T = TypeVar("T")
 # Readings of ``rotate`` without a count: two for every type (a yes/no both ways, a score forwards and
 # reversed, a choice from two starts half a cycle apart), so its cost is the same for every question.
 DEFAULT_ROTATIONS = 2
-
-
-class Rotation(BaseModel):
-    """One reading of a debiased question: the option it listed first, whether it reversed a scale,
-    and the option it put on top."""
-
-    first: str
-    reversed: bool
-    top: str
-
-
-class DebiasAudit(BaseModel):
-    """What a debiased answer's ``extra.audit`` says about its readings."""
-
-    debias: str
-    rotations: list[Rotation]
-    # The share of readings whose top option is the combined answer's.
-    rotation_agreement: float
 
 
 @dataclass(frozen=True)

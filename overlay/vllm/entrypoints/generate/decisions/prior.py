@@ -69,18 +69,6 @@ def adjusted(rows: Sequence[Sequence[float]], positions: Sequence[Sequence[int]]
     return [value / len(rows) for value in total]
 
 
-class PriorAudit(BaseModel):
-    """``extra.audit.prior``: the correction applied and the scores the temperature divides."""
-
-    mode: str
-    # Each option's content-free log-probability (readings averaged), and whether it was cached.
-    content_free: dict[str, float] | None = None
-    cached: bool | None = None
-    # Each option's fitted bias (readings averaged), or None when the mode has none.
-    bias: dict[str, float] | None = None
-    adjusted_logits: dict[str, float]
-
-
 @dataclass(frozen=True)
 class PriorRead:
     """A question's content-free log-probabilities in the order it was read, and whether they came

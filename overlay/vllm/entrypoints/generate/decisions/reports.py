@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What an answer reports beyond its probabilities, typed: the backend's facts (``extra.backend``) and
-the audit record (``extra.audit``), each with what ``detail: basic`` keeps of it.
+the audit record (``extra.audit``), each with what ``detail: basic`` keeps of it, and the audit's parts
+from debiasing (debias.py) and prior corrections (prior.py). Imports nothing of the package.
 
 The backend's own entries (``Reading.meta`` and ``Reading.audit``) are laid in flat beside the
 service's, so a client reads one object per block whichever backend answered.
@@ -12,8 +13,35 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from .debias import DebiasAudit
-from .prior import PriorAudit
+
+class Rotation(BaseModel):
+    """One reading of a debiased question: the option it listed first, whether it reversed a scale,
+    and the option it put on top."""
+
+    first: str
+    reversed: bool
+    top: str
+
+
+class DebiasAudit(BaseModel):
+    """What a debiased answer's ``extra.audit`` says about its readings."""
+
+    debias: str
+    rotations: list[Rotation]
+    # The share of readings whose top option is the combined answer's.
+    rotation_agreement: float
+
+
+class PriorAudit(BaseModel):
+    """``extra.audit.prior``: the correction applied and the scores the temperature divides."""
+
+    mode: str
+    # Each option's content-free log-probability (readings averaged), and whether it was cached.
+    content_free: dict[str, float] | None = None
+    cached: bool | None = None
+    # Each option's fitted bias (readings averaged), or None when the mode has none.
+    bias: dict[str, float] | None = None
+    adjusted_logits: dict[str, float]
 
 
 class BackendReport(BaseModel):
