@@ -92,3 +92,25 @@ async def test_an_order_independent_backend_is_read_once_whatever_the_debias():
     read = await read_question(backend, question, ReadContext.about("s", "r"), parse_debias("rotate:3"))
     assert backend.reads == 1 and read.debias is None
     assert read.reading.scores == [-1.0, 0.0, -2.0]  # in the client's order
+
+
+async def test_a_types_own_options_limit_is_checked_by_the_setting_it_names():
+    from vllm.entrypoints.generate.decisions.errors import OverLimitError
+    from vllm.entrypoints.generate.decisions.questions import Option, OptionsLimit, QuestionModel, QuestionType
+
+    class Tags(QuestionType):
+        name = "tags-with-a-limit"
+        model = QuestionModel
+        options_limit = OptionsLimit("max_choices", "tags")
+
+        def options(self, question):
+            return [Option(str(i), i, f"tag {i}") for i in range(5)]
+
+        def answer(self, probabilities, options):
+            return {}
+
+    service = DecisionService(Settings.from_env({"VLLM_TYPED_DECISIONS_MAX_CHOICES": "4"}),
+                              ScriptedBackend(lambda q: [0.0] * 5), "m")  # fmt: skip
+    service.ready = True
+    with pytest.raises(OverLimitError, match=r"questions\[0\] has 5 tags; the limit is 4 .*MAX_CHOICES"):
+        await service.decide(ask("s", [Tags().compile(QuestionModel())]))
