@@ -213,7 +213,7 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     shutil.copytree(ROOT / "overlay", old / "overlay")
     (old / "patches").mkdir()
     shutil.copy(INSTALL, old / "install.sh")
-    old_patch = PATCH.read_text().replace('"CALIBRATION_DIR",', '"CALIBRATION_FOLDER",')
+    old_patch = PATCH.read_text().replace('startswith("VLLM_TYPED_DECISIONS_")', 'startswith("VLLM_DECISIONS_")')
     assert old_patch != PATCH.read_text()
     (old / "patches" / PATCH.name).write_text(old_patch)
     shutil.copy(MODEL_PATCH, old / "patches" / MODEL_PATCH.name)
@@ -221,13 +221,13 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     subprocess.run(["bash", str(old / "install.sh"), "--python", sys.executable], env=env, check=True,
                    capture_output=True)  # fmt: skip
-    assert "CALIBRATION_FOLDER" in (site / "vllm" / "envs.py").read_text()
+    assert 'startswith("VLLM_DECISIONS_")' in (site / "vllm" / "envs.py").read_text()
 
     upgraded = install(site)
     assert upgraded.returncode == 0, upgraded.stderr
     assert f"took out the previous version of {PATCH.name}" in upgraded.stdout
     envs = (site / "vllm" / "envs.py").read_text()
-    assert "CALIBRATION_FOLDER" not in envs and '"CALIBRATION_DIR",' in envs
+    assert 'startswith("VLLM_DECISIONS_")' not in envs and 'startswith("VLLM_TYPED_DECISIONS_")' in envs
     assert install(site, "--uninstall").returncode == 0 and tree(site) == stock
 
 
