@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the typed-decisions overlay into vLLM 0.30.x: apply patches/api-router-wire-v0.30.patch (the
-# routes), patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model) and
+# endpoints on vLLM's app), patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model) and
 # patches/exact-logprobs-v0.30.patch (fp32 option log-probabilities under a bf16/fp16 LM head), and
 # copy the package to vllm/entrypoints/generate/decisions/.
 #

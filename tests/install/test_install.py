@@ -19,8 +19,6 @@ from ..conftest import OVERLAY, ROOT
 PATCHED_FILES = (
     # patches/api-router-wire
     "vllm/envs.py",
-    "vllm/entrypoints/launchers/api_server/routers.py",
-    "vllm/entrypoints/launchers/api_server/app_state.py",
     "vllm/entrypoints/launchers/cli_args.py",
     "vllm/entrypoints/launchers/run_batch.py",
     "vllm/entrypoints/serve/middleware/register.py",
@@ -128,7 +126,8 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     target = site / "vllm" / "entrypoints" / "generate" / "decisions"
     assert tree(target) == tree(OVERLAY)
     assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
-    assert "check_environment()" in (site / PATCHED_FILES[3]).read_text()
+    assert "check_environment()" in (site / PATCHED_FILES[1]).read_text()
+    assert "attach_decisions(app, supported_tasks)" in (site / PATCHED_FILES[3]).read_text()
     registry = (site / "vllm" / "model_executor" / "models" / "registry.py").read_text()
     assert '"LayaForDecision": ("laya", "LayaForDecision")' in registry
     assert (site / ADDED_FILES[0]).is_file() and not (site / ADDED_FILES[1]).exists()
@@ -175,8 +174,10 @@ def test_refuses_another_vllm_version_and_changes_nothing(site):
 
 
 def test_a_modified_vllm_is_left_as_it_was(site):
-    routers = site / "vllm/entrypoints/launchers/api_server/routers.py"
-    routers.write_text(routers.read_text().replace("register_scale_out_api_routers(app, supported_tasks)", "pass"))
+    register = site / "vllm/entrypoints/serve/middleware/register.py"
+    register.write_text(
+        register.read_text().replace("app.add_middleware(AuthenticationMiddleware, tokens=tokens)", "pass")
+    )
     before = tree(site)
     result = install(site)
     assert result.returncode != 0 and "does not apply" in result.stderr
@@ -213,7 +214,7 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     shutil.copytree(ROOT / "overlay", old / "overlay")
     (old / "patches").mkdir()
     shutil.copy(INSTALL, old / "install.sh")
-    old_patch = PATCH.read_text().replace('"CALIBRATION_DIR",', '"CALIBRATION_FOLDER",')
+    old_patch = PATCH.read_text().replace('startswith("VLLM_TYPED_DECISIONS_")', 'startswith("VLLM_DECISIONS_")')
     assert old_patch != PATCH.read_text()
     (old / "patches" / PATCH.name).write_text(old_patch)
     shutil.copy(MODEL_PATCH, old / "patches" / MODEL_PATCH.name)
@@ -221,13 +222,13 @@ def test_upgrading_from_an_older_patch(site, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     subprocess.run(["bash", str(old / "install.sh"), "--python", sys.executable], env=env, check=True,
                    capture_output=True)  # fmt: skip
-    assert "CALIBRATION_FOLDER" in (site / "vllm" / "envs.py").read_text()
+    assert 'startswith("VLLM_DECISIONS_")' in (site / "vllm" / "envs.py").read_text()
 
     upgraded = install(site)
     assert upgraded.returncode == 0, upgraded.stderr
     assert f"took out the previous version of {PATCH.name}" in upgraded.stdout
     envs = (site / "vllm" / "envs.py").read_text()
-    assert "CALIBRATION_FOLDER" not in envs and '"CALIBRATION_DIR",' in envs
+    assert 'startswith("VLLM_DECISIONS_")' not in envs and 'startswith("VLLM_TYPED_DECISIONS_")' in envs
     assert install(site, "--uninstall").returncode == 0 and tree(site) == stock
 
 

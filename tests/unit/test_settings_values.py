@@ -19,6 +19,8 @@ from vllm.entrypoints.generate.decisions.settings import (
     decisions_enabled,
 )
 
+from .test_settings import fresh_vllm_envs
+
 ON = ["1", "true", "TRUE", " yes ", "On"]
 OFF = ["", "  ", "0", "false", "No", " OFF "]
 NOT_SWITCHES = ["maybe", "2", "enable", "1.0", "tru"]
@@ -187,7 +189,9 @@ def test_vllm_envs_reads_the_switch_without_raising(clean_env, value):
     assert vllm.envs.environment_variables[ENABLE_VARIABLE]() is (value in ON)
     for variable in VARIABLES[1:]:
         clean_env.setenv(variable, value)
-        assert vllm.envs.environment_variables[variable]() == value
+    envs = fresh_vllm_envs()  # the settings are declared by prefix, as vllm/envs.py finds them at import
+    for variable in VARIABLES[1:]:
+        assert envs.environment_variables[variable]() == value
 
 
 @pytest.fixture(scope="module")

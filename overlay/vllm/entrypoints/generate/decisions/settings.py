@@ -11,6 +11,7 @@ empty value means the default. Limits live here too: each request check names th
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -20,8 +21,9 @@ from typing import Any
 PREFIX = "VLLM_TYPED_DECISIONS_"
 ENABLE_VARIABLE = "VLLM_ENABLE_TYPED_DECISIONS"
 
-# Names this module reads; the router patch declares every one in vllm/envs.py so that vLLM's
-# environment validation knows them (tests/unit/test_settings.py holds the two lists together).
+# Every name this module reads: the one list of them. The router patch declares whatever
+# VLLM_TYPED_DECISIONS_* name the environment holds in vllm/envs.py, so vLLM's environment validation
+# lets them all through; check_environment refuses a name not listed here (unknown_variables).
 VARIABLES = (
     ENABLE_VARIABLE,
     PREFIX + "BACKEND",
@@ -170,13 +172,31 @@ def decisions_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def check_environment(environ: Mapping[str, str] | None = None) -> Settings | None:
     """Every variable of ours, checked before the engine starts: the settings when decisions are on,
-    None when off. Raises SettingsError, naming the variable and what it accepts, for a bad value.
+    None when off. Raises SettingsError, naming the variable and what it accepts, for a bad value, and
+    naming it for a ``VLLM_TYPED_DECISIONS_*`` name that no setting reads.
 
     The backend's name and arguments are checked against the registered backends later, at startup,
     once plugins are loaded in the API-server process that uses them.
     """
     env = os.environ if environ is None else environ
-    return Settings.from_env(env) if decisions_enabled(env) else None
+    if not decisions_enabled(env):
+        return None
+    if unknown := unknown_variables(env):
+        raise SettingsError(unknown_message(unknown[0]))
+    return Settings.from_env(env)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Names under our prefix that no setting reads, in sorted order: most likely typos."""
+    return sorted(name for name in environ if name.startswith(PREFIX) and name not in VARIABLES)
+
+
+def unknown_message(name: str) -> str:
+    """What a name no setting reads is, the setting it most likely meant, and the names there are."""
+    close = difflib.get_close_matches(name, VARIABLES[1:], n=1)
+    meant = f" (did you mean {close[0]}?)" if close else ""
+    names = ", ".join(variable.removeprefix(PREFIX) for variable in VARIABLES[1:])
+    return f"{name} is not a setting of the decision endpoints{meant}; the settings are {PREFIX}{{{names}}}"
 
 
 def parse_value(text: str) -> int | float | bool | str:
