@@ -19,6 +19,7 @@ from ..conftest import OVERLAY, ROOT
 PATCHED_FILES = (
     # patches/api-router-wire
     "vllm/envs.py",
+    "vllm/entrypoints/launchers/app.py",
     "vllm/entrypoints/launchers/cli_args.py",
     "vllm/entrypoints/launchers/run_batch.py",
     "vllm/entrypoints/serve/middleware/register.py",
@@ -126,8 +127,8 @@ def test_install_twice_then_uninstall_leaves_stock_files(site):
     target = site / "vllm" / "entrypoints" / "generate" / "decisions"
     assert tree(target) == tree(OVERLAY)
     assert "VLLM_ENABLE_TYPED_DECISIONS" in (site / "vllm" / "envs.py").read_text()
-    assert "check_environment()" in (site / PATCHED_FILES[1]).read_text()
-    assert "attach_decisions(app, supported_tasks)" in (site / PATCHED_FILES[3]).read_text()
+    assert "attach_decisions(app, supported_tasks)" in (site / PATCHED_FILES[1]).read_text()
+    assert "check_environment()" in (site / PATCHED_FILES[2]).read_text()
     registry = (site / "vllm" / "model_executor" / "models" / "registry.py").read_text()
     assert '"LayaForDecision": ("laya", "LayaForDecision")' in registry
     assert (site / ADDED_FILES[0]).is_file() and not (site / ADDED_FILES[1]).exists()

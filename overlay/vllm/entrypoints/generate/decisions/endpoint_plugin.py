@@ -8,9 +8,9 @@ the point where the router patch used to call ``init_decisions_state`` itself.
 The plugin is not discovered through the ``vllm.endpoint_plugins`` entry-point group: vLLM loads that
 group only for names listed in ``VLLM_PLUGINS``, and listing a name there also stops every plugin of
 the other groups that is not listed. ``VLLM_ENABLE_TYPED_DECISIONS`` stays the one switch, so the
-router patch puts this plugin on the app itself (:func:`attach_decisions`, from vLLM's
-``init_entrypoints_middleware``, which runs right after vLLM attaches its discovered plugins) and on
-run-batch's state (:func:`decision_plugins`).
+router patch puts this plugin on the app itself (:func:`attach_decisions`, called by vLLM's
+``build_app`` right after it attaches its discovered plugins) and on run-batch's state
+(:func:`decision_plugins`).
 """
 
 from __future__ import annotations
