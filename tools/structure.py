@@ -119,8 +119,8 @@ def mutable_state() -> tuple[list[str], list[str]]:
             value = node.value
             mutable = isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp)
             if isinstance(value, ast.Call):
-                callee = ast.unparse(value.func).split(".")[-1]
-                mutable = callee in MUTABLE_CALLS or callee in REGISTRIES
+                callee = ast.unparse(value.func).split(".")
+                mutable = callee[-1] in MUTABLE_CALLS or any(part in REGISTRIES for part in callee)
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = [ast.unparse(t) for t in targets]
             if not mutable or names == ["__all__"]:

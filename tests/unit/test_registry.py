@@ -207,12 +207,6 @@ async def test_a_plugin_choice_gets_the_plugin_answer_shape_on_the_jev_wire(serv
     assert set(plugin["probabilities"]) == {'"billing"', '"tech"'}, "a plugin answer's: by option key"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="wire/openai/serving.py answer_of asks built_in_question_type(kind), the "
-    "name; it must pass answer.question.qtype (the object) for OpenAI's own choice to keep its shape",
-)
 async def test_openai_choice_keeps_its_shape_when_a_plugin_replaced_choice(server_registry):
     """OpenAI's ``choice`` is the wire's own type, compiled to the built-in one whatever is registered."""
     app = await scripted_app()

@@ -27,8 +27,9 @@ BACKENDS, QUESTION_TYPES = "vllm.decision_backends", "vllm.decision_question_typ
 GROUPS = {BACKENDS: "backend", QUESTION_TYPES: "question type"}
 # What each group's entry points may name: the failure for anything else says so.
 ACCEPTED = {
-    BACKENDS: "a DecisionBackend subclass or a function that registers",
-    QUESTION_TYPES: "a QuestionType subclass or instance, or a function that registers",
+    BACKENDS: "a DecisionBackend subclass, a function that registers, or a module that registers on import",
+    QUESTION_TYPES: "a QuestionType subclass or instance, a function that registers, or a module that registers "
+    "on import",
 }
 
 
@@ -61,6 +62,8 @@ def register_target(group: str, target: object) -> None:
         register_question_type(target)
     elif callable(target) and not isinstance(target, type):
         target()
+    elif isinstance(target, ModuleType):
+        pass  # loading it imported it: a module registers what it has on import (decorators)
     else:
         raise TypeError(f"a {GROUPS[group]} entry point must name {ACCEPTED[group]}, not {described(target)}")
 
@@ -69,6 +72,4 @@ def described(target: object) -> str:
     """What an entry point named, for its load failure."""
     if isinstance(target, type):
         return f"the class {target.__module__}.{target.__qualname__}"
-    if isinstance(target, ModuleType):
-        return f"the module {target.__name__}"
     return f"{type(target).__name__} {str(target)[:60]!r}"

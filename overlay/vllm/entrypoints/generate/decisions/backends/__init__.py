@@ -24,13 +24,13 @@ BUILT_IN: dict[str, tuple[str, str]] = {
     "encoder": ("EncoderBackend", ".encoder"),
     "canvas": ("CanvasBackend", ".canvas"),
 }
-_SUBPACKAGES = dict(BUILT_IN.values())
+SUBPACKAGES = {class_name: subpackage for class_name, subpackage in BUILT_IN.values()}
 
 
 def __getattr__(name: str) -> Any:
     """``LogitBackend``, ``EncoderBackend``, ``CanvasBackend``: imported when first asked for."""
-    if name in _SUBPACKAGES:
-        return getattr(import_module(_SUBPACKAGES[name], __name__), name)
+    if name in SUBPACKAGES:
+        return getattr(import_module(SUBPACKAGES[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

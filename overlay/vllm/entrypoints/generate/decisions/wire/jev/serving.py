@@ -123,8 +123,8 @@ ANSWER_SHAPES: dict[str, Callable[[Answer], JevAnswer]] = {
 
 
 def answer_of(answer: Answer, detail: str) -> JevAnswer:
-    name = answer.question.qtype.name
-    shape = ANSWER_SHAPES.get(name) if built_in_question_type(name) else None
+    qtype = answer.question.qtype
+    shape = ANSWER_SHAPES.get(qtype.name) if built_in_question_type(qtype) else None
     result = (shape or plugin_answer)(answer)
     extra = answer_extra(answer, detail)  # type: ignore[arg-type]
     if extra is not None:

@@ -89,7 +89,7 @@ def compile_plugin_question(index: int, raw: Any, max_chars: int) -> tuple[str |
         raise DecisionError(f"questions[{index}]: must be an object")
     kind = raw.get("type")
     qtype = question_type(kind) if isinstance(kind, str) else None
-    if qtype is None or built_in_question_type(qtype.name):
+    if qtype is None or built_in_question_type(qtype):
         raise DecisionError(f"questions[{index}].type: unknown question type {kind!r}" + failures_note())
     name = raw.get("name")
     if "name" in raw and not isinstance(name, str):
@@ -156,8 +156,8 @@ ANSWER_SHAPES: dict[str, Callable[[str | None, Answer], AnyAnswer]] = {
 
 
 def answer_of(name: str | None, answer: Answer, detail: str) -> AnyAnswer:
-    kind = answer.question.qtype.name
-    shape = ANSWER_SHAPES.get(kind) if built_in_question_type(kind) else None
+    qtype = answer.question.qtype
+    shape = ANSWER_SHAPES.get(qtype.name) if built_in_question_type(qtype) else None
     result: AnyAnswer = (shape or plugin_answer)(name, answer)
     extra = answer_extra(answer, detail)  # type: ignore[arg-type]
     if extra is not None:
