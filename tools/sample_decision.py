@@ -1,7 +1,10 @@
 """Send the README's sample decision to a running server and print the answers.
 
 Waits (up to --wait seconds) while the server is starting: decision requests answer 503 until the
-decision startup work is done, so this polls a decision request rather than /health.
+decision startup work is done, so this polls a decision request rather than /health. It polls as the
+503's Retry-After says (5 to 15 s; vLLM's access log prints a line per poll) and prints what the server
+is doing (e.g. "calibration, 120 of 300 questions read, about 40 s left") only when it changes. A 503
+without Retry-After means startup failed: waiting won't help, so the reason is printed at once.
 """
 
 from __future__ import annotations
@@ -33,6 +36,28 @@ SAMPLE = {
 }
 
 
+POLL_S = 5.0  # between polls while the server gives no Retry-After (not up yet: connection refused, 404)
+MAX_POLL_S = 30.0
+
+
+def starting_message(response: httpx.Response) -> str:
+    """What a starting server's 503 says it is doing (vLLM's OpenAI error shape: ``{"error": {"message"}}``)."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return response.text.strip()[:300]
+    return str(error.get("message", "")) if isinstance(error, dict) else ""
+
+
+def retry_after(response: httpx.Response | None) -> float:
+    """The seconds the server asked to wait (Retry-After), else the default pace."""
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return min(max(float(value), 1.0), MAX_POLL_S) if value else POLL_S
+    except ValueError:
+        return POLL_S
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8000)
@@ -41,20 +66,36 @@ def main() -> int:
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}/v1/decisions"
     deadline = time.monotonic() + args.wait
+    said = ""
     while True:
+        response: httpx.Response | None = None
         try:
             response = httpx.post(url, json=SAMPLE, timeout=60)
-            if response.status_code != 503 and response.status_code != 404:
+            if response.status_code not in (503, 404):
                 break
+            if response.status_code == 503 and "retry-after" not in response.headers:
+                break  # startup failed: waiting won't help, the body says why
         except httpx.TransportError:
             pass
+        if response is not None and response.status_code == 503:
+            message = starting_message(response)
+            if message and message != said:
+                print(f"waiting: {message}", file=sys.stderr, flush=True)
+                said = message
         if args.server_pid and not os.path.exists(f"/proc/{args.server_pid}"):
             print("the server exited before answering", file=sys.stderr)
             return 1
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             print(f"no decision answer from {url} within {args.wait:.0f} s", file=sys.stderr)
             return 1
-        time.sleep(1)
+        pause = min(retry_after(response), left)
+        while pause > 0:  # in steps, so a server that exits is noticed soon
+            time.sleep(min(pause, 1.0))
+            pause -= 1.0
+            if args.server_pid and not os.path.exists(f"/proc/{args.server_pid}"):
+                break
+    assert response is not None
     print(json.dumps(response.json(), indent=2))
     return 0 if response.status_code == 200 else 1
 

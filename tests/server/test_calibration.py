@@ -73,7 +73,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         health = httpx.get(f"{first.url}/health", timeout=10)
         assert health.status_code == 200
         assert starting, "decision requests answer 503 while calibration runs"
-        assert all(r.headers.get("retry-after") == "5" and "starting" in r.text for r in starting)
+        startup_progress(first, starting)
         (saved,) = saved_dir.glob("calibration-*.json")
         record = json.loads(saved.read_text())
         per_type_fits(first, record)
@@ -103,6 +103,22 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     # A changed question file or debias setting is a new key, measured again; a corrupt file or too few
     # answers give the default; calibration reads as requests do (rotate): tests/unit/test_calibration_startup.py.
     # One failure is served below.
+
+
+def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None:
+    """While starting, each 503 says which step runs (and, in the process calibrating, how far it is),
+    with a Retry-After of 5 to 15 s; the log says when calibration starts, what it reads, and its progress.
+    (The message's forms, and a waiting process's, are unit tests: tests/unit/test_readiness.py.)"""
+    messages = [r.json()["error"]["message"] for r in starting]
+    assert all(5 <= int(r.headers["retry-after"]) <= 15 for r in starting), [r.headers for r in starting]
+    waiting = r"waiting for another API-server process's (?P=step)"
+    step = rf"(?P<step>self-check|calibration)(, {waiting}|, \d+ of 300 questions read, .+)?"
+    assert all(re.fullmatch(rf"decisions are starting(: {step})?; retry shortly", m) for m in messages), messages
+    assert any(m.startswith("decisions are starting: calibration") for m in messages), messages
+    log = server.log.read_text(errors="replace")
+    assert log.count("decision calibration: reading 150 questions in 2 label layouts (letters, words), 300 reads "
+                     "in all; time left unknown until the first 8 reads") == 1, "one process calibrates"  # fmt: skip
+    assert re.search(r"decision calibration: 8 of 300 questions read, about \d+ s left", log)
 
 
 def per_type_fits(server: VllmServer, record: dict) -> None:

@@ -95,7 +95,7 @@ def test_samples_average_noise_draws_from_one_seed(host):
 def test_extra_seed_reaches_the_reads_and_no_seed_draws_one(host):
     backend = started(host)
     service = DecisionService(Settings.from_env({}), backend, "tiny")
-    service.ready = True
+    service.readiness.succeed()
     answer = asyncio.run(service.decide(ask(STATE, [QUESTION], "r", seed=42))).results[0]
     assert answer.backend.facts["seed"] == 42 and host.canvas_calls[-1][1][0] == noise_tokens(42, 1, host.vocab_size)[0]
     drawn = read(backend).meta.seed

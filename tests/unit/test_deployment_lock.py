@@ -4,12 +4,15 @@ a stuck holder, and calibration and startup checks done by one caller and loaded
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.deployment_lock import exclusive
+from vllm.entrypoints.generate.decisions.readiness import CALIBRATION, Readiness
 from vllm.entrypoints.generate.decisions.startup import start_backend_once
 
 from .fakes import ScriptedBackend, TokenizerHost
@@ -68,6 +71,27 @@ async def test_concurrent_processes_calibrate_once(tmp_path):
     results = await asyncio.gather(*(calibrated_temperatures(b, settings(tmp_path, source), MODEL) for b in backends))
     assert len(reads) == 200, "one caller measured; the others loaded its result"
     assert len({r.server.value for r in results}) == 1 and all(r.server.source == "calibrated" for r in results)
+
+
+async def test_only_the_calibrating_process_counts_progress_the_others_say_they_wait(tmp_path):
+    source = write_questions(tmp_path / "q.jsonl", 200)
+    backends = [ScriptedBackend(overconfident, delay=0.01) for _ in range(3)]
+    progress = [Readiness() for _ in backends]
+    for readiness in progress:
+        readiness.begin(CALIBRATION)
+    config = settings(tmp_path, source)
+    runs = [startup_calibration(b, config, MODEL, p) for b, p in zip(backends, progress, strict=True)]
+    calibrating = asyncio.gather(*runs)
+    for _ in range(1000):  # until one process has read and the two others wait
+        if any(p.progress and p.progress.done for p in progress) and sum(p.waiting_for_other for p in progress) == 2:
+            break
+        await asyncio.sleep(0.01)
+    messages = sorted(p.message() for p in progress)
+    assert re.search(r"calibration, \d+ of 200 questions read", messages[0]), messages
+    assert all("waiting for another API-server process's calibration" in m for m in messages[1:]), messages
+    await calibrating
+    (counted,) = [p.progress for p in progress if p.progress is not None]
+    assert counted.done == counted.total == 200
 
 
 async def test_a_failed_calibration_is_shared_within_a_run(tmp_path, caplog):

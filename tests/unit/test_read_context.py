@@ -73,7 +73,7 @@ async def test_the_service_passes_each_question_its_own_context():
             return await super().read(question, context)
 
     service = DecisionService(Settings.from_env({}), Recording(lambda q: [0.0, -1.0]), "m")
-    service.ready = True
+    service.readiness.succeed()
     await service.decide(ask("the input", [choice("a", "b"), choice("c", "d")], "decision-abc", debias="off"))
     assert sorted(c.request_id for c in seen) == ["decision-abc-0", "decision-abc-1"]
     assert {c.state_sha256 for c in seen} == {sha256_of("the input")}
@@ -111,6 +111,6 @@ async def test_a_types_own_options_limit_is_checked_by_the_setting_it_names():
 
     service = DecisionService(Settings.from_env({"VLLM_TYPED_DECISIONS_MAX_CHOICES": "4"}),
                               ScriptedBackend(lambda q: [0.0] * 5), "m")  # fmt: skip
-    service.ready = True
+    service.readiness.succeed()
     with pytest.raises(OverLimitError, match=r"questions\[0\] has 5 tags; the limit is 4 .*MAX_CHOICES"):
         await service.decide(ask("s", [Tags().compile(QuestionModel())]))

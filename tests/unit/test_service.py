@@ -167,8 +167,9 @@ async def test_limits_refuse_before_any_read_and_name_the_setting(env, questions
 async def test_not_ready_then_unavailable():
     backend = ScriptedBackend(lambda q: [0.0, 0.0])
     service = DecisionService(Settings.from_env({}), backend, "served")
-    with pytest.raises(NotReadyError):
+    with pytest.raises(NotReadyError, match="decisions are starting") as starting:
         await service.decide(ask("s", [noul()], "r"))
+    assert starting.value.retry_after == 5 and starting.value.status == HTTPStatus.SERVICE_UNAVAILABLE
 
     async def broken_start():
         raise RuntimeError("the model never answers with a letter")
@@ -179,6 +180,47 @@ async def test_not_ready_then_unavailable():
     with pytest.raises(DecisionError, match="never answers") as caught:
         await service.decide(ask("s", [noul()], "r"))
     assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+
+
+async def test_while_starting_the_refusal_names_the_step_running_and_its_progress():
+    backend = ScriptedBackend(lambda q: [0.0, 0.0])
+    checked, calibrated = asyncio.Event(), asyncio.Event()
+
+    async def slow_start(chosen):
+        await checked.wait()
+
+    async def slow_calibration():
+        service.readiness.count(40, "questions read")
+        service.readiness.advance(3)
+        await calibrated.wait()
+        return Calibrated(Temperatures(Temperature(2.0, "calibrated", "server")))
+
+    service = DecisionService(Settings.from_env({}), backend, "served", starter=slow_start)
+    starting = asyncio.ensure_future(service.start(slow_calibration))
+    await asyncio.sleep(0.01)
+    with pytest.raises(NotReadyError, match="^decisions are starting: self-check; retry shortly$"):
+        await service.decide(ask("s", [noul()], "r"))
+    checked.set()
+    await asyncio.sleep(0.01)
+    with pytest.raises(NotReadyError, match="calibration, 3 of 40 questions read, time left unknown yet"):
+        await service.decide(ask("s", [noul()], "r"))
+    calibrated.set()
+    await starting
+    (answer,) = (await service.decide(ask("s", [noul()], "r"))).results
+    assert isinstance(answer, Answer) and answer.audit.calibration_temperature == 2.0
+
+
+async def test_a_failed_calibration_makes_decisions_unavailable_not_starting_forever():
+    async def broken():
+        raise RuntimeError("the question file vanished")
+
+    service = DecisionService(Settings.from_env({}), ScriptedBackend(lambda q: [0.0, 0.0]), "served")
+    with pytest.raises(RuntimeError):
+        await service.start(broken)
+    await asyncio.wait_for(service.readiness.settled(), 1)
+    with pytest.raises(DecisionError, match="unavailable: the question file vanished") as caught:
+        await service.decide(ask("s", [noul()], "r"))
+    assert not isinstance(caught.value, NotReadyError)
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,10 @@ POLL_S = 0.25
 
 
 @asynccontextmanager
-async def exclusive(path: Path, wait_s: float, what: str) -> AsyncIterator[bool]:
+async def exclusive(path: Path, wait_s: float, what: str,
+                    waiting: Callable[[], None] | None = None) -> AsyncIterator[bool]:  # fmt: skip
     """Hold the lock at ``path`` for the block; yields False when going ahead without it (the folder
-    can't hold a lock file, or ``wait_s`` ran out)."""
+    can't hold a lock file, or ``wait_s`` ran out). ``waiting`` is told when another process holds it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -44,7 +45,7 @@ async def exclusive(path: Path, wait_s: float, what: str) -> AsyncIterator[bool]
         yield False
         return
     try:
-        held = await _acquire(fd, wait_s, what)
+        held = await _acquire(fd, wait_s, what, waiting)
         try:
             yield held
         finally:
@@ -54,7 +55,7 @@ async def exclusive(path: Path, wait_s: float, what: str) -> AsyncIterator[bool]
         os.close(fd)
 
 
-async def _acquire(fd: int, wait_s: float, what: str) -> bool:
+async def _acquire(fd: int, wait_s: float, what: str, waiting: Callable[[], None] | None) -> bool:
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
@@ -65,6 +66,8 @@ async def _acquire(fd: int, wait_s: float, what: str) -> bool:
             pass
         if not announced:
             logger.info("decision %s: another API-server process is doing it; waiting for its result", what)
+            if waiting is not None:
+                waiting()
             announced = True
         if time.monotonic() >= deadline:
             logger.warning("decision %s: waited %g s for another API-server process (%sSTARTUP_WAIT); "
@@ -75,12 +78,13 @@ async def _acquire(fd: int, wait_s: float, what: str) -> bool:
 
 async def once_per_server(directory: Path, key: dict[str, Any], kind: str, wait_s: float,
                           produce: Callable[[], Awaitable[dict[str, Any]]],
-                          reusable: Callable[[dict[str, Any]], bool]) -> tuple[dict[str, Any], bool]:  # fmt: skip
+                          reusable: Callable[[dict[str, Any]], bool],
+                          waiting: Callable[[], None] | None = None) -> tuple[dict[str, Any], bool]:  # fmt: skip
     """The record of ``kind`` for ``key``, and whether it was loaded: a saved record that ``reusable``
     accepts (made by another API-server process of this server, or for calibration by an earlier
     run), else one ``produce`` makes now and saves for the others. Under the lock, so one process
-    produces while the others wait."""
-    async with exclusive(store.lock_path(directory, key, kind), wait_s, kind):
+    produces while the others wait (``waiting`` is told when this one waits)."""
+    async with exclusive(store.lock_path(directory, key, kind), wait_s, kind, waiting):
         saved = store.load(directory, key, kind)
         if saved is not None and reusable(saved):
             return saved, True

@@ -31,16 +31,16 @@ class OverLimitError(DecisionError):
     apart only so the decision metrics can count it as ``over_limit`` (metrics.py)."""
 
 
+STARTING = "decisions are starting"
+
+
 class NotReadyError(DecisionError):
-    """Startup work (self-check, calibration) has not finished; the client should retry."""
+    """Startup work (self-check, calibration) has not finished; the client should retry. The message says
+    which step is running and how far along it is (readiness.py); ``retry_after`` fits the time left."""
 
-    retry_after = 5
-
-    def __init__(self) -> None:
-        super().__init__(
-            "decision server is starting (self-check / calibration in progress); retry shortly",
-            HTTPStatus.SERVICE_UNAVAILABLE,
-        )
+    def __init__(self, message: str = f"{STARTING}; retry shortly", retry_after: int = 5) -> None:
+        super().__init__(message, HTTPStatus.SERVICE_UNAVAILABLE)
+        self.retry_after = retry_after
 
 
 class EngineBusyError(DecisionError):

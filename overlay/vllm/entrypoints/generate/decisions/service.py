@@ -22,10 +22,11 @@ from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .corrections import Asked, Calibrated, Corrections
 from .debias import read_question
-from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
+from .errors import DecisionError, EngineBusyError, OverLimitError
 from .metrics import record_questions, record_temperatures
 from .questions import CompiledQuestion
 from .read_context import ReadContext
+from .readiness import CALIBRATION, SELF_CHECK, Readiness
 from .registry import backend_class, backend_names, failures_note
 from .reports import AuditRecord, BackendReport
 from .request import DecisionRequest
@@ -37,7 +38,8 @@ logger = init_logger(__name__)
 
 class DecisionService:
     def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str,
-                 starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None) -> None:  # fmt: skip
+                 starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None,
+                 readiness: Readiness | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.backend = backend
         # Other registered backends, built with their defaults the first time a request names one.
@@ -47,25 +49,27 @@ class DecisionService:
         # (startup.py passes the once-per-server start; alone, the backend's own start hook).
         self.starter = starter or (lambda chosen: chosen.start())
         self.served_model = served_model
-        self.ready = False
-        # Why startup failed, when it did: requests then get 503 with this reason.
-        self.unavailable: str | None = None
+        # Whether requests can be answered yet; while not, what startup is doing (or why it failed).
+        self.readiness = readiness or Readiness()
         configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
         self.temperatures = Temperatures(configured or DEFAULT)
         self.corrections = Corrections(settings.prior, settings.prior_cache)
 
     async def start(self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None) -> None:
-        """Startup work: the backend's own checks, then (unless a temperature is configured) calibration.
-        Requests get 503 until this finishes; if the backend's checks fail, 503 with the reason."""
+        """Startup work: the backend's own checks, then (unless a temperature is configured) calibration,
+        each a step of ``self.readiness`` (startup.py hands it to calibration for its progress). Requests
+        get 503 naming the step until this finishes; if anything in it fails, 503 with the reason."""
         try:
+            self.readiness.begin(SELF_CHECK)
             await self.starter(self.backend)
+            if calibrate is not None and self.temperatures.server.source == "default":
+                self.readiness.begin(CALIBRATION)
+                calibrated = await calibrate()
+                self.temperatures, self.corrections.reads = calibrated.temperatures, calibrated.reads
         except Exception as exc:
-            self.unavailable = str(exc) or type(exc).__name__
+            self.readiness.fail(str(exc) or type(exc).__name__)
             raise
-        if calibrate is not None and self.temperatures.server.source == "default":
-            calibrated = await calibrate()
-            self.temperatures, self.corrections.reads = calibrated.temperatures, calibrated.reads
-        self.ready = True
+        self.readiness.succeed()
         record_temperatures(self.temperatures)  # metrics.py: the temperature gauges
         logger.info("decisions ready: backend=%s, %s", self.backend.name, self.temperatures.describe())
 
@@ -99,10 +103,7 @@ class DecisionService:
         calibration temperature, ``debias`` VLLM_TYPED_DECISIONS_DEBIAS, ``prior`` ..._PRIOR; ``seed``
         reaches backends whose reads draw randomness.
         """
-        if self.unavailable is not None:
-            raise DecisionError(f"decisions are unavailable: {self.unavailable}", HTTPStatus.SERVICE_UNAVAILABLE)
-        if not self.ready:
-            raise NotReadyError()
+        self.readiness.check()
         self.check_limits(request)
         chosen = await self.backend_named(request.backend)
         overrides = dict(request.backend_options) if request.backend_options else None
@@ -112,15 +113,11 @@ class DecisionService:
                       (overrides or {}).get(layout_option) if layout_option else None)  # fmt: skip
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
+        contexts = [ReadContext(request.state, request.state_sha256, f"{request.request_id}-{i}", options)
+                    for i in range(len(request.questions))]  # fmt: skip
         reads = (
-            self._answer(
-                chosen,
-                question,
-                ReadContext(request.state, request.state_sha256, f"{request.request_id}-{i}", options),
-                request.temperature,
-                asked,
-            )  # fmt: skip
-            for i, question in enumerate(request.questions)
+            self._answer(chosen, question, context, request.temperature, asked)
+            for question, context in zip(request.questions, contexts, strict=True)
         )
         results = await gather_or_cancel(reads)
         record_questions(results, chosen.name)  # metrics.py: questions, refusals, option mass

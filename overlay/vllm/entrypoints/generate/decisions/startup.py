@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from .errors import BackendUnavailable
 from .host import VllmHost
 from .metrics import init_metrics
 from .plugins import load_plugins
+from .readiness import Readiness
 from .registry import backend_names, backend_options, choose_backend
 from .service import DecisionService
 from .settings import Settings
@@ -67,8 +69,10 @@ def build_service(engine_client: EngineClient, args: Namespace) -> tuple[Decisio
     backend_cls = choose_backend(settings.backend, host.architectures)
     backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
     model = deployment(engine_client, host.served_model)
+    readiness = Readiness()
     service = DecisionService(settings, backend, host.served_model,
-                              starter=lambda chosen: start_backend_once(chosen, settings, model))  # fmt: skip
+                              starter=lambda chosen: start_backend_once(chosen, settings, model, readiness.waiting),
+                              readiness=readiness)  # fmt: skip
     logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", backend.name,
                 "configured" if settings.backend.name else "chosen for the model", host.architectures,
                 ", ".join(backend_names()))  # fmt: skip
@@ -94,9 +98,11 @@ def deployment(engine_client: EngineClient, served_model: str) -> dict[str, Any]
     }
 
 
-async def start_backend_once(backend: DecisionBackend, settings: Settings, model: dict[str, Any]) -> None:
+async def start_backend_once(backend: DecisionBackend, settings: Settings, model: dict[str, Any],
+                             waiting: Callable[[], None] | None = None) -> None:  # fmt: skip
     """Start ``backend`` once per server: one API-server process runs its start hook and the others adopt
-    the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too."""
+    the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too.
+    ``waiting`` is told when this process waits for another's start (readiness.py)."""
     key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args),
            "min_option_mass": settings.min_option_mass}  # fmt: skip
 
@@ -108,7 +114,7 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
         return {"facts": shareable(backend, facts), "run": run_id()}
 
     record, loaded = await once_per_server(Path(settings.calibration_dir), key, "startup", settings.startup_wait,
-                                           started, this_run)  # fmt: skip
+                                           started, this_run, waiting)  # fmt: skip
     if "failure" in record:
         raise BackendUnavailable(record["failure"])
     if loaded and record["facts"] is None:
@@ -129,12 +135,12 @@ def shareable(backend: DecisionBackend, facts: BaseModel | None) -> dict[str, An
 
 async def start_service(service: DecisionService, model: dict[str, Any]) -> None:
     """The startup work: the backend's start (once per server), then calibration unless T is configured.
-    A failure is logged, never raised: requests then get 503 with the reason (``service.unavailable``)."""
+    A failure is logged, never raised: requests then get 503 with the reason (``service.readiness``)."""
     from .calibration.run import startup_calibration
     from .corrections import Calibrated
 
     async def calibrate() -> Calibrated:
-        return await startup_calibration(service.backend, service.settings, model)
+        return await startup_calibration(service.backend, service.settings, model, service.readiness)
 
     try:
         await service.start(calibrate)

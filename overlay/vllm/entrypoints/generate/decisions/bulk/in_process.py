@@ -69,8 +69,8 @@ class Decisions:
             args = Namespace(model=engine_client.model_config.model, served_model_name=served_model and [served_model])
         service, model = build_service(engine_client, args)
         await start_service(service, model)
-        if service.unavailable is not None:
-            raise RuntimeError(f"decisions are unavailable on this model: {service.unavailable}")
+        if service.readiness.failure is not None:
+            raise RuntimeError(f"decisions are unavailable on this model: {service.readiness.failure}")
         return cls(service)
 
     async def decide(self, body: Any, url: str = "/v1/decisions", request_id: str | None = None) -> Result:

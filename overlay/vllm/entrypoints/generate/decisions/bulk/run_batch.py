@@ -187,9 +187,9 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
     if service is None:
         raise SystemExit("decision batch: this model serves no decisions (it supports neither generate nor "
                          "token_classify)")  # fmt: skip
-    await state.decision_startup
-    if service.unavailable is not None:
-        raise SystemExit(f"decision batch: decisions are unavailable on this model: {service.unavailable}")
+    await service.readiness.settled()
+    if service.readiness.failure is not None:
+        raise SystemExit(f"decision batch: decisions are unavailable on this model: {service.readiness.failure}")
     source, target = Path(args.input_file), Path(args.output_file)
     if not source.is_file():
         raise SystemExit(f"decision batch: {args.input_file} is not a local file (decision batches are streamed "

@@ -26,6 +26,7 @@ from ..deployment_lock import once_per_server, run_id, this_run
 from ..errors import DecisionError
 from ..prior import AUTO, PriorCache, uses_content_free
 from ..read_context import ReadContext
+from ..readiness import ESTIMATE_AFTER, Readiness
 from ..settings import NO_DEBIAS, Debias, Settings
 from . import bias, by_type, question_file, results
 from .maths import calibrate
@@ -39,10 +40,11 @@ MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
 async def measure(backend: DecisionBackend, questions: question_file.QuestionFile, debias: Debias = NO_DEBIAS,
-                  correction: Correction = NO_CORRECTION, options: Any = None) -> tuple[list[Any], list[str]]:  # fmt: skip
+                  correction: Correction = NO_CORRECTION, options: Any = None,
+                  progress: Readiness | None = None) -> tuple[list[Any], list[str]]:  # fmt: skip
     """Each question's reading, read as requests are (``debias``, the backend's ``options``; with
     ``correction``'s content-free reads when it asks for them), ``CONCURRENCY`` questions at a time;
-    failed reads are skipped."""
+    failed reads are skipped. Each question read, answered or not, advances ``progress``."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(index: int, item: question_file.LabelledQuestion) -> Any:
@@ -53,6 +55,9 @@ async def measure(backend: DecisionBackend, questions: question_file.QuestionFil
             except DecisionError as exc:
                 logger.debug("calibration question %s skipped: %s", item.id, exc.message)
                 return item, None
+            finally:
+                if progress is not None:
+                    progress.advance()
 
     reads = await asyncio.gather(*(one(i, q) for i, q in enumerate(questions.questions)))
     answered = [(item, reading) for item, reading in reads if reading is not None]
@@ -60,9 +65,11 @@ async def measure(backend: DecisionBackend, questions: question_file.QuestionFil
     return answered, skipped
 
 
-async def startup_calibration(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any]) -> Calibrated:
+async def startup_calibration(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any],
+                              progress: Readiness | None = None) -> Calibrated:  # fmt: skip
     """The temperatures this server applies by default (server-wide and per question type) and each
-    type's prior correction, measured (or loaded) now."""
+    type's prior correction, measured (or loaded) now; ``progress`` hears how far the reads are, or
+    that another API-server process is doing them."""
     if settings.calibration == "off":
         return Calibrated(Temperatures(DEFAULT))
     source = question_file.BUNDLED if settings.calibration == "on" else settings.calibration
@@ -76,7 +83,8 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
            "scheme": results.SCHEME, "debias": str(settings.debias), "prior": settings.prior}  # fmt: skip
     record, loaded = await once_per_server(
         Path(settings.calibration_dir), key, "calibration", settings.startup_wait,
-        lambda: measure_and_fit(backend, questions, settings.debias, settings.prior), reusable,
+        lambda: measure_and_fit(backend, questions, settings.debias, settings.prior, progress), reusable,
+        progress.waiting if progress is not None else None,
     )  # fmt: skip
     if "failed" in record:
         if loaded:
@@ -102,7 +110,8 @@ def reusable(saved: dict[str, Any]) -> bool:
 
 
 async def measure_and_fit(backend: DecisionBackend, questions: question_file.QuestionFile,
-                          debias: Debias = NO_DEBIAS, prior: str = "off") -> dict[str, Any]:  # fmt: skip
+                          debias: Debias = NO_DEBIAS, prior: str = "off",
+                          progress: Readiness | None = None) -> dict[str, Any]:  # fmt: skip
     """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
     server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set.
     Each label layout the backend has is read and compared per type (bias.choose_layout)."""
@@ -113,11 +122,12 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     cache = PriorCache(len(questions.questions) * len(layouts))
     correction = Correction("content-free", cache) if content_free else NO_CORRECTION
     by_layout: dict[str | None, list[Any]] = {}
+    announce(len(questions.questions), layouts, progress)
     for layout in layouts:
         if layout is not None:
             logger.info("decision calibration: reading %d questions with %s labels", len(questions.questions), layout)
         options = backend.with_layout(backend.options, layout)
-        by_layout[layout], _ = await measure(backend, questions, debias, correction, options)
+        by_layout[layout], _ = await measure(backend, questions, debias, correction, options, progress)
         if len(by_layout[layout]) < MIN_ANSWERED:
             return failed(f"only {len(by_layout[layout])} of {len(questions.questions)} questions were answered "
                           f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""))  # fmt: skip
@@ -146,6 +156,20 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     record = CalibrationRecord.of(result, fits, reads, questions, len(answered), skipped,
                                   time.monotonic() - started)  # fmt: skip
     return record.model_dump(mode="json")
+
+
+def announce(questions: int, layouts: tuple[str | None, ...], progress: Readiness | None) -> None:
+    """The line that says calibration has started, what it reads and (once its first reads tell) how
+    long it takes: progress lines follow every ``readiness.LOG_EVERY_S`` seconds."""
+    reads = questions * len(layouts)
+    named = [layout for layout in layouts if layout is not None]
+    how = f"{questions} questions in {len(named)} label layouts ({', '.join(named)}), {reads} reads in all"
+    if not named:
+        how = f"{reads} questions"
+    logger.info("decision calibration: reading %s; time left unknown until the first %d reads", how,
+                min(ESTIMATE_AFTER, reads))  # fmt: skip
+    if progress is not None:
+        progress.count(reads, "questions read")
 
 
 def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQuestion, DebiasedReading]]],
