@@ -35,6 +35,9 @@ def test_plugins_load_and_the_architecture_claim_picks_the_plugin_backend(plugin
     for plugin in ("backend plain-letters", "backend faulty", "question type sentiment"):
         assert plugin in loaded
     assert "backend plain-letters (chosen for the model)" in log
+    # The test plugin keeps the read(state, question, request_id, options) it was written with: it works
+    # (the answers below), and the operator is told it is deprecated.
+    assert "decision backend 'plain-letters' implements the deprecated read(state, question, request_id" in log
 
 
 @pytest.mark.parametrize("backend", [None, "logit"])

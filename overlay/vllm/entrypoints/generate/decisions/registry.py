@@ -18,9 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, overload
 
+from vllm.logger import init_logger
+
 from .backends import BUILT_IN, DecisionBackend, built_in_backend
 from .questions import CHOICE, NOUL, SCORE, QuestionType
 from .settings import PREFIX, BackendSpec, SettingsError
+
+logger = init_logger(__name__)
 
 # Names OpenAI's format gives a meaning of its own; no plugin may take them.
 RESERVED_TYPE_NAMES = frozenset({"predicate", "refusal"})
@@ -68,6 +72,10 @@ class Registry:
             if current is not cls:
                 raise ValueError(f"backend name {name!r} is already taken by {self._describe(current)}; "
                                  "register with override=True to replace it on purpose")  # fmt: skip
+        if cls.legacy_read:  # Python hides the class's DeprecationWarning by default: the operator reads this
+            logger.warning("decision backend %r implements the deprecated read(state, question, request_id, "
+                           "options); it works, but should move to read(question, context) "
+                           "(backends/README.md)", name)  # fmt: skip
         self._backends[name] = cls
         return cls
 
