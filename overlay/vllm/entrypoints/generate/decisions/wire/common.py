@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from ..errors import NotReadyError
@@ -94,14 +92,20 @@ def decision_service(raw_request: Request) -> DecisionService:
     return service
 
 
-def json_response(body: BaseModel) -> Response:
-    """A response model as JSON, without the fields left unset (optional blocks not sent); a NaN or
-    infinity, which JSON lacks, as null."""
-    return Response(body.model_dump_json(exclude_unset=True), media_type="application/json")
+# A request's engine reads are "decision-<request id>-<question>[-r<reading>]...", so its reads can be
+# found in vLLM's request log by the request's X-Request-Id.
+ENGINE_ID_PREFIX = "decision-"
 
 
-def response_id(prefix: str) -> tuple[str, int]:
-    return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+def engine_request_id(request_id: str) -> str:
+    """The engine request id a request's reads start from; the serving entries receive this one."""
+    return ENGINE_ID_PREFIX + request_id
+
+
+def response_id(prefix: str, engine_id: str) -> tuple[str, int]:
+    """The response's id and creation time: the request's own id under the wire's prefix
+    (``decisions-<id>``), as vLLM names a chat completion ``chatcmpl-<request id>``."""
+    return f"{prefix}-{engine_id.removeprefix(ENGINE_ID_PREFIX)}", int(time.time())
 
 
 def inline(schema: dict[str, Any]) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def answer_of(answer: Answer, detail: str) -> JevAnswer:
     return result
 
 
-def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> SystemOneResponse:
+def response(request: SystemOneRequest, ids: list[str], decision: Decision, request_id: str) -> SystemOneResponse:
     answers: dict[str, JevAnswer] = {}
     failures: dict[str, str] = {}
     for question_id, result in zip(ids, decision.results, strict=True):
@@ -135,7 +135,7 @@ def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> S
             answers[question_id] = answer_of(result, request.extra.detail)
         else:
             failures[question_id] = result.error.message
-    id_, created = response_id("systemone")
+    id_, created = response_id("systemone", request_id)
     body = SystemOneResponse(
         id=id_,
         created=created,
@@ -153,4 +153,4 @@ async def create_systemone(service: DecisionService, request: SystemOneRequest, 
         state, ids, questions = compiled(request)
     where = [f"questions.{question_id}" for question_id in ids]
     decision = await decide(service, request.extra, state, questions, where, request_id)
-    return response(request, ids, decision)
+    return response(request, ids, decision, request_id)

@@ -162,14 +162,16 @@ def answer_of(name: str | None, answer: Answer, detail: str) -> AnyAnswer:
     return result
 
 
-def response(request: DecisionsRequest, names: list[str | None], decision: Decision) -> DecisionsResponse:
+def response(
+    request: DecisionsRequest, names: list[str | None], decision: Decision, request_id: str
+) -> DecisionsResponse:
     answers: list[AnyAnswer | Refusal] = []
     for name, result in zip(names, decision.results, strict=True):
         if isinstance(result, Answer):
             answers.append(answer_of(name, result, request.extra.detail))
         else:
             answers.append(Refusal(type="refusal", name=name, extra=RefusalExtra(error=result.error.message)))
-    id_, created = response_id("decisions")
+    id_, created = response_id("decisions", request_id)
     input_tokens = decision.input_tokens
     return DecisionsResponse(
         model=decision.served_model,
@@ -190,4 +192,4 @@ async def create_decision(service: DecisionService, request: DecisionsRequest, r
         state, names, questions = compiled(request)
     where = [f"questions[{i}]" for i in range(len(questions))]
     decision = await decide(service, request.extra, state, questions, where, request_id)
-    return response(request, names, decision)
+    return response(request, names, decision, request_id)
