@@ -226,3 +226,28 @@ async def test_requests_through_the_routes_are_counted_per_endpoint(registry):
     assert value(registry, "vllm:decision_questions_total", endpoint="/api/alpha/decisions", **choice_) == 1
     latency = {"endpoint": "/v1/systemone", "outcome": "ok"}
     assert value(registry, "vllm:decision_request_latency_seconds_count", **latency) == 1
+
+
+async def test_a_client_that_leaves_is_counted_as_cancelled(registry):
+    app = FastAPI()
+    register_decisions_api_router(app)
+    backend = ScriptedBackend(lambda q: [0.0] * len(q.options), delay=5)
+    app.state.decision_service = service = DecisionService(Settings.from_env({}), backend, MODEL)
+    await service.start()
+    body = b'{"model": "m", "input": "s", "questions": [{"type": "predicate", "instructions": "Urgent?"}]}'
+    messages = iter([{"type": "http.request", "body": body, "more_body": False}, {"type": "http.disconnect"}])
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        await asyncio.sleep(0.05)
+        return next(messages)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/decisions", "raw_path": b"/v1/decisions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": None, "server": ("unit", 80)}  # fmt: skip
+    await asyncio.wait_for(app(scope, receive, send), timeout=3)  # the read was cancelled, not awaited
+    assert value(registry, "vllm:decision_requests_total", endpoint="/v1/decisions", outcome="cancelled") == 1
+    assert value(registry, "vllm:decision_requests_total", endpoint="/v1/decisions", outcome="server_error") == 0

@@ -74,7 +74,7 @@ async def test_the_service_passes_each_question_its_own_context():
 
     service = DecisionService(Settings.from_env({}), Recording(lambda q: [0.0, -1.0]), "m")
     service.readiness.succeed()
-    await service.decide(ask("the input", [choice("a", "b"), choice("c", "d")], "decision-abc", debias="off"))
+    await service.decide(ask("the input", [choice("a", "b"), choice("c", "d")], "abc", debias="off"))
     assert sorted(c.request_id for c in seen) == ["decision-abc-0", "decision-abc-1"]
     assert {c.state_sha256 for c in seen} == {sha256_of("the input")}
 

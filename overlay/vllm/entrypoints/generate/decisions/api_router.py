@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The decision endpoints on vLLM's app: each wire format's router (``wire/*/api_router.py``), and
-``GET /v1/models`` with the ``models`` list the TypeSafe SDK reads beside OpenAI's ``data``."""
+``GET /v1/models`` with the ``models`` list the TypeSafe SDK reads beside OpenAI's ``data``; and the
+wire that answers each decision path, for bulk (:func:`wire_at`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import time
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from .paths import DECISION_PATHS
+from .wire.handling import Wire
+from .wire.jev.api_router import JEV
 from .wire.jev.api_router import router as jev_router
+from .wire.openai.api_router import OPENAI
 from .wire.openai.api_router import router as openai_router
 
 models_router = APIRouter()
@@ -33,6 +38,14 @@ async def list_models(raw_request: Request) -> Response:
         for card in listing["data"]
     ]
     return JSONResponse(listing)
+
+
+def wire_at(path: str) -> Wire:
+    """The wire format that answers ``path``, one of the decision paths."""
+    for wire in (OPENAI, JEV):
+        if path in wire.paths:
+            return wire
+    raise ValueError(f"{path!r}: not a decision endpoint ({', '.join(DECISION_PATHS)})")
 
 
 def register_decisions_api_router(app: FastAPI) -> None:

@@ -17,10 +17,10 @@ from starlette.types import Receive, Scope, Send
 
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
+from .paths import DECISION_PATHS
+
 # The request scope key holding the verdict: True or False when a key is required, absent otherwise.
 AUTHORIZED = "vllm.decisions.authorized"
-
-DECISION_PATHS = frozenset({"/v1/decisions", "/v1/systemone", "/api/alpha/decisions"})
 
 
 class DecisionAuthentication(AuthenticationMiddleware):

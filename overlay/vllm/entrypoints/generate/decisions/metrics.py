@@ -35,12 +35,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from .answers import Answer, Failure
 from .errors import DecisionError, EngineBusyError, NotReadyError, OverLimitError
+from .paths import DECISION_PATHS
 
 if TYPE_CHECKING:
     from .calibration.temperature import Temperatures
 
 # The endpoint label: the route's path; anything else (a route added later) is "other".
-ENDPOINTS = ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions")
+ENDPOINTS = DECISION_PATHS
 OTHER = "other"
 
 # A request's outcome, from its HTTP status; "cancelled": the client left before the answer.

@@ -26,7 +26,8 @@ class DecisionRequest:
     """The input text (``state``) and its questions, with what the client asked of the reading.
 
     ``names`` say how the wire names each question in messages (``questions[0]``, ``questions.urgent``);
-    ``request_id`` is the one id of this request (the engine's read ids start with it). The optional
+    ``request_id`` is the one id of this request (the client's ``X-Request-Id``, or a new one): the
+    response's id and the engine's read ids (``decision-<id>-<question>...``) are made from it. The optional
     fields are the ``extra`` block's: None means the server's setting.
     """
 

@@ -113,7 +113,8 @@ class DecisionService:
                       (overrides or {}).get(layout_option) if layout_option else None)  # fmt: skip
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
-        contexts = [ReadContext(request.state, request.state_sha256, f"{request.request_id}-{i}", options)
+        # Engine request ids: decision-<request id>-<question>, so vLLM's request log shows whose reads they are.
+        contexts = [ReadContext(request.state, request.state_sha256, f"decision-{request.request_id}-{i}", options)
                     for i in range(len(request.questions))]  # fmt: skip
         reads = (
             self._answer(chosen, question, context, request.temperature, asked)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The decision endpoints called in process: the server's own routes, validation, decision service and
-error bodies, with no server, socket or HTTP client in between.
+"""The decision endpoints called in process: each wire's own validation, decision service and error
+bodies (wire/handling.py, the code the HTTP route runs), with no server, socket, HTTP client or
+simulated HTTP request in between.
 
 For notebooks and pipelines that hold a vLLM engine (``AsyncLLM``) and for ``vllm run-batch``: a
 request body in, the status and JSON body the server would have answered out.
@@ -9,23 +10,21 @@ request body in, the status and JSON body the server would have answered out.
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
 from argparse import Namespace
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI
-
 from vllm.engine.protocol import EngineClient
 
-from ..api_router import register_decisions_api_router
-from ..routing import REQUEST_ID_HEADER
+from ..api_router import wire_at
+from ..body import decode_body, parse_json
+from ..errors import DecisionError
+from ..metrics import observed_route
+from ..paths import DECISIONS
 from ..service import DecisionService
 from ..startup import build_service, start_service
-
-DECISION_URLS = ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions")
+from ..wire.handling import Reply, new_request_id
 
 
 @dataclass(frozen=True)
@@ -55,9 +54,6 @@ class Decisions:
 
     def __init__(self, service: DecisionService) -> None:
         self.service = service
-        self.app = FastAPI()
-        register_decisions_api_router(self.app)
-        self.app.state.decision_service = service
 
     @classmethod
     async def start(cls, engine_client: EngineClient, served_model: str | None = None,
@@ -73,19 +69,32 @@ class Decisions:
             raise RuntimeError(f"decisions are unavailable on this model: {service.readiness.failure}")
         return cls(service)
 
-    async def decide(self, body: Any, url: str = "/v1/decisions", request_id: str | None = None) -> Result:
-        """One request: ``body`` as JSON text or bytes (parsed as strictly as the server does) or an
-        already-parsed value; ``url`` names the wire format."""
-        if url not in DECISION_URLS:
-            raise ValueError(f"url {url!r}: not a decision endpoint ({', '.join(DECISION_URLS)})")
-        raw = (
-            body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
-        )
-        request_id = request_id or uuid.uuid4().hex
-        status, payload = await call(self.app, url, raw, request_id)
-        return Result(status, json.loads(payload) if payload else None, request_id)
+    async def decide(self, body: Any, url: str = DECISIONS, request_id: str | None = None,
+                     source: bytes | None = None) -> Result:  # fmt: skip
+        """One request: ``body`` as JSON text or bytes (size-limited and parsed as strictly as the server
+        does) or an already-parsed value; ``url`` names the wire format. ``request_id`` (else a new one)
+        is the request's one id, as a route's X-Request-Id: its engine reads and its response's id
+        derive from it. ``source``: the bytes ``body`` was already parsed from (run-batch: its line);
+        ``body`` is then the parsed value whatever its type, and ``source`` is held to the body size
+        limit as the server holds a body."""
+        wire = wire_at(url)
+        request_id = request_id or new_request_id()
+        limit = self.service.settings.max_body_bytes
 
-    async def decide_many(self, bodies: Iterable[Any], url: str = "/v1/decisions",
+        async def answer(value: Any) -> Reply:
+            try:
+                if source is not None:
+                    decode_body(source, None, limit)
+                elif isinstance(value, str | bytes):
+                    value = parse_json(decode_body(value.encode() if isinstance(value, str) else value, None, limit))
+            except DecisionError as exc:
+                return wire.refusal(exc)
+            return await wire.answer(lambda: self.service, value, request_id)
+
+        reply = await observed_route(url, answer)(body)  # metrics.py: counted and timed as the route is
+        return Result(reply.status_code, reply.json(), request_id)
+
+    async def decide_many(self, bodies: Iterable[Any], url: str = DECISIONS,
                           in_flight: int = 64) -> AsyncIterator[Result]:  # fmt: skip
         """Every body's result, in order, with at most ``in_flight`` requests at the engine at once."""
         window: list[asyncio.Task[Result]] = []
@@ -95,33 +104,3 @@ class Decisions:
                 yield await window.pop(0)
         while window:
             yield await window.pop(0)
-
-
-async def call(app: FastAPI, path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
-    """POST ``body`` to ``path`` on ``app`` through ASGI; the status and response body."""
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": None,
-        "server": ("in-process", 0),
-        "headers": [(b"content-type", b"application/json"), (REQUEST_ID_HEADER.lower().encode(), request_id.encode())],
-    }  # fmt: skip
-    delivered = False
-    status, chunks = 500, []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # no disconnect: the caller waits for its answer
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    return status, b"".join(chunks)

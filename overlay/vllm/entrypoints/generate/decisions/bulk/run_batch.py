@@ -2,12 +2,13 @@
 """``vllm run-batch`` with typed decisions on (patches/api-router-wire).
 
 Decision lines (``url`` ``/v1/decisions``, ``/v1/systemone`` or ``/api/alpha/decisions``) are answered
-by the server's own routes, called in process (in_process.py): the same answers, refusals and error
-bodies as ``vllm serve``. Every other line goes to vLLM's own run-batch handlers. Unlike stock
-run-batch, the file is streamed: lines are read, answered and written as they go, at most
-``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once and ``VLLM_TYPED_DECISIONS_BULK_WINDOW`` read ahead,
-so memory stays flat however long the file; and a rerun with the same output file skips what is
-already there (batch_file.py).
+in process (in_process.py) by the wire handling the server's routes run: the same answers, refusals
+and error bodies as ``vllm serve``. Each line's body is passed on as parsed from the line, and each
+line gets one request id, which its output line and its response's id both carry. Every other line
+goes to vLLM's own run-batch handlers. Unlike stock run-batch, the file is streamed: lines are read,
+answered and written as they go, at most ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once and
+``VLLM_TYPED_DECISIONS_BULK_WINDOW`` read ahead, so memory stays flat however long the file; and a
+rerun with the same output file skips what is already there (batch_file.py).
 
 The lines read ahead are submitted grouped by their input (ReadAhead), so lines about one input reach
 the engine together and share its prefill while it is in the prefix cache, however far apart they are
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from argparse import Namespace
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -37,8 +37,10 @@ from vllm.logger import init_logger
 
 from ..body import parse_json
 from ..errors import DecisionError
+from ..paths import DECISION_PATHS, DECISIONS
+from ..wire.handling import new_request_id
 from .batch_file import Writer, lines, output_line, resume
-from .in_process import DECISION_URLS, Decisions
+from .in_process import Decisions
 
 logger = init_logger(__name__)
 
@@ -104,7 +106,7 @@ class Line:
         body = self.record.get("body") if self.record is not None else None
         if not isinstance(body, dict):
             return ""
-        field = "input" if self.record and self.record["url"] == "/v1/decisions" else "state"
+        field = "input" if self.record and self.record["url"] == DECISIONS else "state"
         return json.dumps(body.get(field), sort_keys=True)[:4096]
 
 
@@ -148,7 +150,7 @@ class DecisionBatch:
         self.progress = progress
 
     async def answer(self, line: Line) -> None:
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()  # the line's one id: its output line's and its response's
         status, body, error, custom_id = await self.answer_line(line, request_id)
         self.writer.write(output_line(line.number, request_id, custom_id, status, body, error))
         self.tally.count(status, body)
@@ -162,13 +164,13 @@ class DecisionBatch:
         if record is None:
             return None, None, {"code": "invalid_line", "message": line.problem}, None
         custom_id, url = record.get("custom_id"), record["url"]
-        if url not in DECISION_URLS:
+        if url not in DECISION_PATHS:
             try:
                 stock = self.others(url, line.text)
             except ValueError as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
                 return HTTPStatus.BAD_REQUEST, None, {"code": "invalid_line", "message": str(exc)}, custom_id
             if stock is None:
-                message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_URLS)})"
+                message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_PATHS)})"
                 return None, None, {"code": "unsupported_url", "message": message}, custom_id
             out = json.loads((await stock).model_dump_json())
             response = out.get("response") or {}
@@ -176,7 +178,9 @@ class DecisionBatch:
         if record.get("method", "POST") != "POST":
             message = f"line {line.number}: only POST is supported"
             return None, None, {"code": "invalid_method", "message": message}, custom_id
-        result = await self.decisions.decide(json.dumps(record["body"]), url, request_id)
+        # The body as parsed from the line (as strictly as the server parses one); the line is held to
+        # the body size limit.
+        result = await self.decisions.decide(record["body"], url, request_id, source=line.text.encode())
         return result.status, result.body, None, custom_id
 
 

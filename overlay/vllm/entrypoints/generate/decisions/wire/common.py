@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from ..answers import Answer, Decision
@@ -94,14 +92,10 @@ def decision_service(raw_request: Request) -> DecisionService:
     return service
 
 
-def json_response(body: BaseModel) -> Response:
-    """A response model as JSON, without the fields left unset (optional blocks not sent); a NaN or
-    infinity, which JSON lacks, as null."""
-    return Response(body.model_dump_json(exclude_unset=True), media_type="application/json")
-
-
-def response_id(prefix: str) -> tuple[str, int]:
-    return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+def response_id(prefix: str, request_id: str) -> tuple[str, int]:
+    """The response's id and creation time: the request's own id under the wire's prefix
+    (``decisions-<id>``), as vLLM names a chat completion ``chatcmpl-<request id>``."""
+    return f"{prefix}-{request_id}", int(time.time())
 
 
 def inline(schema: dict[str, Any]) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def answer_of(answer: Answer, detail: str) -> JevAnswer:
     return result
 
 
-def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> SystemOneResponse:
+def response(request: SystemOneRequest, ids: list[str], decision: Decision, request_id: str) -> SystemOneResponse:
     answers: dict[str, JevAnswer] = {}
     failures: dict[str, str] = {}
     for question_id, result in zip(ids, decision.results, strict=True):
@@ -140,7 +140,7 @@ def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> S
             answers[question_id] = answer_of(result, request.extra.detail)
         else:
             failures[question_id] = result.error.message
-    id_, created = response_id("systemone")
+    id_, created = response_id("systemone", request_id)
     body = SystemOneResponse(
         id=id_,
         created=created,
@@ -155,4 +155,4 @@ def response(request: SystemOneRequest, ids: list[str], decision: Decision) -> S
 
 async def create_systemone(service: DecisionService, request: SystemOneRequest, request_id: str) -> SystemOneResponse:
     ids, asked = compiled(request, request_id, service.settings.max_input_chars)
-    return response(request, ids, await decide(service, asked))
+    return response(request, ids, await decide(service, asked), request_id)

@@ -6,38 +6,39 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter
+from fastapi.responses import Response
 
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancellation
 
+from ... import paths
 from ...errors import DecisionError
-from ...routing import decision_route, engine_request_id
+from ...routing import decision_route
 from ...validation import errors_message
-from ..common import decision_service, json_response
+from ..handling import Reply, Wire
 from .protocol import DecisionsRequest, DecisionsResponse
 from .serving import create_decision
 
 
-def openai_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> Response:
+def openai_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> Reply:
     """vLLM's error response; its type named after the status (``BadRequestError``...)."""
     message = exc.message if not body_errors else "invalid request body: " + errors_message(body_errors, True)
     status = HTTPStatus(exc.status)
     kind = "".join(word.capitalize() for word in status.phrase.split()) + "Error"
     error = create_error_response(message, kind, status)
-    return JSONResponse(error.model_dump(), status.value)
+    return Reply(status.value, error.model_dump(mode="json"))
 
 
-router = APIRouter(route_class=decision_route(openai_error))
+OPENAI = Wire(paths=(paths.DECISIONS,), request_model=DecisionsRequest, serve=create_decision,
+              render_error=openai_error)  # fmt: skip
+
+router = APIRouter(route_class=decision_route(OPENAI))
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 500, 503)}
 
 
-@router.post("/v1/decisions", response_model=DecisionsResponse, responses=ERRORS)
-@with_cancellation
-@load_aware_call
-async def create_decisions(request: DecisionsRequest, raw_request: Request) -> Response:
-    decision = await create_decision(decision_service(raw_request), request, engine_request_id(raw_request))
-    return json_response(decision)
+@router.post(paths.DECISIONS, response_model=DecisionsResponse, responses=ERRORS)
+async def create_decisions(request: DecisionsRequest) -> Response:
+    # This signature is what /openapi.json shows; the route class answers the route through OPENAI.
+    raise NotImplementedError("answered by the decision route class (routing.py)")

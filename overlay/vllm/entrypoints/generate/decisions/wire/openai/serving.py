@@ -165,14 +165,16 @@ def answer_of(name: str | None, answer: Answer, detail: str) -> AnyAnswer:
     return result
 
 
-def response(request: DecisionsRequest, names: list[str | None], decision: Decision) -> DecisionsResponse:
+def response(
+    request: DecisionsRequest, names: list[str | None], decision: Decision, request_id: str
+) -> DecisionsResponse:
     answers: list[AnyAnswer | Refusal] = []
     for name, result in zip(names, decision.results, strict=True):
         if isinstance(result, Answer):
             answers.append(answer_of(name, result, request.extra.detail))
         else:
             answers.append(Refusal(type="refusal", name=name, extra=RefusalExtra(error=result.error.message)))
-    id_, created = response_id("decisions")
+    id_, created = response_id("decisions", request_id)
     input_tokens = decision.input_tokens
     return DecisionsResponse(
         model=decision.served_model,
@@ -190,4 +192,4 @@ def response(request: DecisionsRequest, names: list[str | None], decision: Decis
 
 async def create_decision(service: DecisionService, request: DecisionsRequest, request_id: str) -> DecisionsResponse:
     names, asked = compiled(request, request_id, service.settings.max_input_chars)
-    return response(request, names, await decide(service, asked))
+    return response(request, names, await decide(service, asked), request_id)
