@@ -104,6 +104,12 @@ def top(row: list[float]) -> int:
     return max(range(len(row)), key=row.__getitem__)
 
 
+def margin(row: list[float]) -> float:
+    """How far the top option leads the second."""
+    first, second = sorted(row)[-1], sorted(row)[-2]
+    return first - second
+
+
 def test_fp32_reads_leave_the_bf16_grid_and_track_a_full_fp32_run(job, runs):
     bf16 = option_logits(job, runs["bf16"]["exact"])
     exact = option_logits(job, runs["bf16"]["exact_fp32"])
@@ -119,10 +125,16 @@ def test_fp32_reads_leave_the_bf16_grid_and_track_a_full_fp32_run(job, runs):
     # Against a run of the whole model in fp32: closer than bf16 logits, and the same top options.
     drift_bf16 = statistics.mean(abs(a - b) for a, b in zip(differences(bf16), differences(full), strict=True))
     drift_exact = statistics.mean(abs(a - b) for a, b in zip(differences(exact), differences(full), strict=True))
-    agree_bf16 = sum(top(a) == top(b) for a, b in zip(bf16, full, strict=True))
-    agree_exact = sum(top(a) == top(b) for a, b in zip(exact, full, strict=True))
+    # Top options are compared where the full fp32 run decides them by more than the bf16 body drifts: a
+    # near tie there (seen: 0.0125 against a drift of 0.055, on an AVX-512 BF16 CPU) is a coin flip for
+    # any run whose body computes in bf16, fp32 head or not.
+    decisive = [i for i, row in enumerate(full) if margin(row) > drift_bf16]
+    agree_bf16 = sum(top(bf16[i]) == top(full[i]) for i in decisive)
+    agree_exact = sum(top(exact[i]) == top(full[i]) for i in decisive)
     print(f"\nvs full fp32 over {len(full)} questions: mean |diff| bf16 {drift_bf16:.4f}, fp32 reads "
-          f"{drift_exact:.4f}; top option agrees bf16 {agree_bf16}, fp32 reads {agree_exact}")  # fmt: skip
+          f"{drift_exact:.4f}; top option agrees, of {len(decisive)} decided by more than the bf16 drift: "
+          f"bf16 {agree_bf16}, fp32 reads {agree_exact}")  # fmt: skip
+    assert len(decisive) >= len(full) // 2
     assert drift_exact < drift_bf16 and agree_exact >= agree_bf16
 
 
