@@ -112,13 +112,13 @@ def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None
     messages = [r.json()["error"]["message"] for r in starting]
     assert all(5 <= int(r.headers["retry-after"]) <= 15 for r in starting), [r.headers for r in starting]
     waiting = r"waiting for another API-server process's (?P=step)"
-    step = rf"(?P<step>self-check|calibration)(, {waiting}|, \d+ of 300 questions read, .+)?"
+    step = rf"(?P<step>self-check|calibration)(, {waiting}|, \d+ of 300 reads, .+)?"
     assert all(re.fullmatch(rf"decisions are starting(: {step})?; retry shortly", m) for m in messages), messages
     assert any(m.startswith("decisions are starting: calibration") for m in messages), messages
     log = server.log.read_text(errors="replace")
     assert log.count("decision calibration: reading 150 questions in 2 label layouts (letters, words), 300 reads "
                      "in all; time left unknown until the first 8 reads") == 1, "one process calibrates"  # fmt: skip
-    assert re.search(r"decision calibration: 8 of 300 questions read, about \d+ s left", log)
+    assert re.search(r"decision calibration: 8 of 300 reads, about \d+ s left", log)
 
 
 def per_type_fits(server: VllmServer, record: dict) -> None:

@@ -169,7 +169,7 @@ def announce(questions: int, layouts: tuple[str | None, ...], progress: Readines
     logger.info("decision calibration: reading %s; time left unknown until the first %d reads", how,
                 min(ESTIMATE_AFTER, reads))  # fmt: skip
     if progress is not None:
-        progress.count(reads, "questions read")
+        progress.count(reads, "reads")
 
 
 def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQuestion, DebiasedReading]]],
