@@ -44,6 +44,7 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
     state.decision_service = service
     # vLLM's own middleware echoes X-Request-Id under --enable-request-id-headers; the routes do otherwise.
     state.decision_echo_request_id = not getattr(args, "enable_request_id_headers", False)
+    # Held so the task lives on; how it is going is service.readiness's to say.
     state.decision_startup = asyncio.create_task(start_service(service, model))
 
 
