@@ -87,7 +87,7 @@ async def test_only_the_calibrating_process_counts_progress_the_others_say_they_
             break
         await asyncio.sleep(0.01)
     messages = sorted(p.message() for p in progress)
-    assert re.search(r"calibration, \d+ of 200 questions read", messages[0]), messages
+    assert re.search(r"calibration, \d+ of 200 reads", messages[0]), messages
     assert all("waiting for another API-server process's calibration" in m for m in messages[1:]), messages
     await calibrating
     (counted,) = [p.progress for p in progress if p.progress is not None]

@@ -40,20 +40,20 @@ def test_the_message_names_the_step_and_how_far_it_is():
     assert refusal(readiness).message == "decisions are starting: self-check; retry shortly"
     readiness.begin(CALIBRATION)
     assert refusal(readiness).message == "decisions are starting: calibration; retry shortly"
-    readiness.count(300, "questions read")
+    readiness.count(300, "reads")
     readiness.advance(4)
     error = refusal(readiness)
     assert error.message == (
-        "decisions are starting: calibration, 4 of 300 questions read, time left unknown yet; retry shortly"
+        "decisions are starting: calibration, 4 of 300 reads, time left unknown yet; retry shortly"
     )
     assert error.retry_after == 5, "no estimate yet: the default"
     clock.now += 10
     readiness.advance(4)  # 8 in 10 s: 292 more take about 365 s
     error = refusal(readiness)
-    assert "calibration, 8 of 300 questions read, about 365 s left" in error.message
+    assert "calibration, 8 of 300 reads, about 365 s left" in error.message
     assert error.retry_after == 15, "a long wait: the longest Retry-After"
     readiness.advance(284)  # 292 in 10 s: 8 more take about 0.3 s
-    assert "292 of 300 questions read, about 1 s left" in refusal(readiness).message
+    assert "292 of 300 reads, about 1 s left" in refusal(readiness).message
     assert refusal(readiness).retry_after == 5, "never shorter than 5 s"
     clock.now += 2.5
     readiness.advance(8)  # every read done: the fits are computed
@@ -64,11 +64,11 @@ def test_retry_after_follows_the_time_left_between_the_bounds():
     clock = Clock()
     readiness = Readiness(clock)
     readiness.begin(CALIBRATION)
-    readiness.count(20, "questions read")
+    readiness.count(20, "reads")
     clock.now += 10
     readiness.advance(10)  # 1 s each: 10 s left
     assert refusal(readiness).retry_after == 10
-    assert "10 of 20 questions read, about 10 s left" in refusal(readiness).message
+    assert "10 of 20 reads, about 10 s left" in refusal(readiness).message
 
 
 def test_a_process_waiting_for_another_says_so_without_progress():
@@ -80,7 +80,7 @@ def test_a_process_waiting_for_another_says_so_without_progress():
         "decisions are starting: calibration, waiting for another API-server process's calibration; retry shortly"
     )
     assert error.retry_after == 5 and "of" not in error.message.split("calibration, ")[1]
-    readiness.count(10, "questions read")  # its wait ran out: it reads here after all
+    readiness.count(10, "reads")  # its wait ran out: it reads here after all
     assert "waiting" not in refusal(readiness).message
     readiness.begin(SELF_CHECK)
     readiness.waiting()
@@ -109,21 +109,21 @@ def test_progress_is_logged_when_the_estimate_is_first_known_then_at_intervals(m
     clock = Clock()
     readiness = Readiness(clock)
     readiness.begin(CALIBRATION)
-    readiness.count(100, "questions read")
+    readiness.count(100, "reads")
     for _ in range(7):
         clock.now += 1
         readiness.advance()
     assert lines == []
     clock.now += 1
     readiness.advance()  # the 8th: the first estimate
-    assert lines == ["decision calibration: 8 of 100 questions read, about 92 s left"]
+    assert lines == ["decision calibration: 8 of 100 reads, about 92 s left"]
     for _ in range(30):
         clock.now += 1
         readiness.advance()
     assert lines[1:] == [
-        "decision calibration: 18 of 100 questions read, about 82 s left",
-        "decision calibration: 28 of 100 questions read, about 72 s left",
-        "decision calibration: 38 of 100 questions read, about 62 s left",
+        "decision calibration: 18 of 100 reads, about 82 s left",
+        "decision calibration: 28 of 100 reads, about 72 s left",
+        "decision calibration: 38 of 100 reads, about 62 s left",
     ]
     readiness.advance(62)
     assert len(lines) == 4, "no progress line once every read is done"

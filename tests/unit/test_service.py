@@ -190,7 +190,7 @@ async def test_while_starting_the_refusal_names_the_step_running_and_its_progres
         await checked.wait()
 
     async def slow_calibration():
-        service.readiness.count(40, "questions read")
+        service.readiness.count(40, "reads")
         service.readiness.advance(3)
         await calibrated.wait()
         return Calibrated(Temperatures(Temperature(2.0, "calibrated", "server")))
@@ -202,7 +202,7 @@ async def test_while_starting_the_refusal_names_the_step_running_and_its_progres
         await service.decide(ask("s", [noul()], "r"))
     checked.set()
     await asyncio.sleep(0.01)
-    with pytest.raises(NotReadyError, match="calibration, 3 of 40 questions read, time left unknown yet"):
+    with pytest.raises(NotReadyError, match="calibration, 3 of 40 reads, time left unknown yet"):
         await service.decide(ask("s", [noul()], "r"))
     calibrated.set()
     await starting
