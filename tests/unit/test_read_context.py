@@ -10,7 +10,7 @@ import pytest
 from tests.unit.asking import ask
 from tests.unit.fakes import ScriptedBackend
 from vllm.entrypoints.generate.decisions.backends import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.backends.base import read_options, takes_legacy_read
+from vllm.entrypoints.generate.decisions.backends.base import backend_read, takes_legacy_read
 from vllm.entrypoints.generate.decisions.debias import read_question
 from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.read_context import ReadContext, sha256_of
@@ -47,7 +47,7 @@ async def test_an_old_style_backend_still_reads_with_a_deprecation_warning():
 
     backend = OldStyle(host=None)  # type: ignore[arg-type]
     assert backend.legacy_read
-    got = await read_options(backend, choice("a", "b"), ReadContext.about("s", "r-0", "opts"))
+    got = await backend_read(backend, choice("a", "b"), ReadContext.about("s", "r-0", "opts"))
     assert got.scores == [0.0, -1.0] and backend.seen == ("s", "r-0", "opts")
 
 

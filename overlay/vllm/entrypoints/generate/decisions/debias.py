@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from .backends.base import DecisionBackend, Reading, checked_scores, read_options
+from .backends.base import DecisionBackend, Reading, backend_read, checked_scores
 from .concurrency import gather_or_cancel
 from .errors import DecisionError
 from .prior import (
@@ -103,7 +103,7 @@ async def read_question(backend: DecisionBackend, question: CompiledQuestion, co
     plan = orders(question, debias, backend.order_independent)
     several = len(plan) > 1
     reads: list[Awaitable[Any]] = [
-        read_options(backend, reordered(question, order), context.part(f"r{i}") if several else context)
+        backend_read(backend, reordered(question, order), context.part(f"r{i}") if several else context)
         for i, order in enumerate(plan)
     ]
     content_free = uses_content_free(correction.mode) and correction.cache is not None
@@ -142,7 +142,7 @@ async def prior_read(backend: DecisionBackend, question: CompiledQuestion, conte
                       question.instructions, [o.text for o in question.options])  # fmt: skip
 
     async def neutral() -> list[float]:
-        reads = [read_options(backend, question, context.with_state(text, f"{context.request_id}-{i}"))
+        reads = [backend_read(backend, question, context.with_state(text, f"{context.request_id}-{i}"))
                  for i, text in enumerate(NEUTRAL_INPUTS)]  # fmt: skip
         readings = await gather_or_cancel(reads)
         return mean_log_probabilities([checked_scores(r, len(question.options), backend.name) for r in readings])

@@ -154,8 +154,8 @@ class DecisionService:
             how = self.corrections.resolve(question, asked, self.temperatures, requested,
                                            calibrated=backend is self.backend)  # fmt: skip
             applied = how.temperature
-            layout = context.with_options(backend.with_layout(context.options, how.layout))
-            read = await read_question(backend, question, layout, asked.debias, how.correction)
+            laid_out = context.with_options(backend.with_layout(context.options, how.layout))
+            read = await read_question(backend, question, laid_out, asked.debias, how.correction)
             reading = read.reading
             raw = checked_scores(reading, len(question.options), backend.name)
             scores = read.corrected if read.corrected is not None else raw

@@ -156,7 +156,7 @@ def takes_legacy_read(read: Any) -> bool:
     return sum(p.kind in positional for p in parameters) > 2
 
 
-async def read_options(backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]) -> Reading:
+async def backend_read(backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]) -> Reading:
     """``backend``'s reading of ``question``: the one way the package calls ``read``, so backends written
     for the old signature keep working."""
     if backend.legacy_read:
