@@ -28,6 +28,9 @@ def test_the_clients_request_id_is_echoed_and_names_the_engine_reads(tiny_qwen_s
         assert response.headers["x-request-id"] == request_id
         if path != "/v1/decisions":  # the TypeSafe SDK reports this header's id with a failure
             assert response.headers["x-typesafe-request-id"] == request_id
+        # The response's own id is made from the same one id.
+        body_id = response.json()["extra"]["id"] if path == "/v1/decisions" else response.json()["id"]
+        assert body_id == ("decisions-" if path == "/v1/decisions" else "systemone-") + request_id
         # vLLM's request log has the engine read under the client's id (question 0).
         deadline = time.monotonic() + 10
         while f"Received request decision-{request_id}-0" not in tiny_qwen_server.log.read_text(errors="replace"):
