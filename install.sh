@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Install the typed-decisions overlay into vLLM 0.30.x: apply patches/api-router-wire-v0.30.patch (the
-# endpoints on vLLM's app), patches/00584-laya-for-decision-v0.30.patch (the LayaForDecision model) and
-# patches/exact-logprobs-v0.30.patch (fp32 option log-probabilities under a bf16/fp16 LM head), and
-# copy the package to vllm/entrypoints/generate/decisions/.
+# Install the typed-decisions overlay into vLLM 0.30.x or 0.32.x: apply that version's patch set (the
+# endpoints on vLLM's app, the LayaForDecision model, fp32 option log-probabilities under a bf16/fp16 LM
+# head; docs/install.md says what each patch changes per version) and copy the package to
+# vllm/entrypoints/generate/decisions/.
 #
 # usage: ./install.sh [--python PY] [--dev] [--with-canvas] [--uninstall]
 #   --python PY     the Python whose `import vllm` to install into (default: $PYTHON, else python3)
 #   --dev           link the package to this checkout instead of copying it (edits take effect at once)
-#   --with-canvas   also apply patches/00572-diffusion-canvas-read-v0.30.patch (DiffusionGemma canvas
-#                   reads for the canvas backend; its engine path needs a GPU and is not verified here)
+#   --with-canvas   on vLLM 0.30, also apply patches/00572-diffusion-canvas-read-v0.30.patch (DiffusionGemma
+#                   canvas reads for the canvas backend; its engine path needs a GPU and is not verified
+#                   here); vLLM 0.32 reads canvases itself, so there it changes nothing
 #   --uninstall     remove the package and reverse the patches, leaving stock vLLM
 #
 # Idempotent: a second run changes nothing and exits 0. On any failure it exits non-zero with the
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
     --dev) MODE=dev; shift ;;
     --uninstall) MODE=uninstall; shift ;;
     --with-canvas) CANVAS=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,9 +37,12 @@ command -v patch >/dev/null || fail "the 'patch' program is needed (apt-get inst
 FOUND=$("$PY" -c 'import os, vllm; print(vllm.__version__); print(os.path.dirname(os.path.dirname(vllm.__file__)))' 2>/dev/null) \
   || fail "'$PY' can't import vllm; activate the environment that has vLLM 0.30 or pass --python"
 VERSION=$(sed -n 1p <<<"$FOUND"); SITE=$(sed -n 2p <<<"$FOUND")
+# Each version's patch set, by role: the router, the Laya model, the canvas read (vLLM 0.30 only: 0.32
+# has its own) and the fp32 read, which applies to both as it is.
 case "$VERSION" in
-  0.30.*) ;;
-  *) fail "found vLLM $VERSION at $SITE; this overlay is for vLLM 0.30.x only" ;;
+  0.30.*) ROUTER=api-router-wire-v0.30 LAYA=00584-laya-for-decision-v0.30 CANVAS_READ=00572-diffusion-canvas-read-v0.30 ;;
+  0.32.*) ROUTER=api-router-wire-v0.32 LAYA=00584-laya-for-decision-v0.32 CANVAS_READ= ;;
+  *) fail "found vLLM $VERSION at $SITE; this overlay installs into vLLM 0.30.x and 0.32.x (docs/install.md)" ;;
 esac
 TARGET="$SITE/vllm/entrypoints/generate/decisions"
 [ -w "$SITE/vllm" ] || fail "$SITE/vllm is not writable"
@@ -46,12 +50,16 @@ TARGET="$SITE/vllm/entrypoints/generate/decisions"
 # The patches, each with a copy of itself as applied, so a later version of this overlay can take it back
 # out first: the router patch, the model patch for Laya decision models (LayaForDecision) and the
 # fp32 read patch (index 3).
-# The canvas patch (index 2) goes in only with --with-canvas; an earlier install's stays until --uninstall.
-PATCHES=("$HERE/patches/api-router-wire-v0.30.patch" "$HERE/patches/00584-laya-for-decision-v0.30.patch"
-         "$HERE/patches/00572-diffusion-canvas-read-v0.30.patch" "$HERE/patches/exact-logprobs-v0.30.patch")
+# The canvas patch (index 2) goes in only with --with-canvas on 0.30; an earlier install's stays until --uninstall.
+PATCHES=("$HERE/patches/$ROUTER.patch" "$HERE/patches/$LAYA.patch"
+         "$HERE/patches/${CANVAS_READ:-00572-diffusion-canvas-read-v0.30}.patch" "$HERE/patches/exact-logprobs-v0.30.patch")
 RECORDS=("$SITE/vllm/entrypoints/generate/.decisions-router.patch" "$SITE/vllm/model_executor/models/.laya-decision.patch"
          "$SITE/vllm/v1/sample/.canvas-read.patch" "$SITE/vllm/v1/sample/.exact-logprobs.patch")
-WANTED=(0 1 3); [ "$CANVAS" = 1 ] && WANTED+=(2)
+WANTED=(0 1 3)
+if [ "$CANVAS" = 1 ]; then
+  if [ -n "$CANVAS_READ" ]; then WANTED+=(2)
+  else say "vLLM $VERSION reads DiffusionGemma canvases itself (its diffusion_* sampling arguments): no canvas patch"; fi
+fi
 patch_state() {  # $1: a patch file; prints applied | stock | conflict
   if (cd "$SITE" && patch -p1 -R --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo applied
   elif (cd "$SITE" && patch -p1 --dry-run -s -f --fuzz=0 <"$1" >/dev/null 2>&1); then echo stock
@@ -59,18 +67,24 @@ patch_state() {  # $1: a patch file; prints applied | stock | conflict
 }
 run_patch() { local file=$1; shift; (cd "$SITE" && patch -p1 -s -f -E --fuzz=0 --no-backup-if-mismatch "$@" <"$file"); }
 current_patch() {  # $1: index; the version vLLM carries now: the one recorded at install time, else ours
-  if [ -f "${RECORDS[$1]}" ]; then echo "${RECORDS[$1]}"; else echo "${PATCHES[$1]}"; fi
+  # (a record that fits neither way was left by an install into a vLLM that pip has since replaced)
+  if [ -f "${RECORDS[$1]}" ] && [ "$(patch_state "${RECORDS[$1]}")" != conflict ]; then echo "${RECORDS[$1]}"
+  else echo "${PATCHES[$1]}"; fi
+}
+undone() {  # $1: index; whether --uninstall has this patch to take out: the canvas patch only where
+  # an install recorded it into a vLLM that needs it
+  [ "$1" != 2 ] || { [ -f "${RECORDS[$1]}" ] && [ -n "$CANVAS_READ" ]; }
 }
 
 if [ "$MODE" = uninstall ]; then
-  for i in "${!PATCHES[@]}"; do  # the optional canvas patch matters only where an install recorded it
-    [ "$i" = 2 ] && [ ! -f "${RECORDS[$i]}" ] && continue
+  for i in "${!PATCHES[@]}"; do
+    undone "$i" || continue
     [ "$(patch_state "$(current_patch "$i")")" = conflict ] \
       && fail "vLLM's files patched by $(basename "${PATCHES[$i]}") at $SITE differ from both stock and patched; not touching them"
   done
   [ -e "$TARGET" ] || [ -L "$TARGET" ] && { rm -rf "$TARGET"; say "removed $TARGET"; }
   for i in "${!PATCHES[@]}"; do
-    [ "$i" = 2 ] && [ ! -f "${RECORDS[$i]}" ] && continue
+    undone "$i" || { rm -f "${RECORDS[$i]}"; continue; }
     CURRENT=$(current_patch "$i")
     [ "$(patch_state "$CURRENT")" = applied ] && { run_patch "$CURRENT" -R; say "reversed $(basename "${PATCHES[$i]}")"; }
     rm -f "${RECORDS[$i]}"

@@ -9,6 +9,9 @@ import time
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from vllm.logger import init_logger
 
 from .paths import DECISION_PATHS
 from .wire.handling import Wire
@@ -16,6 +19,8 @@ from .wire.jev.api_router import JEV
 from .wire.jev.api_router import router as jev_router
 from .wire.openai.api_router import OPENAI
 from .wire.openai.api_router import router as openai_router
+
+logger = init_logger(__name__)
 
 models_router = APIRouter()
 
@@ -48,9 +53,20 @@ def wire_at(path: str) -> Wire:
     raise ValueError(f"{path!r}: not a decision endpoint ({', '.join(DECISION_PATHS)})")
 
 
+def take_over(app: FastAPI, router: APIRouter) -> None:
+    """Drop the app's routes answering a path and method that ``router`` answers, then add ``router``'s:
+    vLLM 0.32 answers ``POST /v1/systemone`` itself, and with decisions on that path is ours."""
+    ours = {(route.path, method) for route in router.routes if isinstance(route, APIRoute) for method in route.methods}
+    for route in [r for r in app.router.routes if isinstance(r, APIRoute)]:
+        if taken := sorted(m for m in route.methods if (route.path, m) in ours):
+            logger.info("typed decisions answer %s %s in place of %s", "/".join(taken), route.path, route.name)
+            app.router.routes.remove(route)
+    app.include_router(router)
+
+
 def register_decisions_api_router(app: FastAPI) -> None:
-    app.include_router(openai_router)
-    app.include_router(jev_router)
+    take_over(app, openai_router)
+    take_over(app, jev_router)
     # vLLM registered its own GET /v1/models earlier; ours must come first to be the one that answers.
     app.include_router(models_router)
     ours = app.router.routes[-len(models_router.routes) :]

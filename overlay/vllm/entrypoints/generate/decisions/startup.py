@@ -51,8 +51,9 @@ async def init_decisions_state(engine_client: EngineClient, state: State, args: 
 def build_service(engine_client: EngineClient, args: Namespace) -> tuple[DecisionService, dict[str, Any]]:
     """Settings, plugins, host, backend and the decision service for ``vllm serve`` or ``vllm run-batch``
     (``args``: either's), and what identifies the deployment for saved startup work. Nothing started yet."""
-    from vllm.entrypoints.chat_utils import load_chat_template
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
+
+    from .vllm_versions import load_chat_template
 
     settings = Settings.from_env()
     identify_run(getattr(args, "api_server_count", None))
