@@ -67,24 +67,18 @@ patch_state() {  # $1: a patch file; prints applied | stock | conflict
 }
 run_patch() { local file=$1; shift; (cd "$SITE" && patch -p1 -s -f -E --fuzz=0 --no-backup-if-mismatch "$@" <"$file"); }
 current_patch() {  # $1: index; the version vLLM carries now: the one recorded at install time, else ours
-  # (a record that fits neither way was left by an install into a vLLM that pip has since replaced)
-  if [ -f "${RECORDS[$1]}" ] && [ "$(patch_state "${RECORDS[$1]}")" != conflict ]; then echo "${RECORDS[$1]}"
-  else echo "${PATCHES[$1]}"; fi
-}
-undone() {  # $1: index; whether --uninstall has this patch to take out: the canvas patch only where
-  # an install recorded it into a vLLM that needs it
-  [ "$1" != 2 ] || { [ -f "${RECORDS[$1]}" ] && [ -n "$CANVAS_READ" ]; }
+  if [ -f "${RECORDS[$1]}" ]; then echo "${RECORDS[$1]}"; else echo "${PATCHES[$1]}"; fi
 }
 
 if [ "$MODE" = uninstall ]; then
-  for i in "${!PATCHES[@]}"; do
-    undone "$i" || continue
+  for i in "${!PATCHES[@]}"; do  # the optional canvas patch matters only where an install recorded it
+    [ "$i" = 2 ] && [ ! -f "${RECORDS[$i]}" ] && continue
     [ "$(patch_state "$(current_patch "$i")")" = conflict ] \
       && fail "vLLM's files patched by $(basename "${PATCHES[$i]}") at $SITE differ from both stock and patched; not touching them"
   done
   [ -e "$TARGET" ] || [ -L "$TARGET" ] && { rm -rf "$TARGET"; say "removed $TARGET"; }
   for i in "${!PATCHES[@]}"; do
-    undone "$i" || { rm -f "${RECORDS[$i]}"; continue; }
+    [ "$i" = 2 ] && [ ! -f "${RECORDS[$i]}" ] && continue
     CURRENT=$(current_patch "$i")
     [ "$(patch_state "$CURRENT")" = applied ] && { run_patch "$CURRENT" -R; say "reversed $(basename "${PATCHES[$i]}")"; }
     rm -f "${RECORDS[$i]}"

@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh machine: set-up, install, lint, type-check, tests.
 # usage: tools/test.sh [pytest args...]
+# Without arguments it runs everything: the whole suite on vLLM 0.30, then the tests marked `vllm032`
+# (both wires, the API key, one template family, bulk) on vLLM 0.32 in a second environment. With
+# arguments, pytest runs just those, on vLLM 0.30.
 set -euo pipefail
 source "$(dirname "$0")/env/common.sh"
 cd "$ROOT"
 # The example plugin (tests/plugin), installed the way a third party's package would be.
-"$VENV/bin/pip" install -q --no-deps --no-build-isolation "$ROOT/tests/plugin" 2> >(grep -v '^WARNING: Location' >&2)
+plugin() { "$1/bin/pip" install -q --no-deps --no-build-isolation "$ROOT/tests/plugin" 2> >(grep -v '^WARNING: Location' >&2); }
+plugin "$VENV"
+# vLLM 0.32 beside it, the overlay installed into it the same way (tests/install reads its stock files too),
+# and vLLM 0.33's sources for the static checks of tests/install/test_vllm_versions.py.
+VENV_032=$(DECISIONS_VLLM_VERSION=0.32.0 DECISIONS_VENV=${DECISIONS_VENV_032:-} bash "$ROOT/tools/env/setup.sh" | sed -n 's/^VENV=//p')
+"$ROOT/install.sh" --python "$VENV_032/bin/python" >&2
+plugin "$VENV_032"
+export DECISIONS_VENV_032=$VENV_032
+PYTHON=$PY bash "$ROOT/tools/env/vllm_sources.sh" 0.33.0 >/dev/null
 echo "== ruff"; "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check .
 echo "== mypy"; "$VENV/bin/mypy"
-echo "== pytest"
 # Two workers (pytest-xdist), each test file on one of them and the files that share a session server on
 # the same one; each worker's engines get cores of their own (tests/conftest.py).
 # DECISIONS_TEST_WORKERS=0 runs in one process.
-set +e
-"$PY" -m pytest -n "${DECISIONS_TEST_WORKERS:-2}" "$@"
-rc=$?
-set -e
-[ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; exit 1; }
+WORKERS=${DECISIONS_TEST_WORKERS:-2}
+checked() {  # runs pytest; a run that collected nothing is a failure too
+  local rc=0
+  "$@" || rc=$?
+  [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; rc=1; }
+  return $rc
+}
+echo "== pytest (vLLM 0.30)"
+rc=0
+checked "$PY" -m pytest -n "$WORKERS" "$@" || rc=$?
+if [ $# -eq 0 ]; then
+  echo "== pytest (vLLM 0.32: the tests marked vllm032)"
+  checked env PATH="$VENV_032/bin:$PATH" "$VENV_032/bin/python" -m pytest -n "$WORKERS" -m vllm032 tests/server || rc=$?
+fi
 exit $rc

@@ -111,6 +111,7 @@ def reference(tmp_path_factory):
     return source, target
 
 
+@pytest.mark.vllm032
 def test_every_line_is_answered_or_refused_in_place(reference):
     source, target = reference
     answered = by_line(target)
@@ -153,6 +154,7 @@ def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
             assert probabilities(again) == pytest.approx(probabilities(record), abs=2e-3), line
 
 
+@pytest.mark.vllm032
 def test_answers_equal_the_servers(reference, tiny_qwen_server):
     _, target = reference
     for record in list(by_line(target).values())[:40]:

