@@ -66,6 +66,14 @@ OPENAI_INVALID: list[tuple[str, Any, str]] = [
     ("unknown backend", openai(extra={"backend": "diffusion"}), "extra.backend"),
     ("bad backend option", openai(extra={"backend_options": {"readout": "sideways"}}), "extra.backend_options"),
     ("unknown backend option", openai(extra={"backend_options": {"speed": 2}}), "extra.backend_options"),
+    ("empty cache salt", openai(extra={"cache_salt": ""}), "extra.cache_salt"),
+    ("cache salt with a slash", openai(extra={"cache_salt": "tenant/7"}), "extra.cache_salt"),
+    ("cache salt too long", openai(extra={"cache_salt": "s" * 129}), "extra.cache_salt"),
+    ("cache salt at the top level", openai(cache_salt="tenant-7"), "cache_salt"),
+    ("priority not an integer", openai(extra={"priority": "high"}), "extra.priority"),
+    ("priority past int64", openai(extra={"priority": 2**63}), "extra.priority"),
+    # The test servers and the unit tests' service schedule first come, first served.
+    ("priority without the priority scheduler", openai(extra={"priority": 1}), "--scheduling-policy priority"),
 ]  # fmt: skip
 
 JEV_BASE: dict[str, Any] = {
@@ -109,4 +117,14 @@ JEV_INVALID: list[tuple[str, Any, str]] = [
     ("unknown backend", jev(backend="diffusion"), "backend"),
     ("unknown extra field", jev(extra={"temperature": 2}), "temperature"),
     ("bad detail", jev(extra={"detail": "all"}), "detail"),
+    ("cache salt with a NUL", jev(cache_salt="a\x00b"), "cache_salt"),
+    ("bad cache salt under extra", jev(extra={"cache_salt": ""}), "cache_salt"),
+    ("cache salt twice", jev(cache_salt="a", extra={"cache_salt": "a"}), "not both"),
+    ("priority a float", jev(priority=1.5), "priority"),
+    ("priority twice", jev(priority=0, extra={"priority": 0}), "not both"),
+    ("priority without the priority scheduler", jev(priority=-5), "--scheduling-policy priority"),
+    ("top-level instructions", jev(instructions="Be strict."), "instructions"),
+    ("images", jev(images=["https://example.com/cat.png"]), "image inputs"),
+    ("audio", jev(audio=["data:audio/wav;base64,AA=="]), "audio inputs"),
+    ("videos", jev(videos=["https://example.com/cat.mp4"]), "video inputs"),
 ]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import uuid
 
 import httpx2
 import openai
@@ -168,3 +169,35 @@ def test_size_limits_are_settings_named_in_the_refusal(client):
     jev_body = {"state": long_input, "questions": {"q": {"type": "noul", "instructions": "?"}}}
     response = client.post("/v1/systemone", json=jev_body)
     assert response.status_code == 422 and "VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS" in response.text
+
+
+def test_cache_salt_keeps_prefix_cache_blocks_apart(client):
+    """vLLM's cache_salt reaches the engine from both wires: a read shares prefix-cache blocks only with
+    reads under the same salt (a fresh salt shares none, not even the chat template's opening)."""
+    state = f"Ticket {uuid.uuid4().hex}: payouts have failed for three days and the customer is upset. " * 3
+    question = {"type": "noul", "instructions": "Is it urgent?"}
+    plain = {"debias": "off", "prior": "off"}
+    salt_a, salt_b = f"a-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+
+    def cached(path: str, body: dict) -> int:
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        answers = response.json()["answers"]
+        answer = answers[0] if isinstance(answers, list) else next(iter(answers.values()))
+        return answer["extra"]["audit"]["cached_input_tokens"]
+
+    def jev_body(**fields):
+        return {"state": state, "questions": {"q": question}, **fields}
+
+    assert cached("/v1/systemone", jev_body(cache_salt=salt_a, extra=plain)) == 0
+    assert cached("/v1/systemone", jev_body(cache_salt=salt_a, extra=plain)) > 0
+    assert cached("/v1/systemone", jev_body(extra={**plain, "cache_salt": salt_b})) == 0
+    # The same question on /v1/decisions renders the same prompt: it shares salt b's blocks.
+    openai_body = {"model": "m", "input": state, "questions": [{"type": "predicate", "instructions": "Is it urgent?"}],
+                   "extra": {**plain, "cache_salt": salt_b}}  # fmt: skip
+    assert cached("/v1/decisions", openai_body) > 0
+
+
+def test_priority_zero_is_answered_on_a_first_come_server(client):
+    body = {"state": "Ticket: payouts failing.", "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}
+    assert client.post("/v1/systemone", json={**body, "priority": 0}).status_code == 200

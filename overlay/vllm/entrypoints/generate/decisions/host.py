@@ -79,6 +79,10 @@ class BackendHost(ABC):
     # Why reads can't ask for fp32 log-probabilities under a half-precision LM head (None: they can,
     # a vLLM with patches/exact-logprobs; see :meth:`read_token_logprobs`).
     fp32_reads_missing: str | None = "this host can't recompute logits"
+    # Whether the engine schedules by a request's priority (vllm serve --scheduling-policy priority); where
+    # it doesn't, the service refuses a priority other than 0. Reads pass ``context.priority`` and
+    # ``context.cache_salt`` to the engine as vLLM's own APIs do.
+    priority_scheduling: bool = False
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -181,6 +185,7 @@ class VllmHost(BackendHost):
         self._model_config = model_config
         self.logit_dtype = str(model_config.head_dtype).removeprefix("torch.")
         self.fp32_reads_missing = fp32_reads_missing(engine_client.vllm_config)
+        self.priority_scheduling = engine_client.vllm_config.scheduler_config.policy == "priority"
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
         self.max_logprob_token_ids = MAX_LOGPROB_TOKEN_IDS
@@ -284,14 +289,14 @@ class VllmHost(BackendHost):
         return only(await self._read(prompt_ids, params, as_context(context), "canvas"), token_ids)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
-        from vllm.inputs import tokens_input
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         read, final = as_context(context), None
         with engine_admission(), engine_read("generate"):  # metrics.py: engine-read latency
             self._log(read.request_id, prompt_ids, params)
-            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, read.request_id,
+            async for output in self.engine_client.generate(engine_input(prompt_ids, read), params, read.request_id,
+                                                            priority=read.priority,
                                                             data_parallel_rank=self._replica(read)):  # fmt: skip
                 final = output
         if final is None or not final.outputs:
@@ -300,15 +305,15 @@ class VllmHost(BackendHost):
         return Generation(out.text, list(out.token_ids), len(prompt_ids), int(final.num_cached_tokens or 0))
 
     async def pool(self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str) -> Any:
-        from vllm.inputs import tokens_input
         from vllm.pooling_params import PoolingParams
 
-        request_id, final = as_context(context).request_id, None
+        read, final = as_context(context), None
         try:
             params = PoolingParams(task=cast(Any, task))
             with engine_admission(), engine_read("pool"):  # metrics.py: engine-read latency
-                self._log(request_id, prompt_ids, params)
-                async for output in self.engine_client.encode(tokens_input(prompt_ids), params, request_id):
+                self._log(read.request_id, prompt_ids, params)
+                async for output in self.engine_client.encode(engine_input(prompt_ids, read), params, read.request_id,
+                                                              priority=read.priority):  # fmt: skip
                     final = output
         except ValueError as exc:  # the served model doesn't support this pooling task
             raise DecisionError(f"pooling ({task}) is not available on this model: {exc}") from None
@@ -334,12 +339,11 @@ class VllmHost(BackendHost):
         return replica_for(self.replicas, context.state_sha256)
 
     async def _read(self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str) -> TokenRead:
-        from vllm.inputs import tokens_input
-
         final = None
         with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
             self._log(context.request_id, prompt_ids, params)
-            async for output in self.engine_client.generate(tokens_input(prompt_ids), params, context.request_id,
+            async for output in self.engine_client.generate(engine_input(prompt_ids, context), params,
+                                                            context.request_id, priority=context.priority,
                                                             data_parallel_rank=self._replica(context)):  # fmt: skip
                 final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
@@ -350,6 +354,14 @@ class VllmHost(BackendHost):
             prompt_tokens=len(prompt_ids),
             cached_tokens=int(final.num_cached_tokens or 0),
         )
+
+
+def engine_input(prompt_ids: list[int], context: ReadContext[Any]) -> Any:
+    """The engine's input for a read: the prompt's tokens, salted with the client's ``cache_salt`` when it
+    sent one (vLLM then shares prefix-cache blocks only among reads with the same salt)."""
+    from vllm.inputs import tokens_input
+
+    return tokens_input(prompt_ids, cache_salt=context.cache_salt)
 
 
 def fp32_reads_missing(vllm_config: Any) -> str | None:

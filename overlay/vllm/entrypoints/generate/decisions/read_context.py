@@ -3,8 +3,9 @@
 
 The service builds one :class:`ReadContext` per question; debiasing, the backend and the host pass it
 on (each sub-read names itself with :meth:`ReadContext.part`). The host reads the request id for vLLM's
-request log and the state's hash for replica affinity (affinity.py); the backend reads the state and
-its options. Nothing about a request travels any other way.
+request log, the state's hash for replica affinity (affinity.py), and the client's ``cache_salt`` and
+``priority``, which it hands to the engine with every read; the backend reads the state and its options.
+Nothing about a request travels any other way.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ def sha256_of(text: str) -> str:
 @dataclass(frozen=True)
 class ReadContext(Generic[OptionsT]):
     """One question's read: the state it is about (and that state's SHA-256), the engine request id
-    (each engine read under it adds a suffix) and the backend's options for this request."""
+    (each engine read under it adds a suffix) and the backend's options for this request; the engine's
+    prefix-cache salt and scheduling priority for every read of it (vLLM's own: none and 0 by default)."""
 
     state: str
     state_sha256: str
     request_id: str
     options: OptionsT
+    cache_salt: str | None = None
+    priority: int = 0
 
     @classmethod
     def about(cls, state: str, request_id: str, options: Any = None) -> ReadContext[Any]:

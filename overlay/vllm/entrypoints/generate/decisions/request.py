@@ -28,7 +28,9 @@ class DecisionRequest:
     ``names`` say how the wire names each question in messages (``questions[0]``, ``questions.urgent``);
     ``request_id`` is the one id of this request (the client's ``X-Request-Id``, or a new one): the
     response's id and the engine's read ids (``decision-<id>-<question>...``) are made from it. The optional
-    fields are the ``extra`` block's: None means the server's setting.
+    fields are the ``extra`` block's: None means the server's setting. ``cache_salt`` and ``priority`` go
+    to the engine with every read, as vLLM's own APIs pass them (its prefix-cache salt; its scheduling
+    priority, which needs ``--scheduling-policy priority`` when not 0).
     """
 
     state: str
@@ -42,6 +44,8 @@ class DecisionRequest:
     prior: str | None = None
     temperature: float | None = None
     detail: Detail = "full"
+    cache_salt: str | None = None
+    priority: int = 0
     state_sha256: str = field(init=False)
 
     def __post_init__(self) -> None:

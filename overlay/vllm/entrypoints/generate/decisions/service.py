@@ -75,7 +75,8 @@ class DecisionService:
 
     def check_limits(self, request: DecisionRequest) -> None:
         """Refuse, before any model work, a request over a configured limit, naming the setting: the
-        input's length, the number of questions, and each question type's own limit on its options."""
+        input's length, the number of questions, and each question type's own limit on its options; and a
+        priority other than 0 where the engine doesn't schedule by priority."""
         s = self.settings
         if len(request.state) > s.max_input_chars:
             raise OverLimitError(f"the input is {len(request.state)} characters; the limit is {s.max_input_chars} "
@@ -95,6 +96,10 @@ class DecisionService:
             if len(q.options) > most:
                 raise OverLimitError(f"{name} has {len(q.options)} {limit.noun}; the limit is {most} "
                                      f"(set {PREFIX}{limit.setting.upper()} to raise it)")  # fmt: skip
+        if request.priority and not getattr(self.backend.host, "priority_scheduling", False):
+            # vLLM's own APIs document the same refusal; its first-come scheduler would ignore the number.
+            raise DecisionError(f"priority {request.priority} needs vllm serve --scheduling-policy priority; this "
+                                "server schedules first come, first served (send 0 or leave priority out)")  # fmt: skip
 
     async def decide(self, request: DecisionRequest) -> Decision:
         """Answer every question of ``request``, concurrently; a failed question doesn't stop the rest.
@@ -114,8 +119,8 @@ class DecisionService:
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
         # Engine request ids: decision-<request id>-<question>, so vLLM's request log shows whose reads they are.
-        contexts = [ReadContext(request.state, request.state_sha256, f"decision-{request.request_id}-{i}", options)
-                    for i in range(len(request.questions))]  # fmt: skip
+        contexts = [ReadContext(request.state, request.state_sha256, f"decision-{request.request_id}-{i}", options,
+                                request.cache_salt, request.priority) for i in range(len(request.questions))]  # fmt: skip
         reads = (
             self._answer(chosen, question, context, request.temperature, asked)
             for question, context in zip(request.questions, contexts, strict=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, TypeAdapter
 
 from ..answers import Answer, Decision
 from ..errors import NotReadyError
@@ -17,6 +17,25 @@ from ..questions import CompiledQuestion
 from ..request import DecisionRequest, Detail
 from ..service import DecisionService
 from ..settings import parse_debias
+
+
+def salt(value: str) -> str:
+    """vLLM's own rules for a prefix-cache salt (its chat and completion APIs check the same)."""
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        validate_cache_salt(value)
+    except VLLMValidationError:
+        raise ValueError("a cache salt is 1 to 128 characters, none of them '@', '/', '\\' or NUL") from None
+    return value
+
+
+# vLLM's extensions, as its own APIs take them: a salt that keeps this request's prefix-cache blocks
+# apart from other salts' (and from unsalted requests'), and a scheduling priority (lower is earlier;
+# anything but 0 needs vllm serve --scheduling-policy priority, which the service checks).
+CacheSalt = Annotated[str, AfterValidator(salt)]
+Priority = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class ExtraRequest(BaseModel):
@@ -33,6 +52,8 @@ class ExtraRequest(BaseModel):
     debias: str | None = Field(default=None, pattern=r"^(off|rotate(:[1-9][0-9]*)?)$")
     # auto | off | content-free | fitted | content-free+fitted (prior.py); unset: VLLM_TYPED_DECISIONS_PRIOR.
     prior: str | None = Field(default=None, pattern=r"^(auto|off|content-free|fitted|content-free\+fitted)$")
+    cache_salt: CacheSalt | None = None
+    priority: Priority | None = None
 
 
 def decision_request(extra: ExtraRequest, state: str, questions: list[CompiledQuestion], names: list[str],
@@ -51,6 +72,8 @@ def decision_request(extra: ExtraRequest, state: str, questions: list[CompiledQu
         prior=extra.prior,
         temperature=extra.calibration_temperature,
         detail=extra.detail,
+        cache_salt=extra.cache_salt,
+        priority=extra.priority or 0,
     )
 
 

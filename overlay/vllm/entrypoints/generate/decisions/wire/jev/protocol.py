@@ -3,7 +3,10 @@
 
 Jev clients send their own top-level extras, so unknown top-level fields are ignored; unknown
 fields inside a question are refused by the question type's own model, since a misspelled field
-could change an answer. Responses leave out what wasn't set (``extra`` at ``detail: none``,
+could change an answer. vLLM 0.32's own ``/v1/systemone`` (which this route answers in its place) takes
+``cache_salt`` and ``priority`` at the top level, as vLLM's APIs take their extensions: so do we (or
+under ``extra``). Its ``instructions``, ``images``, ``audio`` and ``videos`` would change what is read, so
+they are refused rather than ignored (docs/upstream-systemone.md). Responses leave out what wasn't set (``extra`` at ``detail: none``,
 ``partial_failures`` when every question was answered).
 """
 
@@ -12,9 +15,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from ...registry import question_type, question_type_names
-from ..common import AnswerExtra, ExtraRequest, schema_of
+from ..common import AnswerExtra, CacheSalt, ExtraRequest, Priority, schema_of
 
 
 def registered_questions(schema: dict[str, Any]) -> None:
@@ -32,7 +36,16 @@ class SystemOneRequest(BaseModel):
     # Question id -> question; each validated by its type's model (registered types, plugins too).
     questions: dict[str, Any] = Field(min_length=1, json_schema_extra=registered_questions)
     backend: str | None = None
+    # vLLM extensions, at the top level or under extra (not both).
+    cache_salt: CacheSalt | None = None
+    priority: Priority | None = None
     extra: ExtraRequest = Field(default_factory=ExtraRequest)
+    # vLLM 0.32's own /v1/systemone fields that we don't take: read here only to refuse them (serving.py),
+    # and left out of the OpenAPI document.
+    instructions: SkipJsonSchema[Any] = None
+    images: SkipJsonSchema[Any] = None
+    audio: SkipJsonSchema[Any] = None
+    videos: SkipJsonSchema[Any] = None
 
 
 class NoulAnswer(BaseModel):

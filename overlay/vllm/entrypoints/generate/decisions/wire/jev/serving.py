@@ -70,12 +70,26 @@ def compile_question(question_id: str, raw: Any, max_chars: int) -> CompiledQues
     return qtype.compile(validated, max_chars)
 
 
+# vLLM 0.32's own /v1/systemone takes these; we refuse them rather than answer without them.
+NOT_TAKEN = {
+    "instructions": "a top-level instructions field is not taken here: each question is read with its own "
+    "instructions; put shared context in the state or in each question's instructions",
+    "images": "image inputs are not taken here: decisions read the state as text",
+    "audio": "audio inputs are not taken here: decisions read the state as text",
+    "videos": "video inputs are not taken here: decisions read the state as text",
+}
+
+
 def compiled(request: SystemOneRequest, request_id: str, max_chars: int) -> tuple[list[str], DecisionRequest]:
     """The question ids in request order (for the answers), and the request the service decides."""
-    if request.backend is not None:
-        if request.extra.backend is not None:
-            raise JevValidationError.at(("backend",), "send backend at the top level or under extra, not both")
-        request.extra.backend = request.backend
+    for name, reason in NOT_TAKEN.items():
+        if getattr(request, name) not in (None, "", [], {}):
+            raise JevValidationError.at((name,), reason)
+    for name in ("backend", "cache_salt", "priority"):  # at the top level or under extra, not both
+        if (value := getattr(request, name)) is not None:
+            if getattr(request.extra, name) is not None:
+                raise JevValidationError.at((name,), f"send {name} at the top level or under extra, not both")
+            setattr(request.extra, name, value)
     ids = list(request.questions)
     questions = [compile_question(i, request.questions[i], max_chars) for i in ids]
     where = [f"questions.{question_id}" for question_id in ids]

@@ -105,11 +105,13 @@ def item_kind(item: Any) -> str | None:
     """The tag that picks an input item's model: its role for messages, else its type."""
     if not isinstance(item, dict):
         return None
-    kind = item.get("type", "message")
+    kind, role = item.get("type", "message"), item.get("role")
+    if not isinstance(kind, str):  # a JSON object or list can't name a kind (nor be a dict key)
+        return None
     if kind == "message":
-        return {"user": "user", "assistant": "assistant", "developer": "instruction", "system": "instruction"}.get(
-            item.get("role")  # type: ignore[arg-type]
-        )
+        if not isinstance(role, str):
+            return None
+        return {"user": "user", "assistant": "assistant", "developer": "instruction", "system": "instruction"}.get(role)
     return {
         "function_call": "call",
         "custom_tool_call": "call",
