@@ -10,6 +10,7 @@ depend on the engine's sampling, so this is exactly what a one-step engine read 
 
 from __future__ import annotations
 
+import inspect
 from http import HTTPStatus
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class DiffusionGemmaHost(TokenizerHost):
         self.canvas_reads = True
         self.canvas_calls: list[tuple[list[int], list[int], list[int], int]] = []
         self._encoded: dict[tuple[int, ...], object] = {}
+        # transformers names the KV cache argument ``cache`` (5.24, .venv) or ``past_key_values`` (5.19, .venv-0.32).
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     async def read_canvas(self, prompt_ids, canvas_ids, token_ids, max_steps, request_id) -> TokenRead:
         import torch
@@ -44,8 +47,8 @@ class DiffusionGemmaHost(TokenizerHost):
         with torch.no_grad():
             if not cached:  # the causal encoder fills the cache; the decoder only reads it
                 cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
-                self.model.model.encoder(input_ids=torch.tensor([prompt_ids]), cache=cache)
+                self.model.model.encoder(input_ids=torch.tensor([prompt_ids]), **{self._cache_arg: cache})
                 self._encoded[key] = cache
-            out = self.model(cache=self._encoded[key], decoder_input_ids=torch.tensor([canvas_ids]))
+            out = self.model(decoder_input_ids=torch.tensor([canvas_ids]), **{self._cache_arg: self._encoded[key]})
         logprobs = out.logits[0, 0].float().log_softmax(-1)
         return TokenRead({t: float(logprobs[t]) for t in token_ids}, len(prompt_ids), len(prompt_ids) if cached else 0)

@@ -1,12 +1,19 @@
-"""Check patches/00572 where it can run: a CUDA machine with vLLM 0.30.0 and this overlay installed by
-``./install.sh --with-canvas``. vLLM serves DiffusionGemma only on its Model Runner V2, which needs
-Triton, so this has not run on the project's CPU machines; what runs there is in tests/install/
-(the patch's arguments, maths and denoise step) and tests/unit/test_canvas_backend.py (the backend
-against transformers' DiffusionGemma).
+"""Check the canvas backend's engine read where it can run: a CUDA machine with this overlay installed into
+vLLM 0.30.0 by ``./install.sh --with-canvas`` (patches/00572's ``canvas_read``) or into vLLM 0.32 by
+``./install.sh`` (vLLM's built-in ``diffusion_*`` read). The requests are built by the same host code the
+server uses (``host.canvas_read_args``), which picks the installed version's arguments. vLLM serves
+DiffusionGemma only on its Model Runner V2, which needs Triton, so this has not run on the project's CPU
+machines; what runs there is in tests/unit/test_canvas_args.py and (0.32) test_canvas_read_v032.py (the
+arguments and vLLM 0.32's own admission checks), tests/install/ (0.30: the patch's arguments, maths and
+denoise step) and tests/unit/test_canvas_backend.py (the backend against transformers' DiffusionGemma).
 
-It reads one-step canvases of the tiny DiffusionGemma (tools/env/build_tiny_diffusiongemma.py) through
-vLLM and through transformers (tests/canvas_reference.py) and compares the option log-probabilities;
-then it checks that vLLM refuses malformed canvas reads. Exit 0 when everything agrees.
+What it checks, on the tiny DiffusionGemma (tools/env/build_tiny_diffusiongemma.py):
+- one-step reads of a two-token canvas (a noise token, then ``<turn|>``) after three prompts: the option
+  log-probabilities at the canvas's first position, from vLLM and from transformers (tests/canvas_reference.py),
+  agree within ``--tolerance``;
+- vLLM refuses a canvas wider than ``canvas_length`` (32) and a step cap of 0.
+Exit 0 when all of it holds. Not checked: multi-step reads (after the first step the engine's own unseeded
+sampling enters, and the pinned positions matter only from the second step on).
 
 usage: python tools/check_canvas_gpu.py [--model DIR] [--tolerance 0.05]
 """
@@ -30,9 +37,14 @@ def main() -> int:
     parser.add_argument("--tolerance", type=float, default=0.05, help="largest allowed log-probability gap")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    import vllm
     from tests.canvas_reference import DiffusionGemmaHost
     from vllm import LLM, SamplingParams
+    from vllm.entrypoints.generate.decisions.host import canvas_read_args
+    from vllm.entrypoints.generate.decisions.vllm_versions import BUILT_IN_CANVAS_READ
 
+    read = "built-in diffusion_* read" if BUILT_IN_CANVAS_READ else "patches/00572 canvas_read"
+    print(f"vLLM {vllm.__version__}: {read}")
     reference = DiffusionGemmaHost(args.model)
     tokenizer = reference.tokenizer
     turn_close = tokenizer.convert_tokens_to_ids("<turn|>")
@@ -45,27 +57,24 @@ def main() -> int:
         prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) + "Answer:"
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         canvas = [draw.randrange(reference.vocab_size), turn_close]
-        params = SamplingParams(max_tokens=1, logprob_token_ids=labels,
-                                extra_args={"canvas_read": {"canvas": canvas, "slots": [0], "max_steps": 1}})  # fmt: skip
+        params = SamplingParams(**canvas_read_args(canvas, labels, 1))
         (output,) = llm.generate([{"prompt_token_ids": prompt_ids}], params)
         got = {t: v.logprob for t, v in output.outputs[0].logprobs[0].items() if t in labels}
         want = asyncio.run(reference.read_canvas(prompt_ids, canvas, labels, 1, "check")).logprobs
         gap = max(abs(got[t] - want[t]) for t in labels) if set(got) == set(labels) else float("inf")
         worst = max(worst, gap)
-        print(f"{question!r}: vLLM {got} transformers {want} gap {gap:.4f}")
-    for bad, why in [
-        ({"canvas": [1] * 33}, "wider than canvas_length"),
-        ({"canvas": [1], "max_steps": 0}, "max_steps 0"),
-    ]:
+        tokens = list(output.outputs[0].token_ids)
+        print(f"{question!r}: vLLM {got} transformers {want} gap {gap:.4f}; output tokens {tokens}")
+    for canvas, max_steps, why in [([1] * 33, 1, "wider than canvas_length"), ([1], 0, "max_steps 0")]:
         try:
-            llm.generate([{"prompt_token_ids": [1, 2, 3]}],
-                         SamplingParams(max_tokens=1, logprob_token_ids=labels, extra_args={"canvas_read": bad}))  # fmt: skip
-        except ValueError as exc:
-            print(f"refused ({why}): {exc}")
+            bad = SamplingParams(**canvas_read_args(canvas, labels, max_steps))
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], bad)
+        except Exception as exc:  # 0.30 raises ValueError, 0.32 VLLMValidationError (not a ValueError)
+            print(f"refused ({why}): {type(exc).__name__}: {exc}")
         else:
             print(f"NOT refused: {why}")
             failures += 1
-    print(f"largest gap {worst:.4f} (tolerance {args.tolerance}); {failures} refusals missing")
+    print(f"largest gap {worst:.4f} (tolerance {args.tolerance}); {failures} failed checks")
     return 0 if worst <= args.tolerance and failures == 0 else 1
 
 

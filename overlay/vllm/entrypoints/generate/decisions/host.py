@@ -19,6 +19,7 @@ from .affinity import replica_for
 from .errors import DecisionError, EngineBusyError
 from .metrics import engine_read
 from .read_context import ReadContext, as_context
+from .vllm_versions import BUILT_IN_CANVAS_READ
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -71,8 +72,8 @@ class BackendHost(ABC):
     tokenizer: Any = None
     # The model's vocabulary size (0: unknown), e.g. for drawing noise tokens.
     vocab_size: int = 0
-    # Whether the engine can do read-only canvas reads (:meth:`read_canvas`): a diffusion model on a
-    # vLLM with patches/00572.
+    # Whether the engine can do read-only canvas reads (:meth:`read_canvas`): a diffusion model on vLLM
+    # 0.32, or on 0.30 with patches/00572.
     canvas_reads: bool = False
     # The dtype the LM head computes logits in ("bfloat16", "float16", "float32").
     logit_dtype: str = "float32"
@@ -178,9 +179,9 @@ class VllmHost(BackendHost):
         # Under data parallelism with vLLM's internal load balancer, reads about one state go to one replica.
         parallel = engine_client.vllm_config.parallel_config
         self.replicas = 1 if parallel.local_engines_only else parallel.data_parallel_size
-        # A diffusion model, and a vLLM with patches/00572.
+        # A diffusion model, and a vLLM that reads canvases: 0.32 itself, 0.30 with patches/00572.
         self.canvas_reads = bool(getattr(model_config, "is_diffusion", False)) and (
-            importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
+            BUILT_IN_CANVAS_READ or importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
         )
         self._model_config = model_config
         self.logit_dtype = str(model_config.head_dtype).removeprefix("torch.")
@@ -282,10 +283,7 @@ class VllmHost(BackendHost):
     ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
-        # patches/00572 reads ``canvas_read``; diffusion models take temperature 1.0 and no engine seed.
-        canvas = {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
-        params = SamplingParams(max_tokens=1, logprob_token_ids=token_ids, detokenize=False,
-                                extra_args={"canvas_read": canvas})  # fmt: skip
+        params = SamplingParams(**canvas_read_args(canvas_ids, token_ids, max_steps))
         return only(await self._read(prompt_ids, params, as_context(context), "canvas"), token_ids)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
@@ -373,6 +371,34 @@ def fp32_reads_missing(vllm_config: Any) -> str | None:
     from vllm.v1.sample.exact_logprobs import unsupported_reason
 
     return unsupported_reason(vllm_config)
+
+
+def canvas_read_args(
+    canvas_ids: list[int], token_ids: list[int], max_steps: int, built_in: bool = BUILT_IN_CANVAS_READ
+) -> dict[str, Any]:
+    """``SamplingParams`` arguments for :meth:`BackendHost.read_canvas`: the canvas after the prompt starts
+    as ``canvas_ids``, only its position 0 may change, the engine denoises at most ``max_steps`` times, and
+    the request returns the log-probability of each of ``token_ids`` at position 0 over the whole
+    vocabulary. Diffusion models take temperature 1.0 and no engine seed: both stay at their defaults.
+
+    ``built_in`` (vLLM 0.32, vllm/utils/diffusion.py): every position but 0 is pinned to its seed, and the
+    read-only request ends on its last denoise step with temperature-1 log-probabilities. ``max_tokens``
+    is the canvas width, what upstream's validation gives a read-only request that names none (and, at
+    width 2, what upstream's own canvas read asks for). ``diffusion_constrained`` stays off: it would
+    renormalize over ``token_ids``. Otherwise (0.30): patches/00572's ``canvas_read``, with max_tokens=1."""
+    if built_in:
+        extra: dict[str, Any] = {
+            "diffusion_seed_canvas": canvas_ids,
+            "diffusion_canvas_length": len(canvas_ids),
+            "diffusion_pinned": list(range(1, len(canvas_ids))),
+            "diffusion_max_steps": max_steps,
+            "diffusion_read_only": True,
+        }
+        max_tokens = len(canvas_ids)
+    else:
+        extra = {"canvas_read": {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}}
+        max_tokens = 1
+    return {"max_tokens": max_tokens, "logprob_token_ids": token_ids, "detokenize": False, "extra_args": extra}
 
 
 def only(read: TokenRead, token_ids: Sequence[int]) -> TokenRead:

@@ -29,6 +29,7 @@ from ...questions import CompiledQuestion
 from ...read_context import ReadContext
 from ...scoring import softmax
 from ...settings import Settings
+from ...vllm_versions import BUILT_IN_CANVAS_READ
 from ..base import DecisionBackend, Reading
 from .options import CanvasOptions
 from .samples import average, noise_tokens
@@ -78,10 +79,11 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
 
     async def start(self) -> None:
         if not self.host.canvas_reads:
+            # vLLM 0.32 reads canvases itself; 0.30 needs our patch.
+            patch = " on a vLLM with patches/00572-diffusion-canvas-read-v0.30.patch (./install.sh --with-canvas)"
             raise BackendUnavailable(
                 "this server can't do read-only canvas reads: the canvas backend needs a diffusion model "
-                "(DiffusionGemma) on a vLLM with patches/00572-diffusion-canvas-read-v0.30.patch "
-                "(./install.sh --with-canvas)"
+                f"(DiffusionGemma){'' if BUILT_IN_CANVAS_READ else patch}"
             )
         if self.host.vocab_size <= 0:
             raise BackendUnavailable("the engine did not say its vocabulary size, which the canvas noise is drawn from")
