@@ -34,6 +34,6 @@ rc=0
 checked "$PY" -m pytest -n "$WORKERS" "$@" || rc=$?
 if [ $# -eq 0 ]; then
   echo "== pytest (vLLM 0.32: the tests marked vllm032)"
-  checked env PATH="$VENV_032/bin:$PATH" "$VENV_032/bin/python" -m pytest -n "$WORKERS" -m vllm032 tests/server || rc=$?
+  checked env PATH="$VENV_032/bin:$PATH" "$VENV_032/bin/python" -m pytest -n "$WORKERS" -m vllm032 tests || rc=$?
 fi
 exit $rc

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from ..conftest import model_path
@@ -29,3 +31,10 @@ def single_reads(request, monkeypatch):
     from vllm.entrypoints.generate.decisions import settings
 
     monkeypatch.setattr(settings, "DEFAULT_DEBIAS", settings.NO_DEBIAS)
+
+
+@pytest.fixture(autouse=True)
+def package_logs_captured(caplog):
+    """The package's INFO lines in ``caplog``: vLLM 0.30 sets its ``vllm`` logger to INFO when imported,
+    0.32 only when a server or engine configures logging, so a test sets the level itself."""
+    caplog.set_level(logging.INFO, logger="vllm.entrypoints.generate.decisions")

@@ -13,6 +13,9 @@ import pytest
 from vllm.entrypoints.generate.decisions.host import VllmHost, canvas_read_args
 from vllm.entrypoints.generate.decisions.vllm_versions import BUILT_IN_CANVAS_READ, VLLM_RELEASE
 
+# Also run on vLLM 0.32 (tools/test.sh's second pass): these touch vLLM's own APIs.
+pytestmark = pytest.mark.vllm032
+
 LABELS = [235, 236]
 
 
@@ -58,12 +61,13 @@ class Engine:
         self.vllm_config = SimpleNamespace(
             model_config=self.model_config,
             parallel_config=SimpleNamespace(local_engines_only=True, data_parallel_size=1),
+            scheduler_config=SimpleNamespace(policy="fcfs"),
         )
         tokenizer = SimpleNamespace(all_special_ids=[], added_tokens_decoder={})
         self.renderer = SimpleNamespace(get_tokenizer=lambda: tokenizer)
         self.requests: list[tuple[object, object]] = []
 
-    async def generate(self, prompt, params, request_id, data_parallel_rank=None):
+    async def generate(self, prompt, params, request_id, priority=0, data_parallel_rank=None):
         self.requests.append((prompt, params))
         position = {t: SimpleNamespace(logprob=-1.0 - i) for i, t in enumerate([*LABELS, 999])}
         yield SimpleNamespace(outputs=[SimpleNamespace(logprobs=[position])], num_cached_tokens=3)

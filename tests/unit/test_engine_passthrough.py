@@ -21,6 +21,9 @@ from vllm.entrypoints.generate.decisions.settings import Settings
 from ..cases import jev, openai
 from .fakes import ScriptedBackend
 
+# Also run on vLLM 0.32 (tools/test.sh's second pass): these touch vLLM's own APIs.
+pytestmark = pytest.mark.vllm032
+
 SALT = "tenant-7-Zq3xV0c8mQ"
 
 
