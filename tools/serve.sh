@@ -6,6 +6,7 @@
 # env: MODEL  a model folder or name as `vllm serve` takes it, or a short name for one that set-up builds:
 #             smollm2 (the default): SmolLM2-135M-Instruct; qwen: Qwen2.5-Coder-0.5B-Instruct
 #      PORT   default 8000
+#      DECISIONS_VLLM_VERSION  0.30.0 (the default) or 0.32.0: which vLLM, each in its own environment
 # The context is SmolLM2's full 8,192 tokens (a 255-option choice with short descriptions needs about
 # 4,600); a later --max-model-len among the extra args wins, e.g. for a model with a shorter one.
 set -euo pipefail

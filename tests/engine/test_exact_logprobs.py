@@ -21,6 +21,8 @@ from vllm.entrypoints.generate.decisions.prompting.prompt import chat
 
 from ..conftest import model_path
 
+# Also run on vLLM 0.32 (tools/test.sh's second pass): the same patch goes into its model runner.
+pytestmark = pytest.mark.vllm032
 PROBE = Path(__file__).with_name("logprob_probe.py")
 TICKETS = (
     "My payouts have been failing for 3 days and nobody answers.",
