@@ -36,7 +36,9 @@ def cpu_dtype() -> str:
 
 def engine_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measured vLLM process: decisions on, offline, a 2 GiB KV cache unless set."""
+    # The tools name their model "m": vLLM's own VLLM_SKIP_MODEL_NAME_VALIDATION takes it as the served one.
     return {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_SKIP_MODEL_NAME_VALIDATION": os.environ.get("VLLM_SKIP_MODEL_NAME_VALIDATION", "1"),
             "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
             **(env or {})}  # fmt: skip
 
