@@ -49,12 +49,11 @@ def engine_args(dtype: str | None = None) -> list[str]:
             "--dtype", dtype or cpu_dtype()]  # fmt: skip
 
 
-def serve(
-    model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None, dtype: str | None = None
-) -> subprocess.Popen:
+def serve(model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None,
+          dtype: str | None = None, args: list[str] | None = None) -> subprocess.Popen:  # fmt: skip
     env = engine_env({"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir, **(env or {})})
     command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-               *engine_args(dtype)]  # fmt: skip
+               *engine_args(dtype), *(args or [])]  # fmt: skip
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
