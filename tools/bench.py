@@ -24,12 +24,18 @@ one, then measures, with seeded inputs:
 - startup (own server only): seconds from /health up to the first answered decision, first without a
   saved calibration, then with it;
 - bulk (--bulk-lines N, own server only): the same N lines through `vllm run-batch` and through the
-  online server at its best concurrency (tools/bench_bulk.py, which also runs alone).
+  online server at its best concurrency (tools/bench_bulk.py, which also runs alone);
+- adapter (--adapter, own server only, alone): what reading through a LoRA adapter costs against the base
+  model on one server (`--enable-lora`, a random rank-8 q_proj/v_proj adapter built over the model by
+  tools/env/build_lora_adapter.py, the temperature configured so neither calibrates, and the self-check
+  threshold at 0, since the random adapter's answers are noise): one-question
+  decisions and 16-question requests (~800-word states), base and adapter interleaved request by
+  request (alternating which goes first), every state distinct; p50 per decision and the ratio.
 
 This machine is shared and noisy: only the ratios measured within one run are results.
 
 usage: python tools/bench.py [--model PATH] [--port N [--server-pid PID]] [--quick] [--bulk-lines N]
-                             [--reads | --only-reads] [--json OUT.json]
+                             [--reads | --only-reads | --adapter] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -103,8 +109,8 @@ class Bench:
         return result, api_after - api, engine_after - engine
 
     async def decide(self, state: str, questions: list[str], extra: dict[str, Any] | None = None,
-                     **backend_options: Any) -> tuple[float, dict]:  # fmt: skip
-        body = {"model": self.model, "input": state, "extra": {"backend_options": backend_options, **(extra or {})},
+                     model: str | None = None, **backend_options: Any) -> tuple[float, dict]:  # fmt: skip
+        body = {"model": model or self.model, "input": state, "extra": {"backend_options": backend_options, **(extra or {})},
                 "questions": [{"type": "predicate", "instructions": q} for q in questions]}  # fmt: skip
         started = time.perf_counter()
         response = await self.client.post("/v1/decisions", json=body)
@@ -206,6 +212,21 @@ class Bench:
                       "computed_tokens_per_decision": tokens[row] / (rounds * len(QUESTIONS))}
                 for row, v in seconds.items()} | {"rounds": rounds, "words": words}  # fmt: skip
 
+    async def adapter(self, rng: random.Random, adapter: str, rounds: int) -> dict[str, Any]:
+        """Seconds per decision through ``adapter`` and through the base model, interleaved, fresh states."""
+        rows = {}
+        for name, questions, words, count in (("one question", QUESTIONS[:1], 150, rounds),
+                                              ("16 questions, one request", QUESTIONS, 800, max(rounds // 4, 3))):  # fmt: skip
+            seconds: dict[str, list[float]] = {"base": [], "adapter": []}
+            for i in range(count):
+                for side in ("base", "adapter") if i % 2 == 0 else ("adapter", "base"):
+                    elapsed, _ = await self.decide(state_of(rng, words), questions,
+                                                   model=adapter if side == "adapter" else None)  # fmt: skip
+                    seconds[side].append(elapsed / len(questions))
+            base, through = median(seconds["base"]), median(seconds["adapter"])
+            rows[name] = {"rounds": count, "base_s": base, "adapter_s": through, "ratio": through / base}
+        return rows
+
     async def concurrency(self, rng: random.Random, in_flight: int, total: int) -> dict[str, Any]:
         states = [state_of(rng, 150) for _ in range(total)]
         queue: asyncio.Queue[str] = asyncio.Queue()
@@ -227,14 +248,24 @@ class Bench:
 
 
 async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server_pid: int | None,
-                  reads: str = "") -> dict[str, Any]:  # fmt: skip
-    """Every phase; ``reads``: "" without the reads phase, "also" with it, "only" for it alone."""
+                  reads: str = "", adapter: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every phase; ``reads``: "" without the reads phase, "also" with it, "only" for it alone; with
+    ``adapter``, the adapter phase alone."""
     from transformers import AutoTokenizer
 
     bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path), server_pid)
     rng = random.Random(0)
     await bench.decide("warm-up", [QUESTIONS[0]])  # first-request costs are not what we measure
     results: dict[str, Any] = {}
+    if adapter is not None:
+        probe = {"model": adapter, "input": "warm-up", "questions": [{"type": "predicate", "instructions": "?"}]}
+        while (response := await bench.client.post("/v1/decisions", json=probe)).status_code == 503:
+            if "retry-after" not in response.headers:  # its own startup check refused it
+                raise SystemExit(f"the adapter serves no decisions: {response.text}")
+            await asyncio.sleep(1)
+        results["adapter"] = await bench.adapter(rng, adapter, 8 if quick else 24)
+        await bench.client.aclose()
+        return results
     if reads:
         results["reads"] = await bench.reads(rng, 800, 3 if quick else 8)
     if reads == "only":
@@ -259,7 +290,16 @@ def reads_table(reads: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def adapter_table(rows: dict[str, Any]) -> str:
+    lines = ["| decisions | base model, s per decision (p50) | through the adapter | ratio |", "|---|---|---|---|"]
+    lines += [f"| {name} ({r['rounds']} rounds) | {r['base_s']:.3f} | {r['adapter_s']:.3f} | {r['ratio']:.2f} |"
+              for name, r in rows.items()]  # fmt: skip
+    return "\n".join(lines)
+
+
 def table(results: dict[str, Any]) -> str:
+    if "adapter" in results:
+        return adapter_table(results["adapter"])
     if "overhead" not in results:
         return reads_table(results["reads"])
     o = results["overhead"]
@@ -306,6 +346,25 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def adapter_phase(args: argparse.Namespace) -> dict[str, Any]:
+    """A server with a random adapter built over the model beside it; the adapter phase against it."""
+    from env.build_lora_adapter import build
+
+    port = 8190
+    with tempfile.TemporaryDirectory() as folder:
+        adapter = build(Path(args.model), Path(folder) / "adapter")
+        lora = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={adapter}"]
+        # Cost only: no calibration, and no self-check refusal (a random adapter wrecks the answers).
+        env = {"VLLM_TYPED_DECISIONS_TEMPERATURE": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
+        process = serve(args.model, port, folder, Path(folder) / "serve.log", env, args.dtype, lora)
+        try:
+            startup_seconds(f"http://127.0.0.1:{port}", process)
+            return asyncio.run(measure(f"http://127.0.0.1:{port}", args.model, args.model, args.quick, process.pid,
+                                       adapter="adapter"))  # fmt: skip
+        finally:
+            stop(process)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser, "the CPU columns")
@@ -314,9 +373,12 @@ def main() -> int:
     parser.add_argument("--bulk-lines", type=int, default=0, help="add the bulk phase with this many batch lines")
     parser.add_argument("--reads", action="store_const", const="also", default="", help="add the reads phase")
     parser.add_argument("--only-reads", dest="reads", action="store_const", const="only", help="the reads phase alone")
+    parser.add_argument("--adapter", action="store_true", help="the adapter phase alone (own server)")
     args = parser.parse_args()
     results: dict[str, Any] = {"model": args.model, "date": time.strftime("%Y-%m-%d")}
-    if args.port:
+    if args.adapter:
+        results.update(adapter_phase(args))
+    elif args.port:
         url = f"http://127.0.0.1:{args.port}"
         served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
         results.update(asyncio.run(measure(url, served, args.model, args.quick, args.server_pid, args.reads)))

@@ -24,7 +24,7 @@ async def main(model: str, dtype: str) -> None:
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, dtype=dtype, enforce_eager=True,
                                                        max_model_len=2048, enable_prefix_caching=True))  # fmt: skip
     try:
-        decisions = await Decisions.start(engine)
+        decisions = await Decisions.start(engine, served_model="m")  # requests name it "m"
         openai = await decisions.decide({"model": "m", "input": TICKETS[0],
                                          "questions": [{"type": "predicate", "instructions": "Is it urgent?"}]})  # fmt: skip
         print(json.dumps({"openai": [openai.status, openai.body]}))

@@ -5,6 +5,8 @@ decision startup work is done, so this polls a decision request rather than /hea
 503's Retry-After says (5 to 15 s; vLLM's access log prints a line per poll) and prints what the server
 is doing (e.g. "calibration, 120 of 300 questions read, about 40 s left") only when it changes. A 503
 without Retry-After means startup failed: waiting won't help, so the reason is printed at once.
+The decision names the served model as ``GET /v1/models`` lists it first (or --model): a name the server
+doesn't serve is refused 404, as vLLM refuses it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 import httpx
 
 SAMPLE = {
-    "model": "default",
+    "model": "",  # the served model's name, from GET /v1/models
     "input": "Ticket: My payouts have been failing for 3 days and I need the money today.",
     "questions": [
         {"type": "predicate", "name": "is_urgent", "instructions": "Does this ticket convey urgency?"},
@@ -58,11 +60,17 @@ def retry_after(response: httpx.Response | None) -> float:
         return POLL_S
 
 
+def served_model(port: int) -> str:
+    """The first model the server lists (its served model name)."""
+    return str(httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--wait", type=float, default=0, help="seconds to wait for the server")
     parser.add_argument("--server-pid", type=int, help="stop waiting if this process exits")
+    parser.add_argument("--model", help="the model to ask (default: the first GET /v1/models lists)")
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}/v1/decisions"
     deadline = time.monotonic() + args.wait
@@ -70,12 +78,13 @@ def main() -> int:
     while True:
         response: httpx.Response | None = None
         try:
-            response = httpx.post(url, json=SAMPLE, timeout=60)
+            sample = {**SAMPLE, "model": args.model or served_model(args.port)}
+            response = httpx.post(url, json=sample, timeout=60)
             if response.status_code not in (503, 404):
                 break
             if response.status_code == 503 and "retry-after" not in response.headers:
                 break  # startup failed: waiting won't help, the body says why
-        except httpx.TransportError:
+        except (httpx.TransportError, ValueError, KeyError, IndexError):  # not up yet
             pass
         if response is not None and response.status_code == 503:
             message = starting_message(response)

@@ -12,12 +12,14 @@
 set -euo pipefail
 ONCE=0; [ "${1:-}" = --once ] && { ONCE=1; shift; }
 source "$(dirname "$0")/env/common.sh"
+# A short name is also the served model name, which requests name in `model` (README's examples: smollm2).
+NAMED=()
 case "${MODEL:-smollm2}" in
-  smollm2) MODEL=$MODELS/smollm2-135m-instruct ;;
-  qwen) MODEL=$MODELS/qwen2.5-coder-0.5b-instruct ;;
+  smollm2) MODEL=$MODELS/smollm2-135m-instruct; NAMED=(--served-model-name smollm2) ;;
+  qwen) MODEL=$MODELS/qwen2.5-coder-0.5b-instruct; NAMED=(--served-model-name qwen) ;;
 esac
 PORT=${PORT:-8000}
-ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 8192 --enable-prefix-caching)
+ARGS=(--host 127.0.0.1 --port "$PORT" --max-model-len 8192 --enable-prefix-caching "${NAMED[@]}")
 if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then
   # On CPU: bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX); elsewhere (AVX2 only) vLLM's
   # bf16 matmuls are emulated, about five times slower than float32 for SmolLM2.

@@ -36,7 +36,9 @@ def cpu_dtype() -> str:
 
 def engine_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measured vLLM process: decisions on, offline, a 2 GiB KV cache unless set."""
+    # The tools name their model "m": vLLM's own VLLM_SKIP_MODEL_NAME_VALIDATION takes it as the served one.
     return {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_SKIP_MODEL_NAME_VALIDATION": os.environ.get("VLLM_SKIP_MODEL_NAME_VALIDATION", "1"),
             "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
             **(env or {})}  # fmt: skip
 
@@ -47,12 +49,11 @@ def engine_args(dtype: str | None = None) -> list[str]:
             "--dtype", dtype or cpu_dtype()]  # fmt: skip
 
 
-def serve(
-    model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None, dtype: str | None = None
-) -> subprocess.Popen:
+def serve(model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None,
+          dtype: str | None = None, args: list[str] | None = None) -> subprocess.Popen:  # fmt: skip
     env = engine_env({"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir, **(env or {})})
     command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-               *engine_args(dtype)]  # fmt: skip
+               *engine_args(dtype), *(args or [])]  # fmt: skip
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 

@@ -67,7 +67,7 @@ class Engine:
         self.renderer = SimpleNamespace(get_tokenizer=lambda: tokenizer)
         self.requests: list[tuple[object, object]] = []
 
-    async def generate(self, prompt, params, request_id, priority=0, data_parallel_rank=None):
+    async def generate(self, prompt, params, request_id, lora_request=None, priority=0, data_parallel_rank=None):
         self.requests.append((prompt, params))
         position = {t: SimpleNamespace(logprob=-1.0 - i) for i, t in enumerate([*LABELS, 999])}
         yield SimpleNamespace(outputs=[SimpleNamespace(logprobs=[position])], num_cached_tokens=3)

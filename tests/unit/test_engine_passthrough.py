@@ -120,6 +120,7 @@ def bare_host(engine: FakeEngine) -> VllmHost:
     host = VllmHost.__new__(VllmHost)
     host.engine_client = engine  # type: ignore[assignment]
     host.request_logger = None
+    host.adapter = None
     host.replicas = 1
     host.fp32_reads_missing = "no patch"
     return host
@@ -146,3 +147,19 @@ async def test_a_bare_request_id_reads_unsalted_at_priority_zero():
     await bare_host(engine).read_token_logprobs([1], [5], "plugin-read")
     _, engine_input, kwargs = engine.calls[0]
     assert "cache_salt" not in engine_input and kwargs["priority"] == 0
+
+
+async def test_every_read_goes_through_the_adapter_its_context_or_host_names():
+    from vllm.lora.request import LoRARequest
+
+    engine, adapter = FakeEngine(), LoRARequest("judge", 1, "/adapters/judge")
+    host = bare_host(engine)
+    named = ReadContext("state", "0" * 64, "decision-r-0", None, adapter=adapter)
+    await host.read_token_logprobs([1], [5], named)
+    await host.generate([1], 1, named)
+    await host.pool([1], "token_classify", named)
+    bound = host.for_adapter(adapter)
+    await bound.read_top_logprobs([1], 5, "decision-self-check-0")  # a context of its own naming none
+    await host.read_token_logprobs([1], [5], "plugin-read")
+    assert [kwargs["lora_request"] for _, _, kwargs in engine.calls] == [adapter] * 4 + [None]
+    assert host.adapter is None, "binding copies the host"

@@ -40,8 +40,13 @@ def registry(monkeypatch) -> CollectorRegistry:
     return own
 
 
+# Metrics labelled by LoRA adapter: these tests read the base model's ("").
+ADAPTER_LABELLED = ("vllm:decision_questions", "vllm:decision_option_mass", "vllm:decision_calibration_temperature")
+
+
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    found = registry.get_sample_value(name, {"model_name": MODEL, **labels})
+    adapter = {"adapter": ""} if name.startswith(ADAPTER_LABELLED) else {}
+    found = registry.get_sample_value(name, {"model_name": MODEL, **adapter, **labels})
     return 0.0 if found is None else found
 
 

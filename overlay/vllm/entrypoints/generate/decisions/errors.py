@@ -16,10 +16,12 @@ class DecisionError(Exception):
     # Seconds a client should wait before retrying (sent as Retry-After), for temporary refusals.
     retry_after: int | None = None
 
-    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        # The request field at fault, where vLLM's error response names one (``model`` for an unknown model).
+        self.param = param
 
     @property
     def is_invalid_input(self) -> bool:

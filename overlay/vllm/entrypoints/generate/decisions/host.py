@@ -7,11 +7,12 @@ Backends render prompts, tokenize and read log-probabilities only through a :cla
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +25,7 @@ from .vllm_versions import BUILT_IN_CANVAS_READ
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.serve.utils.request_logger import RequestLogger
+    from vllm.lora.request import LoRARequest
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,9 @@ class BackendHost(ABC):
     """What a backend may ask of the serving engine.
 
     Every engine call takes the question's :class:`ReadContext` (``context.part(...)`` for each of several
-    calls): its request id names the call in vLLM's request log, and its state picks the engine replica
-    under data parallelism. A bare request id still works, for plugins written before contexts.
+    calls): its request id names the call in vLLM's request log, its state picks the engine replica
+    under data parallelism, and its adapter is the LoRA adapter the engine reads through. A bare request
+    id still works, for plugins written before contexts.
     """
 
     served_model: str
@@ -166,6 +169,8 @@ class VllmHost(BackendHost):
         request_logger: RequestLogger | None = None,
     ) -> None:
         self.engine_client = engine_client
+        # The LoRA adapter of reads whose context names none (:meth:`for_adapter`): None, the base model.
+        self.adapter: LoRARequest | None = None
         # vLLM's request log (--enable-log-requests): one line per engine read, under its request id.
         self.request_logger = request_logger
         self.served_model = served_model
@@ -258,7 +263,7 @@ class VllmHost(BackendHost):
         # so nothing is detokenized.
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False,
                                 extra_args=self._fp32_args(fp32))  # fmt: skip
-        return only(await self._read(prompt_ids, params, as_context(context), "exact"), token_ids)
+        return only(await self._read(prompt_ids, params, self._context(context), "exact"), token_ids)
 
     async def read_top_logprobs(
         self, prompt_ids: list[int], k: int, context: ReadContext[Any] | str, fp32: bool = False
@@ -267,7 +272,7 @@ class VllmHost(BackendHost):
 
         params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False,
                                 extra_args=self._fp32_args(fp32))  # fmt: skip
-        return await self._read(prompt_ids, params, as_context(context), "top_k")
+        return await self._read(prompt_ids, params, self._context(context), "top_k")
 
     def _fp32_args(self, fp32: bool) -> dict[str, Any] | None:
         """``extra_args`` asking patches/exact-logprobs for fp32 values (None: not asked, or no patch)."""
@@ -284,17 +289,17 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(**canvas_read_args(canvas_ids, token_ids, max_steps))
-        return only(await self._read(prompt_ids, params, as_context(context), "canvas"), token_ids)
+        return only(await self._read(prompt_ids, params, self._context(context), "canvas"), token_ids)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        read, final = as_context(context), None
+        read, final = self._context(context), None
         with engine_admission(), engine_read("generate"):  # metrics.py: engine-read latency
-            self._log(read.request_id, prompt_ids, params)
+            self._log(read, prompt_ids, params)
             async for output in self.engine_client.generate(engine_input(prompt_ids, read), params, read.request_id,
-                                                            priority=read.priority,
+                                                            lora_request=read.adapter, priority=read.priority,
                                                             data_parallel_rank=self._replica(read)):  # fmt: skip
                 final = output
         if final is None or not final.outputs:
@@ -305,12 +310,13 @@ class VllmHost(BackendHost):
     async def pool(self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str) -> Any:
         from vllm.pooling_params import PoolingParams
 
-        read, final = as_context(context), None
+        read, final = self._context(context), None
         try:
             params = PoolingParams(task=cast(Any, task))
             with engine_admission(), engine_read("pool"):  # metrics.py: engine-read latency
-                self._log(read.request_id, prompt_ids, params)
+                self._log(read, prompt_ids, params)
                 async for output in self.engine_client.encode(engine_input(prompt_ids, read), params, read.request_id,
+                                                              lora_request=read.adapter,
                                                               priority=read.priority):  # fmt: skip
                     final = output
         except ValueError as exc:  # the served model doesn't support this pooling task
@@ -320,9 +326,22 @@ class VllmHost(BackendHost):
         data = final.outputs.data
         return data.tolist() if hasattr(data, "tolist") else data
 
-    def _log(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+    def _log(self, context: ReadContext[Any], prompt_ids: list[int], params: Any) -> None:
         if self.request_logger is not None:
-            self.request_logger.log_inputs(request_id, None, prompt_ids, None, params=params, lora_request=None)
+            self.request_logger.log_inputs(context.request_id, None, prompt_ids, None, params=params,
+                                           lora_request=context.adapter)  # fmt: skip
+
+    def for_adapter(self, adapter: LoRARequest) -> VllmHost:
+        """This host reading through LoRA ``adapter`` wherever a read's context names no adapter: the
+        backend and calibration of an adapter's decision service build contexts of their own (adapters.py)."""
+        bound = copy.copy(self)
+        bound.adapter = adapter
+        return bound
+
+    def _context(self, context: ReadContext[Any] | str) -> ReadContext[Any]:
+        """A read's context, naming this host's adapter when it names none."""
+        read = as_context(context)
+        return replace(read, adapter=self.adapter) if read.adapter is None and self.adapter is not None else read
 
     def checkpoint_config(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._model_config.hf_config.to_dict())
@@ -339,9 +358,10 @@ class VllmHost(BackendHost):
     async def _read(self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str) -> TokenRead:
         final = None
         with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
-            self._log(context.request_id, prompt_ids, params)
+            self._log(context, prompt_ids, params)
             async for output in self.engine_client.generate(engine_input(prompt_ids, context), params,
-                                                            context.request_id, priority=context.priority,
+                                                            context.request_id, lora_request=context.adapter,
+                                                            priority=context.priority,
                                                             data_parallel_rank=self._replica(context)):  # fmt: skip
                 final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:

@@ -5,7 +5,8 @@ Why one module: every metric object, its labels and its buckets live here, and t
 calls one small function per event (a request done, a request's questions decided, an engine read,
 the temperatures in force), so the request path carries no Prometheus code and the label sets stay
 bounded in one place. No label is ever taken from model output, a request id or an option count:
-endpoints, question types, backends, readouts, outcomes and refusal reasons are all small sets.
+endpoints, question types, backends, readouts, outcomes and refusal reasons are all small sets, and
+the LoRA adapter label holds the first ``MAX_ADAPTER_LABELS`` adapter names seen, then ``other``.
 
 Why the metrics are created by :func:`init_metrics` (``init_decisions_state``) and not at import:
 vLLM's own stat logger unregisters every ``vllm:`` collector from the default registry when the
@@ -43,6 +44,21 @@ if TYPE_CHECKING:
 # The endpoint label: the route's path; anything else (a route added later) is "other".
 ENDPOINTS = DECISION_PATHS
 OTHER = "other"
+
+# The adapter label: "" for the base model, an adapter's name for the first MAX_ADAPTER_LABELS adapters
+# a process answers through, ``other`` beyond (adapters loaded at run time are not a bounded set).
+MAX_ADAPTER_LABELS = 16
+_adapter_labels: set[str] = set()
+
+
+def adapter_label(name: str) -> str:
+    if not name or name in _adapter_labels:
+        return name
+    if len(_adapter_labels) >= MAX_ADAPTER_LABELS:
+        return OTHER
+    _adapter_labels.add(name)
+    return name
+
 
 # A request's outcome, from its HTTP status; "cancelled": the client left before the answer.
 OUTCOMES = ("ok", "client_error", "unavailable", "server_error", "cancelled")
@@ -93,8 +109,9 @@ class DecisionMetrics:
                                 ["model_name", "endpoint", "outcome"], registry=r)  # fmt: skip
         self.questions = Counter(
             "vllm:decision_questions",
-            "Decision questions, by endpoint, question type, backend, readout and outcome (answered, refused).",
-            ["model_name", "endpoint", "question_type", "backend", "readout", "outcome"],
+            "Decision questions, by endpoint, question type, backend, readout, outcome (answered, refused) and "
+            "LoRA adapter (empty: the base model).",
+            ["model_name", "endpoint", "question_type", "backend", "readout", "outcome", "adapter"],
             registry=r,
         )
         self.refusals = Counter(
@@ -120,21 +137,22 @@ class DecisionMetrics:
         self.option_mass = Histogram(
             "vllm:decision_option_mass",
             "Next-token probability mass on the option labels, per answered question that reports it.",
-            ["model_name", "question_type", "backend"],
+            ["model_name", "question_type", "backend", "adapter"],
             buckets=OPTION_MASS_BUCKETS,
             registry=r,
         )
         self.temperature = Gauge(
             "vllm:decision_calibration_temperature",
-            "The calibration temperature in force, server-wide (scope=server) or for a question type's own fit.",
-            ["model_name", "scope"],
+            "The calibration temperature in force, server-wide (scope=server) or for a question type's own fit, "
+            "for the base model (adapter empty) or a LoRA adapter.",
+            ["model_name", "scope", "adapter"],
             multiprocess_mode="mostrecent",
             registry=r,
         )
         self.temperature_source = Gauge(
             "vllm:decision_calibration_temperature_source",
             "1 for where the temperature in force for a scope came from (configured, calibrated, default), else 0.",
-            ["model_name", "scope", "source"],
+            ["model_name", "scope", "source", "adapter"],
             multiprocess_mode="mostrecent",
             registry=r,
         )
@@ -262,9 +280,9 @@ def record_request(observation: Observation, status: int, seconds: float) -> Non
         metrics.refusals.labels(model, endpoint, "request", reason).inc()
 
 
-def record_questions(results: Sequence[Answer | Failure], backend: str) -> None:
-    """A request's questions decided by ``backend``: each answered or refused, and each answer's
-    option mass (when its backend reports one)."""
+def record_questions(results: Sequence[Answer | Failure], backend: str, adapter: str = "") -> None:
+    """A request's questions decided by ``backend`` (through LoRA ``adapter``): each answered or refused,
+    and each answer's option mass (when its backend reports one)."""
     observation = _observation.get()
     if observation is not None:
         observation.decided = True
@@ -272,15 +290,17 @@ def record_questions(results: Sequence[Answer | Failure], backend: str) -> None:
     if metrics is None:
         return
     model, endpoint = metrics.model_name, observation.endpoint if observation is not None else OTHER
+    adapter = adapter_label(adapter)
     for result in results:
         qtype = result.question.qtype.name
         if isinstance(result, Answer):
             audit = result.audit
-            metrics.questions.labels(model, endpoint, qtype, result.backend.name, audit.readout, "answered").inc()
+            metrics.questions.labels(model, endpoint, qtype, result.backend.name, audit.readout, "answered",
+                                     adapter).inc()  # fmt: skip
             if audit.option_mass is not None and math.isfinite(audit.option_mass):
-                metrics.option_mass.labels(model, qtype, result.backend.name).observe(audit.option_mass)
+                metrics.option_mass.labels(model, qtype, result.backend.name, adapter).observe(audit.option_mass)
         else:
-            metrics.questions.labels(model, endpoint, qtype, backend, "none", "refused").inc()
+            metrics.questions.labels(model, endpoint, qtype, backend, "none", "refused", adapter).inc()
             reason = refusal_reason(result.error.status, result.error)
             metrics.refusals.labels(model, endpoint, "question", reason).inc()
 
@@ -297,13 +317,15 @@ def engine_read(kind: str) -> Iterator[None]:
         metrics.engine_read_latency.labels(metrics.model_name, kind, phase).observe(time.perf_counter() - started)
 
 
-def record_temperatures(temperatures: Temperatures) -> None:
-    """The temperatures in force: the server-wide one and each question type's own fit, with sources."""
+def record_temperatures(temperatures: Temperatures, adapter: str = "") -> None:
+    """The temperatures in force for the base model or LoRA ``adapter``: the server-wide one and each
+    question type's own fit, with sources."""
     metrics = _active
     if metrics is None:
         return
+    adapter = adapter_label(adapter)
     scopes = {"server": temperatures.server, **temperatures.by_type}
     for scope, applied in scopes.items():
-        metrics.temperature.labels(metrics.model_name, scope).set(applied.value)
+        metrics.temperature.labels(metrics.model_name, scope, adapter).set(applied.value)
         for source in {*TEMPERATURE_SOURCES, applied.source}:
-            metrics.temperature_source.labels(metrics.model_name, scope, source).set(source == applied.source)
+            metrics.temperature_source.labels(metrics.model_name, scope, source, adapter).set(source == applied.source)

@@ -4,7 +4,8 @@
 The service builds one :class:`ReadContext` per question; debiasing, the backend and the host pass it
 on (each sub-read names itself with :meth:`ReadContext.part`). The host reads the request id for vLLM's
 request log, the state's hash for replica affinity (affinity.py), and the client's ``cache_salt`` and
-``priority``, which it hands to the engine with every read; the backend reads the state and its options.
+``priority`` and the LoRA adapter the request named (adapters.py), which it hands to the engine with every
+read; the backend reads the state and its options.
 Nothing about a request travels any other way.
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 OptionsT = TypeVar("OptionsT")
 
@@ -25,7 +29,8 @@ def sha256_of(text: str) -> str:
 class ReadContext(Generic[OptionsT]):
     """One question's read: the state it is about (and that state's SHA-256), the engine request id
     (each engine read under it adds a suffix) and the backend's options for this request; the engine's
-    prefix-cache salt and scheduling priority for every read of it (vLLM's own: none and 0 by default)."""
+    prefix-cache salt, scheduling priority and LoRA adapter for every read of it (vLLM's own: none, 0 and
+    none, the base model, by default)."""
 
     state: str
     state_sha256: str
@@ -33,6 +38,7 @@ class ReadContext(Generic[OptionsT]):
     options: OptionsT
     cache_salt: str | None = None
     priority: int = 0
+    adapter: LoRARequest | None = None
 
     @classmethod
     def about(cls, state: str, request_id: str, options: Any = None) -> ReadContext[Any]:

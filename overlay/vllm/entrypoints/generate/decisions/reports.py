@@ -62,10 +62,12 @@ class AuditRecord(BaseModel):
     """``extra.audit``: what produced the numbers, enough to reproduce or question them."""
 
     BASIC: ClassVar[tuple[str, ...]] = (
-        "calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes",
+        "calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes", "adapter",
     )  # fmt: skip
 
     served_model: str
+    # The LoRA adapter the reads went through (None: the base model); served_model then names it too.
+    adapter: str | None = None
     state_sha256: str
     render_version: str
     confidence_formula: str
@@ -84,9 +86,11 @@ class AuditRecord(BaseModel):
     prior: PriorAudit | None = None
 
     def as_json(self, basic: bool = False) -> dict[str, Any]:
+        # The base model's answers name no adapter.
+        nested = {"backend", "debias", "prior"} | ({"adapter"} if self.adapter is None else set())
         record = {
             **self.backend,
-            **self.model_dump(exclude={"backend", "debias", "prior"}),
+            **self.model_dump(exclude=nested),
             **(self.debias.model_dump() if self.debias is not None else {}),
             **({"prior": self.prior.model_dump(exclude_none=True)} if self.prior is not None else {}),
         }

@@ -28,7 +28,8 @@ class DecisionRequest:
     ``names`` say how the wire names each question in messages (``questions[0]``, ``questions.urgent``);
     ``request_id`` is the one id of this request (the client's ``X-Request-Id``, or a new one): the
     response's id and the engine's read ids (``decision-<id>-<question>...``) are made from it. The optional
-    fields are the ``extra`` block's: None means the server's setting. ``cache_salt`` and ``priority`` go
+    fields are the ``extra`` block's: None means the server's setting. ``model`` is the wire's ``model``
+    field: the served model or one of its LoRA adapters (adapters.py); None or empty, the served model. ``cache_salt`` and ``priority`` go
     to the engine with every read, as vLLM's own APIs pass them (its prefix-cache salt; its scheduling
     priority, which needs ``--scheduling-policy priority`` when not 0).
     """
@@ -37,6 +38,7 @@ class DecisionRequest:
     questions: tuple[CompiledQuestion, ...]
     names: tuple[str, ...]
     request_id: str
+    model: str | None = None
     backend: str | None = None
     backend_options: Mapping[str, Any] | None = None
     seed: int | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 
@@ -33,13 +33,18 @@ from .request import DecisionRequest
 from .scoring import CONFIDENCE_FORMULA, confidence, softmax
 from .settings import PREFIX, Settings
 
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
+    from .adapters import ServedModels
+
 logger = init_logger(__name__)
 
 
 class DecisionService:
     def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str,
                  starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None,
-                 readiness: Readiness | None = None) -> None:  # fmt: skip
+                 readiness: Readiness | None = None, adapter: LoRARequest | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.backend = backend
         # Other registered backends, built with their defaults the first time a request names one.
@@ -49,6 +54,12 @@ class DecisionService:
         # (startup.py passes the once-per-server start; alone, the backend's own start hook).
         self.starter = starter or (lambda chosen: chosen.start())
         self.served_model = served_model
+        # The LoRA adapter every read of this service goes through (None: the base model); and, on the
+        # base model's service of a server, the models a request may name with a service per adapter.
+        self.adapter = adapter
+        self.models: ServedModels | None = None
+        # What identifies this service's model for its saved startup work (startup.deployment).
+        self.deployment: dict[str, Any] = {"model": served_model}
         # Whether requests can be answered yet; while not, what startup is doing (or why it failed).
         self.readiness = readiness or Readiness()
         configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
@@ -70,8 +81,13 @@ class DecisionService:
             self.readiness.fail(str(exc) or type(exc).__name__)
             raise
         self.readiness.succeed()
-        record_temperatures(self.temperatures)  # metrics.py: the temperature gauges
-        logger.info("decisions ready: backend=%s, %s", self.backend.name, self.temperatures.describe())
+        record_temperatures(self.temperatures, self.adapter_name)  # metrics.py: the temperature gauges
+        through = f" through LoRA adapter {self.adapter_name!r}" if self.adapter is not None else ""
+        logger.info("decisions ready%s: backend=%s, %s", through, self.backend.name, self.temperatures.describe())
+
+    @property
+    def adapter_name(self) -> str:
+        return self.adapter.lora_name if self.adapter is not None else ""
 
     def check_limits(self, request: DecisionRequest) -> None:
         """Refuse, before any model work, a request over a configured limit, naming the setting: the
@@ -106,8 +122,11 @@ class DecisionService:
 
         The request's optional fields override the server's settings for it: ``temperature`` the
         calibration temperature, ``debias`` VLLM_TYPED_DECISIONS_DEBIAS, ``prior`` ..._PRIOR; ``seed``
-        reaches backends whose reads draw randomness.
+        reaches backends whose reads draw randomness. A request whose ``model`` names a LoRA adapter is
+        decided by that adapter's service (adapters.py); one naming no served model is refused (404).
         """
+        if self.models is not None and (adapter := await self.models.adapter(request.model)) is not None:
+            return await (await self.models.service_for(adapter)).decide(request)
         self.readiness.check()
         self.check_limits(request)
         chosen = await self.backend_named(request.backend)
@@ -120,13 +139,14 @@ class DecisionService:
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
         # Engine request ids: decision-<request id>-<question>, so vLLM's request log shows whose reads they are.
         contexts = [ReadContext(request.state, request.state_sha256, f"decision-{request.request_id}-{i}", options,
-                                request.cache_salt, request.priority) for i in range(len(request.questions))]  # fmt: skip
+                                request.cache_salt, request.priority, self.adapter)
+                    for i in range(len(request.questions))]  # fmt: skip
         reads = (
             self._answer(chosen, question, context, request.temperature, asked)
             for question, context in zip(request.questions, contexts, strict=True)
         )
         results = await gather_or_cancel(reads)
-        record_questions(results, chosen.name)  # metrics.py: questions, refusals, option mass
+        record_questions(results, chosen.name, self.adapter_name)  # metrics.py: questions, refusals, option mass
         return Decision(self.served_model, results)
 
     async def backend_named(self, name: str | None) -> DecisionBackend:
@@ -177,6 +197,7 @@ class DecisionService:
         probabilities = softmax(scores, applied.value)
         audit = AuditRecord(
             served_model=self.served_model,
+            adapter=self.adapter_name or None,
             state_sha256=context.state_sha256,
             render_version=backend.render_version,
             confidence_formula=CONFIDENCE_FORMULA,

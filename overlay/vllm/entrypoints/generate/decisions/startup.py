@@ -19,6 +19,7 @@ from starlette.datastructures import State
 from vllm.engine.protocol import EngineClient
 from vllm.logger import init_logger
 
+from .adapters import ServedModels, weights_sha256
 from .backends import DecisionBackend
 from .deployment_lock import identify_run, once_per_server, run_id, this_run
 from .errors import BackendUnavailable
@@ -40,17 +41,20 @@ def served_model_name(args: Namespace) -> str:
 
 async def init_decisions_state(engine_client: EngineClient, state: State, args: Namespace) -> None:
     """The decision service on the API server's app state; its startup work as a background task."""
-    service, model = build_service(engine_client, args)
+    service = build_service(engine_client, args, getattr(state, "openai_serving_models", None))
     state.decision_service = service
     # vLLM's own middleware echoes X-Request-Id under --enable-request-id-headers; the routes do otherwise.
     state.decision_echo_request_id = not getattr(args, "enable_request_id_headers", False)
     # Held so the task lives on; how it is going is service.readiness's to say.
-    state.decision_startup = asyncio.create_task(start_service(service, model))
+    state.decision_startup = asyncio.create_task(start_service(service))
 
 
-def build_service(engine_client: EngineClient, args: Namespace) -> tuple[DecisionService, dict[str, Any]]:
+def build_service(engine_client: EngineClient, args: Namespace,
+                  serving_models: Any = None) -> DecisionService:  # fmt: skip
     """Settings, plugins, host, backend and the decision service for ``vllm serve`` or ``vllm run-batch``
-    (``args``: either's), and what identifies the deployment for saved startup work. Nothing started yet."""
+    (``args``: either's), its deployment's key for saved startup work on it. Nothing started yet.
+    With vLLM's ``OpenAIServingModels``, a request's ``model`` is checked as vLLM checks it, and one
+    naming a LoRA adapter is decided through it (adapters.py); without, any ``model`` is the base's."""
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
 
     from .vllm_versions import load_chat_template
@@ -68,17 +72,34 @@ def build_service(engine_client: EngineClient, args: Namespace) -> tuple[Decisio
         request_logger=request_logger(args),
     )
     init_metrics(host.served_model)  # metrics.py: after vLLM's stat logger, in every API-server process
-    backend_cls = choose_backend(settings.backend, host.architectures)
-    backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
     model = deployment(engine_client, host.served_model)
-    readiness = Readiness()
-    service = DecisionService(settings, backend, host.served_model,
-                              starter=lambda chosen: start_backend_once(chosen, settings, model, readiness.waiting),
-                              readiness=readiness)  # fmt: skip
-    logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", backend.name,
+    service = new_service(settings, host, model)
+    logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", service.backend.name,
                 "configured" if settings.backend.name else "chosen for the model", host.architectures,
                 ", ".join(backend_names()))  # fmt: skip
-    return service, model
+    if serving_models is not None:
+
+        async def adapter_service(adapter: Any) -> DecisionService:
+            # Saved startup work is keyed by the adapter's name and weights besides the base's deployment.
+            weights = await asyncio.to_thread(weights_sha256, adapter.lora_path)
+            key = {**model, "adapter": adapter.lora_name, "adapter_sha256": weights}
+            return new_service(settings, host.for_adapter(adapter), key, adapter)
+
+        service.models = ServedModels(serving_models, adapter_service, start_service)
+    return service
+
+
+def new_service(settings: Settings, host: VllmHost, model: dict[str, Any], adapter: Any = None) -> DecisionService:
+    """The configured backend over ``host`` and a decision service for it, its startup work saved under
+    ``model`` (the deployment's key) and to be started (:func:`start_service`)."""
+    backend_cls = choose_backend(settings.backend, host.architectures)
+    backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
+    readiness = Readiness()
+    service = DecisionService(settings, backend, adapter.lora_name if adapter is not None else host.served_model,
+                              starter=lambda chosen: start_backend_once(chosen, settings, model, readiness.waiting),
+                              readiness=readiness, adapter=adapter)  # fmt: skip
+    service.deployment = model
+    return service
 
 
 def request_logger(args: Namespace) -> Any:
@@ -135,14 +156,15 @@ def shareable(backend: DecisionBackend, facts: BaseModel | None) -> dict[str, An
     return facts.model_dump(mode="json")
 
 
-async def start_service(service: DecisionService, model: dict[str, Any]) -> None:
-    """The startup work: the backend's start (once per server), then calibration unless T is configured.
+async def start_service(service: DecisionService) -> None:
+    """The startup work: the backend's start (once per server), then calibration unless T is configured;
+    then, for the base model, the same for each LoRA adapter already loaded (``--lora-modules``).
     A failure is logged, never raised: requests then get 503 with the reason (``service.readiness``)."""
     from .calibration.run import startup_calibration
     from .corrections import Calibrated
 
     async def calibrate() -> Calibrated:
-        return await startup_calibration(service.backend, service.settings, model, service.readiness)
+        return await startup_calibration(service.backend, service.settings, service.deployment, service.readiness)
 
     try:
         await service.start(calibrate)
@@ -150,3 +172,5 @@ async def start_service(service: DecisionService, model: dict[str, Any]) -> None
         logger.error("decisions unavailable on this server (decision requests will get 503): %s", exc)
     except Exception:
         logger.exception("decision startup failed; decision requests will get 503")
+    if service.models is not None and service.readiness.ready:
+        await service.models.start_loaded()

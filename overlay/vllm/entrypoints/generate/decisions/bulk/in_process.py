@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.openai.models.protocol import BaseModelPath, LoRAModulePath
 
 from ..api_router import wire_at
 from ..body import decode_body, parse_json
@@ -23,7 +24,7 @@ from ..errors import DecisionError
 from ..metrics import observed_route
 from ..paths import DECISIONS
 from ..service import DecisionService
-from ..startup import build_service, start_service
+from ..startup import build_service, served_model_name, start_service
 from ..wire.handling import Reply, new_request_id
 
 
@@ -44,7 +45,7 @@ class Decisions:
     """Decide requests of either wire format in process::
 
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model="HuggingFaceTB/SmolLM2-135M-Instruct"))
-        decisions = await Decisions.start(engine)
+        decisions = await Decisions.start(engine, served_model="m")
         result = await decisions.decide({"model": "m", "input": "Refund not received after 10 days.",
                                          "questions": [{"type": "predicate", "instructions": "Is it urgent?"}]})
         result.body["answers"][0]["probability"]
@@ -57,14 +58,19 @@ class Decisions:
 
     @classmethod
     async def start(cls, engine_client: EngineClient, served_model: str | None = None,
-                    args: Namespace | None = None) -> Decisions:  # fmt: skip
+                    args: Namespace | None = None, lora_modules: list[LoRAModulePath] | None = None) -> Decisions:  # fmt: skip
         """The decision service over ``engine_client``, started as a server's is (the backend's startup
-        check, then the saved calibration or a new one); ``args`` are vLLM's frontend arguments when
-        there are some (``vllm run-batch`` passes its own). Raises if the backend can't serve the model."""
+        check, then the saved calibration or a new one, then the same for each LoRA adapter); ``args`` are
+        vLLM's frontend arguments when there are some (``vllm run-batch`` passes its own). A request's
+        ``model`` names ``served_model`` (else the model's path) or one of ``lora_modules`` (else those of
+        ``args``), loaded here as ``vllm serve --lora-modules`` loads them (the engine needs
+        ``enable_lora``). Raises if the backend can't serve the model."""
         if args is None:
             args = Namespace(model=engine_client.model_config.model, served_model_name=served_model and [served_model])
-        service, model = build_service(engine_client, args)
-        await start_service(service, model)
+        service = build_service(engine_client, args, await serving_models(engine_client, args, lora_modules))
+        await start_service(service)
+        if service.models is not None:  # an adapter first named later starts before its request is decided
+            service.models.wait_for_start = True
         if service.readiness.failure is not None:
             raise RuntimeError(f"decisions are unavailable on this model: {service.readiness.failure}")
         return cls(service)
@@ -104,3 +110,16 @@ class Decisions:
                 yield await window.pop(0)
         while window:
             yield await window.pop(0)
+
+
+async def serving_models(engine_client: EngineClient, args: Namespace,
+                         lora_modules: list[LoRAModulePath] | None = None) -> Any:  # fmt: skip
+    """vLLM's ``OpenAIServingModels`` as ``vllm serve`` builds it from ``args``: the served names and the
+    ``--lora-modules`` adapters (or ``lora_modules``), loaded into the engine."""
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    names = getattr(args, "served_model_name", None) or [served_model_name(args)]
+    paths = [BaseModelPath(name=name, model_path=str(args.model)) for name in names]
+    models = OpenAIServingModels(engine_client, paths, lora_modules=lora_modules or getattr(args, "lora_modules", None))
+    await models.init_static_loras()
+    return models

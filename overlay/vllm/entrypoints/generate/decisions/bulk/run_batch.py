@@ -192,6 +192,10 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
         raise SystemExit("decision batch: this model serves no decisions (it supports neither generate nor "
                          "token_classify)")  # fmt: skip
     await service.readiness.settled()
+    if (startup := getattr(state, "decision_startup", None)) is not None:
+        await startup  # then the startup work of each --lora-modules adapter
+    if service.models is not None:  # an adapter's line waits for its startup work rather than failing
+        service.models.wait_for_start = True
     if service.readiness.failure is not None:
         raise SystemExit(f"decision batch: decisions are unavailable on this model: {service.readiness.failure}")
     source, target = Path(args.input_file), Path(args.output_file)

@@ -57,14 +57,15 @@ class ExtraRequest(BaseModel):
 
 
 def decision_request(extra: ExtraRequest, state: str, questions: list[CompiledQuestion], names: list[str],
-                     request_id: str) -> DecisionRequest:  # fmt: skip
+                     request_id: str, model: str | None = None) -> DecisionRequest:  # fmt: skip
     """The request the service decides: the compiled questions, named as the wire names them in messages
-    (``names``), with the ``extra`` block's choices."""
+    (``names``), for the ``model`` it names, with the ``extra`` block's choices."""
     return DecisionRequest(
         state,
         tuple(questions),
         tuple(names),
         request_id,
+        model=model,
         backend=extra.backend,
         backend_options=extra.backend_options,
         seed=extra.seed,

@@ -31,7 +31,7 @@ def registered_questions(schema: dict[str, Any]) -> None:
 class SystemOneRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: Any = None  # Jev clients name their own models (jev-latest); the served model answers
+    model: Any = None  # a name GET /v1/models lists: the served model or a LoRA adapter (adapters.py)
     state: str | dict[str, Any] | list[Any]
     # Question id -> question; each validated by its type's model (registered types, plugins too).
     questions: dict[str, Any] = Field(min_length=1, json_schema_extra=registered_questions)

@@ -90,10 +90,13 @@ def compiled(request: SystemOneRequest, request_id: str, max_chars: int) -> tupl
             if getattr(request.extra, name) is not None:
                 raise JevValidationError.at((name,), f"send {name} at the top level or under extra, not both")
             setattr(request.extra, name, value)
+    if request.model is not None and not isinstance(request.model, str):
+        raise JevValidationError.at(("model",), "model must be a string: a name GET /v1/models lists")
     ids = list(request.questions)
     questions = [compile_question(i, request.questions[i], max_chars) for i in ids]
     where = [f"questions.{question_id}" for question_id in ids]
-    return ids, decision_request(request.extra, content_text(request.state, max_chars), questions, where, request_id)
+    state = content_text(request.state, max_chars)
+    return ids, decision_request(request.extra, state, questions, where, request_id, request.model)
 
 
 def noul_answer(answer: Answer) -> NoulAnswer:

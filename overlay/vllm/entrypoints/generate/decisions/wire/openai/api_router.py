@@ -26,7 +26,7 @@ def openai_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -
     message = exc.message if not body_errors else "invalid request body: " + errors_message(body_errors, True)
     status = HTTPStatus(exc.status)
     kind = "".join(word.capitalize() for word in status.phrase.split()) + "Error"
-    error = create_error_response(message, kind, status)
+    error = create_error_response(message, kind, status, exc.param)
     return Reply(status.value, error.model_dump(mode="json"))
 
 

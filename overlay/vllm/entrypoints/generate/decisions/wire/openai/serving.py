@@ -106,7 +106,8 @@ def compiled(request: DecisionsRequest, request_id: str, max_chars: int) -> tupl
     state = input_text(request.input, max_chars)
     named = [compile_question(i, q, max_chars) for i, q in enumerate(request.questions)]
     where = [f"questions[{i}]" for i in range(len(named))]
-    return [n for n, _ in named], decision_request(request.extra, state, [q for _, q in named], where, request_id)
+    return [n for n, _ in named], decision_request(request.extra, state, [q for _, q in named], where, request_id,
+                                                 request.model)  # fmt: skip
 
 
 def predicate_answer(name: str | None, answer: Answer) -> PredicateAnswer:
