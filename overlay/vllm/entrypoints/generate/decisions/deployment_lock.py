@@ -8,6 +8,10 @@ the others wait (answering 503 meanwhile), then load it. The lock is the operati
 (``flock``), so it goes with the process holding it: a crash frees it for the next waiter. A process
 that has waited ``VLLM_TYPED_DECISIONS_STARTUP_WAIT`` seconds for a live but stuck holder stops
 waiting and does the work itself.
+
+Processes of one deployment that share no folder (Ray Data actors on several nodes, bulk/ray_data.py)
+also hand each other the records through the :class:`SharedRecords` this process is given
+(:func:`share_records`): one of them does the work, and the others wait for its record there.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vllm.logger import init_logger
 
@@ -76,6 +80,29 @@ async def _acquire(fd: int, wait_s: float, what: str, waiting: Callable[[], None
         await asyncio.sleep(POLL_S)
 
 
+class SharedRecords(Protocol):
+    """Startup records handed between the processes of one deployment that share no folder."""
+
+    async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
+        """The record ``name`` another process made; None when this process is to make it (no other is
+        making it, or the one making it failed or took over ``wait_s`` seconds)."""
+        ...
+
+    async def give(self, name: str, record: dict[str, Any] | None) -> None:
+        """The record this process made (None: making it failed, so a waiting process makes it)."""
+        ...
+
+
+_SHARED: SharedRecords | None = None
+
+
+def share_records(shared: SharedRecords | None) -> None:
+    """Take this process's startup records from, and give them to, ``shared``: one per process, as its
+    run id is (bulk/ray_data.py sets it in each actor)."""
+    global _SHARED
+    _SHARED = shared
+
+
 async def once_per_server(directory: Path, key: dict[str, Any], kind: str, wait_s: float,
                           produce: Callable[[], Awaitable[dict[str, Any]]],
                           reusable: Callable[[dict[str, Any]], bool],
@@ -88,12 +115,26 @@ async def once_per_server(directory: Path, key: dict[str, Any], kind: str, wait_
         saved = store.load(directory, key, kind)
         if saved is not None and reusable(saved):
             return saved, True
-        record = await produce()
+        name = store.path_for(directory, key, kind).stem
+        if _SHARED is not None and (shared := await _SHARED.take(name, wait_s)) is not None and reusable(shared):
+            logger.info("decision %s: adopting the record another process of this deployment made", kind)
+            _save(directory, key, shared, kind)
+            return shared, True
+        record: dict[str, Any] | None = None
         try:
-            logger.info("decision %s saved to %s", kind, store.save(directory, key, record, kind))
-        except OSError as exc:
-            logger.warning("decision %s not saved (%sCALIBRATION_DIR=%s): %s", kind, PREFIX, directory, exc)
+            record = await produce()
+        finally:
+            if _SHARED is not None:  # given even when producing raised, so that a waiting process takes over
+                await _SHARED.give(name, record)
+        _save(directory, key, record, kind)
         return record, False
+
+
+def _save(directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str) -> None:
+    try:
+        logger.info("decision %s saved to %s", kind, store.save(directory, key, record, kind))
+    except OSError as exc:
+        logger.warning("decision %s not saved (%sCALIBRATION_DIR=%s): %s", kind, PREFIX, directory, exc)
 
 
 def this_run(record: dict[str, Any]) -> bool:
@@ -102,6 +143,14 @@ def this_run(record: dict[str, Any]) -> bool:
 
 
 _RUN: str | None = None
+_NAMED = False  # named by name_run, which identify_run then leaves alone
+
+
+def name_run(name: str) -> None:
+    """Name this run outright: processes of one deployment that are not one server's children (the
+    actors of one Ray job) share the name their launcher gives them."""
+    global _RUN, _NAMED
+    _RUN, _NAMED = name, True
 
 
 def identify_run(api_server_count: int | None) -> None:
@@ -109,6 +158,8 @@ def identify_run(api_server_count: int | None) -> None:
     --api-server-count N`` (N > 1) are children of the one ``vllm serve`` process; a single API server
     is that process itself. A pid with its start time, so a reused pid is another run."""
     global _RUN
+    if _NAMED:
+        return
     pid = os.getppid() if (api_server_count or 1) > 1 else os.getpid()
     _RUN = f"{pid}-{_start_time(pid)}"
 

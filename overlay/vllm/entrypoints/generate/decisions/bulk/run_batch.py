@@ -140,6 +140,35 @@ class ReadAhead:
             self.held += 1
 
 
+async def answer_line(decisions: Decisions, line: Line, request_id: str,
+                      others: Callable[[str, str], Awaitable[Any] | None] | None = None) -> tuple[int | None, Any, Any, Any]:  # fmt: skip
+    """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error.
+    ``others`` answers lines for vLLM's own run-batch URLs (None for a URL it doesn't serve); without it,
+    only decision URLs are served."""
+    record = line.record
+    if record is None:
+        return None, None, {"code": "invalid_line", "message": line.problem}, None
+    custom_id, url = record.get("custom_id"), record["url"]
+    if url not in DECISION_PATHS:
+        try:
+            stock = others(url, line.text) if others is not None else None
+        except ValueError as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
+            return HTTPStatus.BAD_REQUEST, None, {"code": "invalid_line", "message": str(exc)}, custom_id
+        if stock is None:
+            message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_PATHS)})"
+            return None, None, {"code": "unsupported_url", "message": message}, custom_id
+        out = json.loads((await stock).model_dump_json())
+        response = out.get("response") or {}
+        return response.get("status_code"), response.get("body"), out.get("error"), custom_id
+    if record.get("method", "POST") != "POST":
+        message = f"line {line.number}: only POST is supported"
+        return None, None, {"code": "invalid_method", "message": message}, custom_id
+    # The body as parsed from the line (as strictly as the server parses one); the line is held to
+    # the body size limit.
+    result = await decisions.decide(record["body"], url, request_id, source=line.text.encode())
+    return result.status, result.body, None, custom_id
+
+
 class DecisionBatch:
     def __init__(self, decisions: Decisions, others: Callable[[str, str], Awaitable[Any] | None], writer: Writer,
                  tally: Tally, progress: tqdm) -> None:  # fmt: skip
@@ -151,37 +180,12 @@ class DecisionBatch:
 
     async def answer(self, line: Line) -> None:
         request_id = new_request_id()  # the line's one id: its output line's and its response's
-        status, body, error, custom_id = await self.answer_line(line, request_id)
+        status, body, error, custom_id = await answer_line(self.decisions, line, request_id, self.others)
         self.writer.write(output_line(line.number, request_id, custom_id, status, body, error))
         self.tally.count(status, body)
         self.progress.update()
         self.progress.set_postfix(decisions_per_s=f"{self.tally.decisions / (time.monotonic() - self.tally.started):.1f}",
                                   failed=self.tally.failed, refresh=False)  # fmt: skip
-
-    async def answer_line(self, line: Line, request_id: str) -> tuple[int | None, Any, Any, Any]:
-        """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error."""
-        record = line.record
-        if record is None:
-            return None, None, {"code": "invalid_line", "message": line.problem}, None
-        custom_id, url = record.get("custom_id"), record["url"]
-        if url not in DECISION_PATHS:
-            try:
-                stock = self.others(url, line.text)
-            except ValueError as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
-                return HTTPStatus.BAD_REQUEST, None, {"code": "invalid_line", "message": str(exc)}, custom_id
-            if stock is None:
-                message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_PATHS)})"
-                return None, None, {"code": "unsupported_url", "message": message}, custom_id
-            out = json.loads((await stock).model_dump_json())
-            response = out.get("response") or {}
-            return response.get("status_code"), response.get("body"), out.get("error"), custom_id
-        if record.get("method", "POST") != "POST":
-            message = f"line {line.number}: only POST is supported"
-            return None, None, {"code": "invalid_method", "message": message}, custom_id
-        # The body as parsed from the line (as strictly as the server parses one); the line is held to
-        # the body size limit.
-        result = await self.decisions.decide(record["body"], url, request_id, source=line.text.encode())
-        return result.status, result.body, None, custom_id
 
 
 async def run_decision_batch(engine_client: EngineClient, args: Namespace, registry: dict[str, Any],

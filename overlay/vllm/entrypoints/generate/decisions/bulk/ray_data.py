@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Decisions over a Ray Data dataset, for backlogs larger than one machine (``pip install 'ray[data]'``).
+
+:func:`decisions_stage` gives the arguments of ``Dataset.map_batches`` for a pool of actors, each
+holding one vLLM engine (``AsyncLLM``) and the decision service over it (in_process.py), started as a
+server's is: the backend's startup check, then the saved calibration or a new one. Each row's
+``body`` (a request of either wire, as JSON text or a dict) comes back with the ``status_code`` and
+the JSON ``response`` body ``vllm serve`` would have sent, a refused request in place like any other;
+the row's ``url`` (default ``/v1/decisions``) names the wire. With ``batch_lines=True`` the rows are
+``vllm run-batch`` input lines (``line``: its number, ``text``) and each comes back as the output line
+run-batch writes for it (``text``), for tools/ray_decide.py::
+
+    ds = ray.data.read_text("bodies.jsonl").rename_columns({"text": "body"})
+    ds.map_batches(**decisions_stage(model="Qwen/Qwen2.5-0.5B-Instruct", concurrency=2)).write_json("answers")
+
+The startup work is done once per stage, not once per actor: the actors share a run name and a
+:class:`RecordBoard` actor, through which the first to need a record makes it and the others take it
+(deployment_lock.SharedRecords), as the API-server processes of one server share a folder. Ray restarts
+an actor that dies and runs its batches again; a batch's rows are emitted only once the whole batch is
+answered, so no row is emitted twice. Nothing else in the package imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import uuid
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+import ray
+
+from ..deployment_lock import name_run, share_records
+from ..paths import DECISIONS
+from ..wire.handling import new_request_id
+from .batch_file import output_line
+from .in_process import Decisions
+from .run_batch import Line, answer_line
+
+T = TypeVar("T")
+
+
+class Board:
+    """The startup records of one stage's actors: the first to ask for one makes it, the others wait
+    (run as the :data:`RecordBoard` actor)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, Any]] = {}
+        self.making: dict[str, asyncio.Event] = {}
+        self.started = 0
+        self.made: dict[str, int] = {}  # how often each record was made: once, unless a maker was waited out
+
+    def join(self) -> int:
+        """The ordinal of an actor starting: 0, 1, ... (a restarted actor gets a new one)."""
+        self.started += 1
+        return self.started - 1
+
+    async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
+        while name not in self.records:
+            making = self.making.get(name)
+            if making is None:  # nobody is making it (or the maker failed): the caller makes it
+                self.making[name] = asyncio.Event()
+                return None
+            try:
+                await asyncio.wait_for(making.wait(), wait_s)
+            except TimeoutError:
+                return None  # the maker is stuck or gone: the caller makes it too
+        return self.records[name]
+
+    def report(self) -> dict[str, Any]:
+        """How many actors started, and how often each record was made."""
+        return {"actors_started": self.started, "made": dict(self.made)}
+
+    async def give(self, name: str, record: dict[str, Any] | None) -> None:
+        if record is not None:
+            self.records[name] = record
+            self.made[name] = self.made.get(name, 0) + 1
+        making = self.making.pop(name, None)
+        if making is not None:
+            making.set()
+
+
+RecordBoard = ray.remote(num_cpus=0)(Board)
+
+
+class BoardRecords:
+    """deployment_lock.SharedRecords over a :class:`RecordBoard`, for the actor's own event loop."""
+
+    def __init__(self, board: Any) -> None:
+        self.board = board
+
+    async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
+        return await self.board.take.remote(name, wait_s)
+
+    def report(self) -> dict[str, Any]:
+        """How many actors started, and how often each record was made."""
+        return {"actors_started": self.started, "made": dict(self.made)}
+
+    async def give(self, name: str, record: dict[str, Any] | None) -> None:
+        await self.board.give.remote(name, record)
+
+
+class DecisionStage:
+    """One actor of the stage: an engine and its decision service, answering a batch of rows at a time
+    with every row of the batch at the engine at once (at most ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT``)."""
+
+    def __init__(self, model: str, engine_args: dict[str, Any], served_model: str | None, board: Any,
+                 run: str, batch_lines: bool, actor_env: list[dict[str, str]]) -> None:  # fmt: skip
+        if actor_env:  # before the engine and the settings read them
+            os.environ.update(actor_env[ray.get(board.join.remote()) % len(actor_env)])
+        name_run(run)
+        share_records(BoardRecords(board))
+        self.batch_lines = batch_lines
+        # The engine lives on an event loop of the actor's own, which Ray's batches are handed to.
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="decisions", daemon=True).start()
+        self.engine, self.decisions = self._wait(self._start(model, engine_args, served_model))
+        self.gate = asyncio.Semaphore(self.decisions.service.settings.bulk_in_flight)
+
+    @staticmethod
+    async def _start(model: str, engine_args: dict[str, Any], served_model: str | None) -> tuple[Any, Decisions]:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args))
+        try:
+            return engine, await Decisions.start(engine, served_model=served_model)
+        except BaseException:
+            engine.shutdown()
+            raise
+
+    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return self._wait(self._lines(batch) if self.batch_lines else self._rows(batch))
+
+    async def _rows(self, batch: dict[str, Any]) -> dict[str, Any]:
+        bodies = list(batch["body"])
+        urls = list(batch["url"]) if "url" in batch else [DECISIONS] * len(bodies)
+        ids = list(batch["request_id"]) if "request_id" in batch else [None] * len(bodies)
+
+        async def one(body: Any, url: Any, request_id: Any) -> tuple[int, str, str]:
+            async with self.gate:
+                value = body if isinstance(body, Mapping) else str(body)  # JSON text is held to the body limit
+                result = await self.decisions.decide(dict(value) if isinstance(value, Mapping) else value,
+                                                     str(url or DECISIONS), request_id or None)  # fmt: skip
+            return result.status, json.dumps(result.body, ensure_ascii=False), result.request_id
+
+        answered = await asyncio.gather(*map(one, bodies, urls, ids))
+        return {**batch, "status_code": [status for status, _, _ in answered],
+                "response": [response for _, response, _ in answered],
+                "request_id": [request_id for _, _, request_id in answered]}  # fmt: skip
+
+    async def _lines(self, batch: dict[str, Any]) -> dict[str, Any]:
+        async def one(number: Any, text: Any) -> str:
+            line, request_id = Line.parse(int(number), str(text)), new_request_id()
+            async with self.gate:
+                status, body, error, custom_id = await answer_line(self.decisions, line, request_id)
+            return output_line(line.number, request_id, custom_id, status, body, error)
+
+        return {"text": await asyncio.gather(*map(one, batch["line"], batch["text"]))}
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def decisions_stage(model: str, engine_args: Mapping[str, Any] | None = None, *, served_model: str | None = None,
+                    concurrency: int = 1, batch_size: int = 64, batch_lines: bool = False,
+                    actor_env: Sequence[Mapping[str, str]] = (), **map_batches_args: Any) -> dict[str, Any]:  # fmt: skip
+    """``Dataset.map_batches`` arguments for decisions by ``concurrency`` actors, each with one engine
+    for ``model`` (``engine_args``: vLLM's ``AsyncEngineArgs`` besides the model) and the decision
+    service over it; requests name the model ``served_model`` (else its path). ``batch_size`` rows go
+    to an actor at a time; other ``map_batches`` arguments (``num_cpus``, ``runtime_env`` ...) pass
+    through. ``VLLM_TYPED_DECISIONS_*`` variables apply in each actor as in a server (set them in
+    ``runtime_env``'s ``env_vars`` on a cluster). ``actor_env``: variables that differ between actors,
+    the k-th actor started taking ``actor_env[k % len(actor_env)]`` (a restarted actor counts anew), such
+    as each engine's ``VLLM_CPU_OMP_THREADS_BIND`` when several actors share a machine."""
+    board = RecordBoard.remote()
+    run = f"ray-stage-{uuid.uuid4().hex}"  # the actors' shared run name, for records only this run may reuse
+    arguments = {"model": model, "engine_args": dict(engine_args or {}), "served_model": served_model,
+                 "board": board, "run": run, "batch_lines": batch_lines,
+                 "actor_env": [dict(env) for env in actor_env]}  # fmt: skip
+    return {"fn": DecisionStage, "fn_constructor_kwargs": arguments, "concurrency": concurrency,
+            "batch_size": batch_size, "batch_format": "numpy", **map_batches_args}  # fmt: skip

@@ -1,0 +1,101 @@
+"""A ``vllm run-batch`` decision job on a Ray cluster: the same input file, the same output lines.
+
+usage: python tools/ray_decide.py --model MODEL -i IN.jsonl -o OUT.jsonl [--actors N] [--served-model-name NAME]
+                                  [--batch-size B] [--address ADDR] [--engine-arg KEY=VALUE ...]
+
+Reads IN (OpenAI batch lines, as ``vllm run-batch -i``), answers the decision lines with N actors of the
+Ray Data stage in bulk/ray_data.py (one engine each, the startup work done once for all of them), and
+writes OUT exactly as ``vllm run-batch -o`` does: one output line per input line, a bad line answered in
+place, in the order answers arrive. As with run-batch, a rerun with the same OUT skips the lines already
+there (batch_file.resume). Lines for vLLM's own endpoints (chat completions, embeddings) are answered
+``unsupported_url``: the actors hold an engine, not vLLM's OpenAI servers.
+
+The driver reads IN and writes OUT, so both are local files of the machine it runs on; the lines not
+yet answered are held in the driver's memory once (Ray's object store holds them for the actors).
+``--address`` joins a running cluster (``ray start --head`` on one node, ``ray start --address`` on the
+others); without it a local one is started. ``VLLM_TYPED_DECISIONS_*`` variables set here reach every
+actor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from vllm.entrypoints.generate.decisions.bulk.batch_file import Writer, lines, resume
+from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
+
+# What the actors' engines and decision services read from the driver's environment.
+FORWARDED = ("VLLM_", "HF_", "TORCH_", "OMP_")
+
+
+def engine_value(text: str) -> Any:
+    """An engine argument's value: JSON when it parses (numbers, true/false), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("-i", "--input-file", required=True, type=Path)
+    parser.add_argument("-o", "--output-file", required=True, type=Path)
+    parser.add_argument("--actors", type=int, default=1, help="engines, one per actor (default 1)")
+    parser.add_argument("--served-model-name", default=None, help="the name the lines' bodies give the model")
+    parser.add_argument("--batch-size", type=int, default=64, help="lines handed to an actor at a time")
+    parser.add_argument("--num-cpus", type=float, default=1, help="CPUs Ray reserves per actor")
+    parser.add_argument("--address", default=None, help="a running Ray cluster's address (default: start one)")
+    parser.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of the k-th actor started (repeatable, used in turn)",
+    )
+    parser.add_argument("--stats", action="store_true", help="print Ray Data's account of where the time went")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="an AsyncEngineArgs field, e.g. dtype=float32 (repeatable)")  # fmt: skip
+    options = parser.parse_args()
+    engine_args = {key: engine_value(value) for key, _, value in (a.partition("=") for a in options.engine_arg)}
+
+    done = resume(options.output_file)
+    pending = [{"line": number, "text": text} for number, text in lines(options.input_file) if number not in done]
+    print(f"ray_decide: {len(pending)} lines to answer ({len(done)} already in {options.output_file})", flush=True)
+    if not pending:
+        return
+    env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED)}
+    ray.init(address=options.address, runtime_env={"env_vars": env})
+    started = time.monotonic()
+    stage = decisions_stage(options.model, engine_args, served_model=options.served_model_name,
+                            concurrency=options.actors, batch_size=options.batch_size, batch_lines=True,
+                            num_cpus=options.num_cpus, actor_env=[{"VLLM_CPU_OMP_THREADS_BIND": cores} for cores in options.bind])  # fmt: skip
+    writer, written, first = Writer(options.output_file), 0, None
+    try:
+        # One block per batch, so answers come back (and a dead actor's work is redone) a batch at a time.
+        dataset = ray.data.from_items(pending, override_num_blocks=-(-len(pending) // options.batch_size))
+        answered = dataset.map_batches(**stage)
+        for batch in answered.iter_batches(batch_format="numpy", batch_size=None):
+            if first is None:
+                first = (time.monotonic() - started, len(batch["text"]))
+            for text in batch["text"]:
+                writer.write(str(text))
+                written += 1
+    finally:
+        writer.close()
+    seconds = time.monotonic() - started
+    print(f"ray_decide: {written} lines answered in {seconds:.1f} s with {options.actors} actor(s), engine "
+          f"starts included; the first {first[1]} came back after {first[0]:.1f} s", flush=True)  # fmt: skip
+    if options.stats:
+        print(answered.stats(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
