@@ -50,7 +50,9 @@ def main() -> None:
     parser.add_argument("-o", "--output-file", required=True, type=Path)
     parser.add_argument("--actors", type=int, default=1, help="engines, one per actor (default 1)")
     parser.add_argument("--served-model-name", default=None, help="the name the lines' bodies give the model")
-    parser.add_argument("--batch-size", type=int, default=64, help="lines handed to an actor at a time")
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="lines per batch handed to an actor (up to 4 batches at once)"
+    )
     parser.add_argument("--num-cpus", type=float, default=1, help="CPUs Ray reserves per actor")
     parser.add_argument("--address", default=None, help="a running Ray cluster's address (default: start one)")
     parser.add_argument(

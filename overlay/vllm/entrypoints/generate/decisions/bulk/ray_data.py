@@ -94,17 +94,14 @@ class BoardRecords:
     async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
         return await self.board.take.remote(name, wait_s)
 
-    def report(self) -> dict[str, Any]:
-        """How many actors started, and how often each record was made."""
-        return {"actors_started": self.started, "made": dict(self.made)}
-
     async def give(self, name: str, record: dict[str, Any] | None) -> None:
         await self.board.give.remote(name, record)
 
 
 class DecisionStage:
-    """One actor of the stage: an engine and its decision service, answering a batch of rows at a time
-    with every row of the batch at the engine at once (at most ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT``)."""
+    """One actor of the stage: an engine and its decision service. Ray Data hands it several batches at
+    once (each call on a thread of its own), and every row of them goes to the engine at once, at most
+    ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` in all, so the engine is not left idle between batches."""
 
     def __init__(self, model: str, engine_args: dict[str, Any], served_model: str | None, board: Any,
                  run: str, batch_lines: bool, actor_env: list[dict[str, str]]) -> None:  # fmt: skip
@@ -170,13 +167,13 @@ class DecisionStage:
 
 
 def decisions_stage(model: str, engine_args: Mapping[str, Any] | None = None, *, served_model: str | None = None,
-                    concurrency: int = 1, batch_size: int = 64, batch_lines: bool = False,
+                    concurrency: int = 1, batch_size: int = 64, batches_per_actor: int = 4, batch_lines: bool = False,
                     actor_env: Sequence[Mapping[str, str]] = (), **map_batches_args: Any) -> dict[str, Any]:  # fmt: skip
     """``Dataset.map_batches`` arguments for decisions by ``concurrency`` actors, each with one engine
     for ``model`` (``engine_args``: vLLM's ``AsyncEngineArgs`` besides the model) and the decision
-    service over it; requests name the model ``served_model`` (else its path). ``batch_size`` rows go
-    to an actor at a time; other ``map_batches`` arguments (``num_cpus``, ``runtime_env`` ...) pass
-    through. ``VLLM_TYPED_DECISIONS_*`` variables apply in each actor as in a server (set them in
+    service over it; requests name the model ``served_model`` (else its path). Batches of
+    ``batch_size`` rows, up to ``batches_per_actor`` at once per actor; other ``map_batches`` arguments
+    (``num_cpus``, ``runtime_env`` ...) pass through. ``VLLM_TYPED_DECISIONS_*`` variables apply in each actor as in a server (set them in
     ``runtime_env``'s ``env_vars`` on a cluster). ``actor_env``: variables that differ between actors,
     the k-th actor started taking ``actor_env[k % len(actor_env)]`` (a restarted actor counts anew), such
     as each engine's ``VLLM_CPU_OMP_THREADS_BIND`` when several actors share a machine."""
@@ -185,5 +182,8 @@ def decisions_stage(model: str, engine_args: Mapping[str, Any] | None = None, *,
     arguments = {"model": model, "engine_args": dict(engine_args or {}), "served_model": served_model,
                  "board": board, "run": run, "batch_lines": batch_lines,
                  "actor_env": [dict(env) for env in actor_env]}  # fmt: skip
-    return {"fn": DecisionStage, "fn_constructor_kwargs": arguments, "concurrency": concurrency,
-            "batch_size": batch_size, "batch_format": "numpy", **map_batches_args}  # fmt: skip
+    # Several calls at once on each actor, each waiting on the actor's own event loop for its rows.
+    pool = ray.data.ActorPoolStrategy(size=concurrency, max_concurrent_calls_per_actor=batches_per_actor,
+                                      enable_true_multi_threading=True)  # fmt: skip
+    return {"fn": DecisionStage, "fn_constructor_kwargs": arguments, "compute": pool, "batch_size": batch_size,
+            "batch_format": "numpy", **map_batches_args}  # fmt: skip
