@@ -46,10 +46,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   fi
   log "installing test and dev tools"
   "${PIP[@]}" -r "$HERE/requirements-dev.txt"
-  if [ "$VLLM_VERSION" = 0.30.0 ]; then
-    log "installing Ray Data (the ray_data stage and its tests)"
-    "${PIP[@]}" -r "$HERE/requirements-ray.txt"
-  fi
+  log "installing Ray Data (the Ray Data stage and its tests)"
+  "${PIP[@]}" -r "$HERE/requirements-ray.txt"
   "$VENV/bin/python" -c "import vllm; assert vllm.__version__ == '$VLLM_VERSION', vllm.__version__"
   echo "$WANT" > "$STAMP"
 fi
