@@ -112,7 +112,12 @@ def test_the_actors_of_a_stage_check_and_calibrate_once(cluster, tmp_path):
                             runtime_env={"env_vars": settings},
                             # each actor its own calibration folder, as on a node of its own
                             actor_env=[{"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / f"node-{k}")} for k in range(2)])  # fmt: skip
-    rows = ray.data.from_items(bodies).map_batches(**stage).take_all()
+    context = ray.data.DataContext.get_current()
+    waited, context.wait_for_min_actors_s = context.wait_for_min_actors_s, 600  # both actors started, then rows
+    try:
+        rows = ray.data.from_items(bodies).map_batches(**stage).take_all()
+    finally:
+        context.wait_for_min_actors_s = waited
 
     assert sorted(row["status_code"] for row in rows) == [200] * 12 + [400]
     (bad,) = (row for row in rows if row["status_code"] == 400)
