@@ -31,14 +31,23 @@ ENGINE = {"dtype": "float32", "enforce_eager": True, "block_size": 32, "max_mode
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster of two CPUs; its address, for drivers in other processes."""
+def cluster(monkeypatch_module):
+    """A local Ray cluster of two CPUs; its address, for drivers in other processes. Ray's memory monitor
+    is off: it counts the whole machine's memory as the cluster's, and on a machine shared with the
+    other tests' servers it killed this cluster's actors to free memory they weren't using."""
+    monkeypatch_module.setenv("RAY_memory_monitor_refresh_ms", "0")
     context = ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
                        runtime_env={"env_vars": {k: v for k, v in ENV.items() if k.startswith(("HF_", "TORCH_"))}})  # fmt: skip
     try:
         yield context.address_info["gcs_address"]
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 def map_workers() -> list[psutil.Process]:
