@@ -51,11 +51,6 @@ ON_SESSION_SERVERS = frozenset(
                  "plugins", "quality", "ray_data", "readouts", "sdks", "stencil", "vllm_handling", "wire_contract")
 )  # fmt: skip
 SESSION_SERVERS = frozenset({"server", "tiny_qwen_server"})
-# Files that start several engines at once (test_multinode.py's two "nodes"; test_ray_data.py's actors
-# already share the session servers' worker): they run on the session servers' worker too, one after
-# another, so that two such files never hold their engines' memory at the same time (a 24 GiB machine ran
-# short with both).
-MANY_ENGINES = frozenset({"tests/server/test_multinode.py"})
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
@@ -65,7 +60,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-
     class BySessionServer(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::")[0]
-            return "session servers" if file in ON_SESSION_SERVERS | MANY_ENGINES else file
+            return "session servers" if file in ON_SESSION_SERVERS else file
 
     return BySessionServer(config, log)
 

@@ -21,6 +21,9 @@ from ..conftest import model_path
 from .conftest import VllmServer, answered, decisions_ready, free_port, running
 from .test_scale_out import TINY_ENV, successes
 
+# Several engines at once (tools/test.sh runs these files in a pass of their own: beside the other tests'
+# servers a 24 GiB machine ran out of memory).
+pytestmark = pytest.mark.many_engines
 MODEL = "tiny-qwen2-random"
 
 

@@ -24,6 +24,10 @@ from ..conftest import ROOT
 from .conftest import TINY_QWEN_KEY
 from .test_bulk import ENV, MODEL, batch_lines, by_line, jev_body, openai_body, probabilities
 
+# Several engines at once (tools/test.sh runs these files in a pass of their own: beside the other tests'
+# servers a 24 GiB machine ran out of memory).
+pytestmark = pytest.mark.many_engines
+
 TOOL = ROOT / "tools" / "ray_decide.py"
 # The engine as the test servers run it (conftest.VllmServer), the tiny model's context.
 ENGINE = {"dtype": "float32", "enforce_eager": True, "block_size": 32, "max_model_len": 2048,
