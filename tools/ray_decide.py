@@ -80,14 +80,12 @@ def main() -> None:
     stage = decisions_stage(options.model, engine_args, served_model=options.served_model_name,
                             concurrency=options.actors, batch_size=options.batch_size, batch_lines=True,
                             num_cpus=options.num_cpus, actor_env=[{"VLLM_CPU_OMP_THREADS_BIND": cores} for cores in options.bind])  # fmt: skip
-    writer, written, first = Writer(options.output_file), 0, None
+    writer, written = Writer(options.output_file), 0
     try:
         # One block per batch, so answers come back (and a dead actor's work is redone) a batch at a time.
         dataset = ray.data.from_items(pending, override_num_blocks=-(-len(pending) // options.batch_size))
         answered = dataset.map_batches(**stage)
         for batch in answered.iter_batches(batch_format="numpy", batch_size=None):
-            if first is None:
-                first = (time.monotonic() - started, len(batch["text"]))
             for text in batch["text"]:
                 writer.write(str(text))
                 written += 1
@@ -95,7 +93,7 @@ def main() -> None:
         writer.close()
     seconds = time.monotonic() - started
     print(f"ray_decide: {written} lines answered in {seconds:.1f} s with {options.actors} actor(s), engine "
-          f"starts included; the first {first[1]} came back after {first[0]:.1f} s", flush=True)  # fmt: skip
+          "starts included", flush=True)  # fmt: skip
     if options.stats:
         print(answered.stats(), flush=True)
 

@@ -141,9 +141,8 @@ class DecisionStage:
 
         async def one(body: Any, url: Any, request_id: Any) -> tuple[int, str, str]:
             async with self.gate:
-                value = body if isinstance(body, Mapping) else str(body)  # JSON text is held to the body limit
-                result = await self.decisions.decide(dict(value) if isinstance(value, Mapping) else value,
-                                                     str(url or DECISIONS), request_id or None)  # fmt: skip
+                value = dict(body) if isinstance(body, Mapping) else str(body)  # text: held to the body limit
+                result = await self.decisions.decide(value, str(url or DECISIONS), request_id or None)
             return result.status, json.dumps(result.body, ensure_ascii=False), result.request_id
 
         answered = await asyncio.gather(*map(one, bodies, urls, ids))
