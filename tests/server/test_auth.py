@@ -5,11 +5,16 @@ in tools/test.sh's second pass, on 0.32."""
 
 from __future__ import annotations
 
+import json
+import socket
+from urllib.parse import urlsplit
+
 import httpx
 import openai
 import pytest
 import typesafe_sdk
 
+from ..unit.test_auth import variants
 from .conftest import TINY_QWEN_KEY
 
 KEY = TINY_QWEN_KEY
@@ -72,3 +77,32 @@ def test_systemone_is_ours_with_the_same_probabilities_as_decisions(keyed_server
     assert "x-decision-latency-ms" in jev_answer.headers
     probability = openai_answer.json()["answers"][0]["probability"]
     assert probability == pytest.approx(jev_answer.json()["answers"]["refund"]["noul"], abs=1e-6)
+
+
+def raw_request(url: str, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    """One request written byte for byte on a socket, as an attacker sends it (no client normalises
+    the path): the status and the body."""
+    parts = urlsplit(url)
+    head = (f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(head.encode() + body)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    status_line, _, rest = received.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_no_spelling_of_a_decision_path_answers_without_the_key_over_raw_http(keyed_server, path):
+    """Trailing newline or CR (%0A, %0D), slashes, case, query strings, every method: refused, never
+    answered (``POST /api/alpha/decisions%0A`` once was)."""
+    body = json.dumps(BODIES[path]).encode()
+    for target in variants(path):
+        for method in ("POST", "GET", "PUT", "PATCH", "DELETE", "OPTIONS"):
+            status, content = raw_request(keyed_server.url, method, target, body)
+            # vLLM lets OPTIONS (CORS preflights) past the key: at most a redirect to the path as written.
+            refused = (401, 404, 405, 307) if method == "OPTIONS" else (401, 404, 405)
+            assert status in refused, (method, target, status, content[:200])
+            assert b"answers" not in content, (method, target)

@@ -1,17 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``--api-key`` on the decision paths: vLLM's own check, answered in each wire's error shape.
+"""``--api-key`` on the decision routes, failing closed, answered in each wire's error shape.
 
-vLLM's authentication middleware answers a bad key on ``/v1/...`` paths itself, as
-``{"error": "Unauthorized"}``, which is neither OpenAI's error shape nor Jev's, and leaves
+vLLM's authentication middleware answers a bad key on paths under ``/v1`` (and a few other prefixes)
+itself, as ``{"error": "Unauthorized"}``, which is neither OpenAI's error shape nor Jev's, and leaves
 ``/api/alpha/decisions`` open. With typed decisions enabled, vLLM installs this subclass instead
-(patches/api-router-wire): on a decision path that one of the decision routes answers, it only records
-its verdict in the request scope, and that route (routing.py) refuses in the wire's shape. Anywhere else
-it is vLLM's check, so a path is never let through to a handler that does not refuse (vLLM 0.32's own
-``/v1/systemone``, if it were the one to answer).
+(patches/api-router-wire): it records its verdict on every HTTP request in the request scope; a request
+that a decision route will answer goes on to that route, which refuses in its wire's shape
+(routing.py); anything else meets vLLM's own check, with ``/api/alpha`` guarded too.
+
+Whether a request needs the key is decided by the route that would answer it, never by comparing path
+strings, and the route itself refuses unless the verdict is present and true whenever the server has a
+key (:func:`key_required`): a request that reached it some other way is refused, not let through.
 """
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Awaitable
 
 from starlette.datastructures import Headers
@@ -20,10 +24,19 @@ from starlette.types import Receive, Scope, Send
 
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
-from .paths import DECISION_PATHS
+from .paths import ALPHA_PREFIX
 
-# The request scope key holding the verdict: True or False when a key is required, absent otherwise.
+# The request scope key holding the middleware's verdict on the request's key: True or False.
 AUTHORIZED = "vllm.decisions.authorized"
+
+
+def key_required(args: Namespace | None) -> bool:
+    """Whether the server was started with an API key: vLLM's own rule (``--api-key``, else
+    ``VLLM_API_KEY``), read where the route can check it without the middleware's help."""
+    import vllm.envs as envs
+
+    keys = getattr(args, "api_key", None) or [envs.VLLM_API_KEY]
+    return any(keys)
 
 
 def answered_by_decision_route(scope: Scope) -> bool:
@@ -36,10 +49,26 @@ def answered_by_decision_route(scope: Scope) -> bool:
     return False
 
 
+def guarded_by_us(scope: Scope) -> bool:
+    """A path under the Jev alias's prefix, however spelt, which vLLM's prefixes leave open: guarded here
+    so that no variant of it (a trailing slash, doubled slashes, another case) reaches any handler."""
+    path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+    return ("/" + path.lstrip("/")).lower().startswith(ALPHA_PREFIX)
+
+
 class DecisionAuthentication(AuthenticationMiddleware):
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
-        if scope["type"] == "http" and path in DECISION_PATHS and answered_by_decision_route(scope):
-            scope[AUTHORIZED] = scope.get("method") == "OPTIONS" or self.verify_token(Headers(scope=scope))
-            return self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return super().__call__(scope, receive, send)
+        scope[AUTHORIZED] = self.verify_token(Headers(scope=scope))
+        if answered_by_decision_route(scope):
+            return self.app(scope, receive, send)  # the route refuses a bad key in its wire's shape
+        if guarded_by_us(scope) and not scope[AUTHORIZED] and scope.get("method") != "OPTIONS":
+            return self.refuse(scope, receive, send)
         return super().__call__(scope, receive, send)
+
+    @staticmethod
+    def refuse(scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)

@@ -5,6 +5,7 @@ another. Imports nothing, so any module may use it."""
 
 DECISIONS = "/v1/decisions"  # OpenAI's Decisions API
 SYSTEMONE = "/v1/systemone"  # Jev's System One API
-SYSTEMONE_ALPHA = "/api/alpha/decisions"  # the System One API under its earlier path
+ALPHA_PREFIX = "/api/alpha"  # outside vLLM's guarded prefixes: auth.py guards it
+SYSTEMONE_ALPHA = ALPHA_PREFIX + "/decisions"  # the System One API under its earlier path
 
 DECISION_PATHS = (DECISIONS, SYSTEMONE, SYSTEMONE_ALPHA)

@@ -14,6 +14,7 @@ function only gives ``/openapi.json`` its request and response models.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
@@ -25,7 +26,7 @@ from fastapi.routing import APIRoute
 
 from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancellation
 
-from .auth import AUTHORIZED
+from .auth import AUTHORIZED, key_required
 from .body import decode_body, parse_json
 from .errors import DecisionError
 from .metrics import observed_route
@@ -44,6 +45,11 @@ async def request_body(request: Request) -> Any:
     return parse_json(decode_body(await request.body(), request.headers.get("content-encoding"), limit))
 
 
+def authorized(request: Request) -> bool:
+    """Fail closed: with a key configured, only a verdict of True from auth.py lets a request through."""
+    return not key_required(getattr(request.app.state, "args", None)) or request.scope.get(AUTHORIZED) is True
+
+
 def decision_route(wire: Wire) -> type[APIRoute]:
     """A route class answering ``wire``'s paths through ``wire``, refusals in its error shape; the
     request id is also echoed under each of ``wire.id_headers`` (a wire's own clients may read another
@@ -59,6 +65,12 @@ def decision_route(wire: Wire) -> type[APIRoute]:
         # auth.py lets a request with a bad key through to this route only, which refuses it itself.
         checks_decision_authorization = True
 
+        def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
+            super().__init__(path, *args, **kwargs)
+            # The path exactly: Starlette's pattern ends in "$", which in Python also matches before a
+            # trailing newline, so "/v1/decisions\n" (sent as %0A) would be answered here.
+            self.path_regex = re.compile(re.escape(path) + r"\Z")
+
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             if self.path not in wire.paths:
                 raise ValueError(f"{self.path} is not one of this wire's paths ({', '.join(wire.paths)})")
@@ -68,9 +80,11 @@ def decision_route(wire: Wire) -> type[APIRoute]:
                 # The request's one id: its engine reads and its response's id derive from it.
                 request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
                 try:
-                    if request.scope.get(AUTHORIZED) is False:
-                        raise DecisionError("Unauthorized: send the server's API key as 'Authorization: Bearer KEY'",
-                                            HTTPStatus.UNAUTHORIZED)  # fmt: skip
+                    if not authorized(request):
+                        raise DecisionError(
+                            "Unauthorized: send the server's API key as 'Authorization: Bearer KEY'",
+                            HTTPStatus.UNAUTHORIZED,
+                        )
                     body = await request_body(request)
                 except DecisionError as exc:
                     reply: Reply | None = wire.refusal(exc)
