@@ -30,7 +30,8 @@ def question(size: int, rng: random.Random) -> tuple[str, dict, str]:
 
 
 def ask(client: httpx.Client, state: str, q: dict, readout: str) -> tuple[float, str, int]:
-    body = {"model": "any", "input": state, "questions": [q],
+    model = client.get("/v1/models").json()["data"][0]["id"]  # the name the server serves its model under
+    body = {"model": model, "input": state, "questions": [q],
             "extra": {"detail": "full", "backend_options": {"readout": readout}}}  # fmt: skip
     response = client.post("/v1/decisions", json=body)
     response.raise_for_status()

@@ -43,8 +43,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     masses = []
+    # The name the server serves its model under (tools/serve.sh: smollm2 or qwen).
+    model = httpx.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
     for state, question in QUESTIONS:
-        body = {"model": "any", "input": state, "questions": [question], "extra": {"detail": "full"}}
+        body = {"model": model, "input": state, "questions": [question], "extra": {"detail": "full"}}
         response = httpx.post(f"http://127.0.0.1:{args.port}/v1/decisions", json=body, timeout=120)
         response.raise_for_status()
         answer = response.json()["answers"][0]

@@ -36,16 +36,15 @@ def cpu_dtype() -> str:
 
 def engine_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measured vLLM process: decisions on, offline, a 2 GiB KV cache unless set."""
-    # The tools name their model "m": vLLM's own VLLM_SKIP_MODEL_NAME_VALIDATION takes it as the served one.
     return {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_SKIP_MODEL_NAME_VALIDATION": os.environ.get("VLLM_SKIP_MODEL_NAME_VALIDATION", "1"),
             "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
             **(env or {})}  # fmt: skip
 
 
 def engine_args(dtype: str | None = None) -> list[str]:
-    """The engine arguments every measured vLLM process (serve and run-batch) shares."""
-    return ["--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
+    """The engine arguments every measured vLLM process (serve and run-batch) shares; the tools' requests
+    name the model "m", the name it is served under."""
+    return ["--served-model-name", "m", "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
             "--dtype", dtype or cpu_dtype()]  # fmt: skip
 
 

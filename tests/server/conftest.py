@@ -30,6 +30,9 @@ SHORT_CONTEXT = 2048
 # is tested where it is the point: tests/engine/test_exact_logprobs.py (SmolLM2) and
 # tests/server/test_templates.py (three families served in bf16).
 DTYPE = "float32"
+# The name test servers serve their model under (vLLM's --served-model-name), which requests name, as a
+# user names the model they serve; a server given a name of its own keeps it.
+SERVED_NAME = "m"
 
 
 def free_port() -> int:
@@ -45,9 +48,11 @@ class VllmServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.model = str(model)
+        # The name requests give the model, and /v1/models lists.
+        self.model = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else SERVED_NAME
+        named = () if "--served-model-name" in args else ("--served-model-name", SERVED_NAME)
         command = [
-            str(Path(sys.executable).parent / "vllm"), "serve", self.model,
+            str(Path(sys.executable).parent / "vllm"), "serve", str(model), *named,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", dtype, "--enforce-eager", "--block-size", "32",
             "--max-model-len", str(CONTEXT.get(model.name, SHORT_CONTEXT)), "--enable-prefix-caching", *args,
@@ -60,9 +65,6 @@ class VllmServer:
             "VLLM_NO_USAGE_STATS": "1",
             # Startup calibration is tested on its own (test_calibration.py); elsewhere it only costs time.
             "VLLM_TYPED_DECISIONS_CALIBRATION": "off",
-            # Requests name their model "m" and the like: vLLM's own switch takes any name as the served
-            # model. The LoRA server (test_lora.py) checks names as vLLM does by default.
-            "VLLM_SKIP_MODEL_NAME_VALIDATION": "1",
             **env,
         }
         self.handle = log.open("w")

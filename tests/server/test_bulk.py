@@ -24,9 +24,7 @@ MODEL = model_path("tiny-qwen2-random")
 ENV = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
        "VLLM_TYPED_DECISIONS_BACKEND": "logit", "VLLM_TYPED_DECISIONS_DEBIAS": "off",
        "VLLM_TYPED_DECISIONS_CALIBRATION": "off", "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1",
-       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-       # Lines name their model "m": vLLM's own switch takes any name as the served model.
-       "VLLM_SKIP_MODEL_NAME_VALIDATION": "1"}  # fmt: skip
+       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
 # BULK_TEST_LINES=10000 repeats the checks at the size docs/bulk.md reports.
 LINES = int(os.environ.get("BULK_TEST_LINES", "400"))
 
@@ -53,14 +51,14 @@ def batch_lines() -> list[str]:
             url, body = "/api/alpha/decisions", {"state": "x", "questions": {"q": {"type": "noul", "instruction": "?"}}}
         lines.append(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": url, "body": body}))
     lines.insert(20, "{this is not json")
-    chat = {"model": str(MODEL), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     lines.insert(30, json.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat}))
     return lines
 
 
 def run_batch(source: Path, target: Path, in_flight: int = 64, replicas: int = 1) -> subprocess.Popen:
     command = [str(Path(sys.executable).parent / "vllm"), "run-batch", "-i", str(source), "-o", str(target),
-               "--model", str(MODEL), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+               "--model", str(MODEL), "--served-model-name", "m", "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
                "--enable-prefix-caching", "--data-parallel-size", str(replicas)]  # fmt: skip
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")}, **ENV,
            "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight), **engine_binding(replicas)}  # fmt: skip

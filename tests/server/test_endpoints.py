@@ -26,7 +26,7 @@ JEV_QUESTIONS = {
 
 
 def decide(client, questions, **extra):
-    response = client.post("/v1/decisions", json={"model": "any", "input": STATE, "questions": questions, **extra})
+    response = client.post("/v1/decisions", json={"model": "m", "input": STATE, "questions": questions, **extra})
     assert response.status_code == 200, response.text
     Decision.model_validate(response.json())  # every raw body is a valid OpenAI Decision
     return response.json()
@@ -48,6 +48,21 @@ def test_openai_endpoint_answers_every_type(client, server):
         assert audit["option_mass"] > 0.5, "the answer slot should put most next-token mass on the letters"
         assert answer["extra"]["backend"]["name"] == "logit"
     assert body["usage"]["input_tokens"] == sum(a["extra"]["audit"]["input_tokens"] for a in body["answers"])
+
+
+def test_jev_clients_name_the_model_as_they_ship(client, server):
+    """``jev-latest`` (the TypeSafe SDK's default) or no ``model`` is the served model; the served name is
+    too; any other name is a 404 in Jev's shape, so a typo still fails loudly. On the OpenAI wire vLLM's
+    rules hold: ``jev-latest`` is no model of this server."""
+    question = {"q": {"type": "noul", "instructions": "Is this urgent?"}}
+    for named in ({"model": "jev-latest"}, {}, {"model": server.model}):
+        response = client.post("/v1/systemone", json={**named, "state": STATE, "questions": question})
+        assert response.status_code == 200, (named, response.text)
+        assert response.json()["model"] == server.model
+    typo = client.post("/v1/systemone", json={"model": "jev-latset", "state": STATE, "questions": question})
+    assert typo.status_code == 404 and typo.json()["detail"]["error_type"] == "not_found_error", typo.text
+    openai_body = {"model": "jev-latest", "input": STATE, "questions": [{"type": "predicate", "instructions": "?"}]}
+    assert client.post("/v1/decisions", json=openai_body).status_code == 404
 
 
 def test_systemone_endpoint_answers_every_type(client, server):

@@ -144,11 +144,12 @@ def test_run_batch_as_node_0(tmp_path):
     assert {replica(state) for state in states} == {"0", "1"}
     rpc_port = free_port()
     command = [str(Path(sys.executable).parent / "vllm"), "run-batch", "-i", str(source), "-o", str(target),
-               "--model", str(model_path(MODEL)), "--dtype", "float32", "--enforce-eager", "--block-size", "32",
+               "--model", str(model_path(MODEL)), "--served-model-name", "m", "--dtype", "float32", "--enforce-eager",
+               "--block-size", "32",
                "--max-model-len", "2048", "--enable-prefix-caching", *data_parallel(rpc_port)]  # fmt: skip
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))},
            "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "VLLM_SKIP_MODEL_NAME_VALIDATION": "1", **TINY_ENV, **node_bindings()[0]}  # fmt: skip
+           "VLLM_NO_USAGE_STATS": "1", **TINY_ENV, **node_bindings()[0]}  # fmt: skip
     log = tmp_path / "node0.log"
     with headless_node(tmp_path / "node1.log", rpc_port) as node1, log.open("w") as out:
         # Its own process group, so a stop reaches its engine and coordinator processes too.

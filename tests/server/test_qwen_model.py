@@ -54,7 +54,7 @@ def test_the_self_check_passes_on_qwens_chat_template(qwen_server: VllmServer):
 
 
 def test_both_wires_read_the_same_probabilities(qwen_server: VllmServer):
-    openai_body = {"model": "any", "input": STATE, "questions": OPENAI_QUESTIONS}
+    openai_body = {"model": qwen_server.model, "input": STATE, "questions": OPENAI_QUESTIONS}
     # A first read fills the prefix cache, so the two compared reads see the same cache state (a read over
     # cached blocks and a fresh one may differ in their last digits: docs/wire-formats.md).
     answered(qwen_server, "/v1/decisions", openai_body)

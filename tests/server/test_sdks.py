@@ -23,7 +23,7 @@ def test_openai_sdk_decisions_create(openai_client, server, client):
         {"type": "score", "name": "mood", "instructions": "Mood?", "levels": [{"label": "Calm"}, {"label": "Angry"}]},
     ]  # fmt: skip
     decision = openai_client.decisions.create(
-        model="anything", input=STATE, questions=questions, extra_body={"extra": {"detail": "basic"}}
+        model=server.model, input=STATE, questions=questions, extra_body={"extra": {"detail": "basic"}}
     )
     assert isinstance(decision, Decision) and decision.model == server.model
     urgent, team, mood = decision.answers

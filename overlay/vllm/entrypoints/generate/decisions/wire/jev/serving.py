@@ -48,6 +48,10 @@ class JevValidationError(DecisionError):
         return cls(detail)
 
 
+# The model Jev clients name unless told otherwise (the TypeSafe SDK's default, the specification's
+# example): here, whatever base model the server serves. Other names are checked as vLLM checks them.
+JEV_LATEST = "jev-latest"
+
 # Jev's image-only question type: known, but not answerable by a text model.
 IMAGE_ONLY_TYPES = {"box": "box questions locate a region in an image; this server's model reads text only"}
 
@@ -96,7 +100,8 @@ def compiled(request: SystemOneRequest, request_id: str, max_chars: int) -> tupl
     questions = [compile_question(i, request.questions[i], max_chars) for i in ids]
     where = [f"questions.{question_id}" for question_id in ids]
     state = content_text(request.state, max_chars)
-    return ids, decision_request(request.extra, state, questions, where, request_id, request.model)
+    model = None if request.model == JEV_LATEST else request.model
+    return ids, decision_request(request.extra, state, questions, where, request_id, model)
 
 
 def noul_answer(answer: Answer) -> NoulAnswer:
