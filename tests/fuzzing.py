@@ -161,6 +161,29 @@ FIELDS = {"model", "input", "questions", "state", "extra", "type", "instructions
 PARSE_WORDS = ("JSON", "UTF-8", "Unicode", "body")
 
 
+def path_variants(path: str) -> list[str]:
+    """Spellings of a decision path that no request may be answered on without the API key: a trailing
+    newline or CR (a route pattern ending in ``$`` matches before a newline), slashes, case, queries."""
+    head, tail = path.rsplit("/", 1)
+    return [
+        path,
+        path + "%0A",
+        path + "%0a?x=1",
+        path + "%0D",
+        path + "%0D%0A",
+        path + "/",
+        path + "%2F",
+        "/" + path,
+        f"{head}//{tail}",
+        path.upper(),
+        path + "?x=1",
+        path + "%20",
+        path + "%09",
+        path + "/.",
+        path + "#frag",
+    ]
+
+
 def generated_cases(schema: dict[str, Any], path: str, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
     """``count`` bodies from ``schema``, every other one with a mistake, then the hostile ones."""
     cases = SchemaCases(schema, seed)

@@ -14,7 +14,7 @@ import openai
 import pytest
 import typesafe_sdk
 
-from ..unit.test_auth import variants
+from ..fuzzing import path_variants
 from .conftest import TINY_QWEN_KEY
 
 KEY = TINY_QWEN_KEY
@@ -83,8 +83,10 @@ def raw_request(url: str, method: str, target: str, body: bytes) -> tuple[int, b
     """One request written byte for byte on a socket, as an attacker sends it (no client normalises
     the path): the status and the body."""
     parts = urlsplit(url)
-    head = (f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    head = (
+        f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
     with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
         sock.sendall(head.encode() + body)
         received = b""
@@ -99,7 +101,7 @@ def test_no_spelling_of_a_decision_path_answers_without_the_key_over_raw_http(ke
     """Trailing newline or CR (%0A, %0D), slashes, case, query strings, every method: refused, never
     answered (``POST /api/alpha/decisions%0A`` once was)."""
     body = json.dumps(BODIES[path]).encode()
-    for target in variants(path):
+    for target in path_variants(path):
         for method in ("POST", "GET", "PUT", "PATCH", "DELETE", "OPTIONS"):
             status, content = raw_request(keyed_server.url, method, target, body)
             # vLLM lets OPTIONS (CORS preflights) past the key: at most a redirect to the path as written.

@@ -17,6 +17,7 @@ from vllm.entrypoints.generate.decisions.auth import DecisionAuthentication
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Settings
 
+from ..fuzzing import path_variants
 from .fakes import ScriptedBackend
 from .test_wire import JEV_REQUEST, OPENAI_REQUEST, descending
 
@@ -45,17 +46,9 @@ async def post(app: FastAPI, target: str, path: str, key: str | None = None, met
         return await client.request(method, target, content=body_for(path), headers=headers)
 
 
-def variants(path: str) -> list[str]:
-    """Spellings of ``path`` that no client should be answered on without the key."""
-    head, tail = path.rsplit("/", 1)
-    return [path, path + "%0A", path + "%0a?x=1", path + "%0D", path + "%0D%0A", path + "/", path + "%2F",
-            "/" + path, f"{head}//{tail}", path.upper(), path + "?x=1", path + "%20", path + "%09", path + "/.",
-            path + "#frag"]  # fmt: skip
-
-
 @pytest.mark.parametrize("path", paths.DECISION_PATHS)
 async def test_no_spelling_of_a_decision_path_answers_without_the_key(app, path):
-    for target in variants(path):
+    for target in path_variants(path):
         for method in ("POST", "GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"):
             response = await post(app, target, path, method=method)
             # vLLM lets OPTIONS (CORS preflights) past the key: at most a redirect to the path as written.
