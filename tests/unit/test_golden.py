@@ -113,7 +113,7 @@ def test_the_render_version_is_the_prompts_hash(monkeypatch):
     """Any change to the prompt's text is a new render version (prompt.py derives it; nobody bumps it)."""
     from vllm.entrypoints.generate.decisions.prompting import prompt
 
-    assert RENDER_VERSION == "direct-" + hashlib.sha256(prompt.probe_rendering().encode()).hexdigest()[:12]
+    assert "direct-" + hashlib.sha256(prompt.probe_rendering().encode()).hexdigest()[:12] == RENDER_VERSION
     before = prompt.probe_rendering()
     monkeypatch.setattr(prompt, "SYSTEM_PROMPT", prompt.SYSTEM_PROMPT + " ")
     assert prompt.probe_rendering() != before

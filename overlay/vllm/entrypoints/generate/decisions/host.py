@@ -211,7 +211,9 @@ class VllmHost(BackendHost):
     @property
     def chat_template(self) -> Any:
         """The chat template reads render with: ``--chat-template``'s, else the tokenizer's own."""
-        return self._chat_template if self._chat_template is not None else getattr(self.tokenizer, "chat_template", None)
+        return (
+            self._chat_template if self._chat_template is not None else getattr(self.tokenizer, "chat_template", None)
+        )
 
     @property
     def chat_template_kwargs(self) -> dict[str, Any]:

@@ -17,10 +17,9 @@ or, for an ordered scale, numbered ``1. text``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import hashlib
 import json
+from collections.abc import Sequence
 
 from ..questions import (
     CHOICE,
@@ -99,7 +98,9 @@ def probe_rendering() -> str:
     from .labels import MARKERS, word_labels
 
     questions = [
-        NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})),
+        NOUL.compile(
+            NoulQuestion.model_validate({"instructions": "Is this urgent?", "criteria": {"true": "time-sensitive"}})
+        ),
         CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
         SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry", "Furious"])),
     ]
