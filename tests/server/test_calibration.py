@@ -76,6 +76,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         startup_progress(first, starting)
         (saved,) = saved_dir.glob("calibration-*.json")
         record = json.loads(saved.read_text())
+        honest_key(record["key"])
         per_type_fits(first, record)
         metrics_of_both_workers(first, counted, record)
         answer = audit(first)  # a predicate: a noul question
@@ -103,6 +104,20 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     # A changed question file or debias setting is a new key, measured again; a corrupt file or too few
     # answers give the default; calibration reads as requests do (rotate): tests/unit/test_calibration_startup.py.
     # One failure is served below.
+
+
+def honest_key(key: dict) -> None:
+    """The saved key names what the reads depend on (each ingredient changing it: tests/unit/test_calibration_key.py):
+    the model's files by content, the tokenizer, chat template and its kwargs, vLLM, what the startup check
+    found (fp32 reads here), the self-check threshold and the prompt's derived render version."""
+    import vllm
+    from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION
+
+    assert re.fullmatch(r"[0-9a-f]{64}", key["model_files_sha256"]), key
+    assert re.fullmatch(r"[0-9a-f]{64}", key["chat_template_sha256"])
+    assert key["chat_template_kwargs"]["add_generation_prompt"] is True and key["tokenizer"] == key["model_path"]
+    assert key["vllm_version"] == vllm.__version__ and key["render_version"] == RENDER_VERSION
+    assert key["min_option_mass"] == 0.5 and isinstance(key["reads"]["fp32_reads"], bool)
 
 
 def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None:

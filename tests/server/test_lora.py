@@ -111,12 +111,12 @@ def test_base_and_adapter_answer_differently_each_with_its_own_calibration(lora_
     jev_judge = decide(lora_server, "judge", "/v1/systemone", jev).json()
     assert jev_judge["model"] == "judge"
     assert jev_judge["answers"]["team"]["extra"]["backend"]["option_logits"] == pytest.approx(logits(judge), abs=1e-4)
-    # A startup check and a calibration record each, keyed by the adapter's name and weights.
+    # A startup check and a calibration record each, keyed by the adapter's weights (not its name).
     for kind in ("startup", "calibration"):
         keys = [json.loads(p.read_text())["key"] for p in saved.glob(f"{kind}-*.json")]
-        assert sorted(k.get("adapter", "") for k in keys) == ["", "judge"], keys
-        (own,) = [k for k in keys if k.get("adapter") == "judge"]
-        assert own["adapter_sha256"] == weights_sha256(str(adapters / "judge"))
+        assert sorted("adapter_sha256" in k for k in keys) == [False, True], keys
+        (own,) = [k for k in keys if "adapter_sha256" in k]
+        assert own["adapter_sha256"] == weights_sha256(str(adapters / "judge")) and "adapter" not in own
     assert audit["temperature_source"] in ("calibrated", "default")
 
 
@@ -144,7 +144,8 @@ def test_an_adapter_loaded_at_run_time_starts_on_its_first_request_and_goes_when
         time.sleep(0.5)
     assert answer.status_code == 200, answer.text
     assert logits(answer) != pytest.approx(logits(decide(lora_server, "judge")), abs=0.05)
-    assert any(json.loads(p.read_text())["key"].get("adapter") == "late" for p in saved.glob("calibration-*.json"))
+    late = weights_sha256(str(adapters / "late"))
+    assert any(json.loads(p.read_text())["key"].get("adapter_sha256") == late for p in saved.glob("calibration-*.json"))
     metrics = httpx.get(f"{lora_server.url}/metrics", timeout=30).text
     assert 'adapter="late"' in metrics and 'adapter="judge"' in metrics
     unload = httpx.post(f"{lora_server.url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=60)

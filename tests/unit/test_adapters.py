@@ -161,3 +161,54 @@ def test_weights_hash_follows_the_weights(tmp_path):
     (tmp_path / "adapter_model.safetensors").write_bytes(b"two")
     assert weights_sha256(str(tmp_path)) != first
     assert weights_sha256("org/hub-adapter") != weights_sha256("org/other-adapter")
+
+
+async def test_names_of_one_adapter_folder_share_one_service(service, models, tmp_path):
+    """x, ./x, x/ and x/. (as vLLM's filesystem resolver builds them) are one adapter: one service."""
+    folder = tmp_path / "x"
+    folder.mkdir()
+    names = {"x": str(folder), "./x": str(tmp_path / "." / "x"), "x/": f"{folder}/", "x/.": f"{folder}/."}
+    for number, (name, path) in enumerate(names.items(), start=2):
+        models.lora_requests[name] = LoRARequest(name, number, path)
+    decisions = Decisions(service)
+    for name in names:
+        answered = await decisions.decide({**OPENAI_REQUEST, "model": name})
+        assert answered.status == 200, answered.body
+    assert len(service.built) == 1, "one service per adapter folder"
+    assert list(service.models.services()) == ["x"]
+    # Unloading the name the service reads through drops it; another name of the folder builds it anew.
+    del models.lora_requests["x"]
+    assert (await decisions.decide({**OPENAI_REQUEST, "model": "x/"})).status == 200
+    assert len(service.built) == 2 and list(service.models.services()) == ["x/"]
+
+
+async def test_adapter_services_are_capped_least_recently_used_out(service, models):
+    for number in range(3):
+        models.lora_requests[f"a{number}"] = LoRARequest(f"a{number}", 10 + number, f"/adapters/a{number}")
+    service.models.limit = 2
+    decisions = Decisions(service)
+    for name in ("a0", "a1", "a0", "a2"):
+        assert (await decisions.decide({**OPENAI_REQUEST, "model": name})).status == 200
+    assert sorted(service.models.services()) == ["a0", "a2"], "a1, least recently used, was set aside"
+    assert (await decisions.decide({**OPENAI_REQUEST, "model": "a1"})).status == 200
+    assert len(service.built) == 4 and sorted(service.models.services()) == ["a1", "a2"]
+
+
+async def test_past_the_cap_with_every_adapter_starting_a_new_one_waits(service, models):
+    gate = asyncio.Event()
+
+    async def slow_start(adapted: DecisionService) -> None:
+        await adapted.start(lambda: gate.wait())  # type: ignore[arg-type,return-value]
+
+    models.lora_requests["other"] = LoRARequest("other", 2, "/adapters/other")
+    service.models._start, service.models.wait_for_start, service.models.limit = slow_start, False, 1
+    decisions = Decisions(service)
+    assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 503
+    refused = await decisions.decide({**OPENAI_REQUEST, "model": "other"})
+    assert refused.status == 503 and "VLLM_TYPED_DECISIONS_MAX_ADAPTERS=1" in refused.body["error"]["message"]
+    assert len(service.built) == 1, "no second service starts past the cap"
+    gate.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert (await decisions.decide({**OPENAI_REQUEST, "model": "other"})).status == 503  # now starting
+    assert len(service.built) == 2 and list(service.models.services()) == ["other"]

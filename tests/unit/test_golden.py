@@ -3,13 +3,16 @@ every question type and readout, in both label layouts (letters; words, and a qu
 back to letters), on three chat templates (SmolLM2's ChatML, a Llama-3-style one, and one with no system
 role).
 
-A change to the prompt text must come with a new RENDER_VERSION and a new golden file:
-regenerate it with ``python -m tests.unit.test_golden`` and review the diff.
+RENDER_VERSION is a hash of the prompt code's own rendering of a fixed probe (prompt.probe_rendering), so a
+change to the prompt text is a new version by itself, and its golden file is missing until regenerated with
+``python -m tests.unit.test_golden`` (and ``python -m tests.unit.test_template_matrix``); review the diff
+and delete the old version's files. A change the probe misses fails here under the old version's name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 
@@ -94,7 +97,29 @@ def rendered() -> dict[str, dict[str, list[str]]]:
 
 def test_prompts_match_the_golden_file():
     assert GOLDEN.exists(), f"no golden file for {RENDER_VERSION}: run python -m tests.unit.test_golden"
-    assert rendered() == json.loads(GOLDEN.read_text())
+    assert rendered() == json.loads(GOLDEN.read_text()), (
+        f"the prompts differ from {GOLDEN.name} but the render version is the same: make prompt.probe_rendering "
+        "cover the change (a new render version), then regenerate"
+    )
+
+
+def test_the_golden_files_are_this_render_versions_only():
+    """A new version's files replace the old ones: none is left pinning a prompt nobody renders."""
+    names = sorted(path.name for path in GOLDEN.parent.glob("*.json"))
+    assert names == sorted([GOLDEN.name, f"templates-{RENDER_VERSION}.json"])
+
+
+def test_the_render_version_is_the_prompts_hash(monkeypatch):
+    """Any change to the prompt's text is a new render version (prompt.py derives it; nobody bumps it)."""
+    from vllm.entrypoints.generate.decisions.prompting import prompt
+
+    assert "direct-" + hashlib.sha256(prompt.probe_rendering().encode()).hexdigest()[:12] == RENDER_VERSION
+    before = prompt.probe_rendering()
+    monkeypatch.setattr(prompt, "SYSTEM_PROMPT", prompt.SYSTEM_PROMPT + " ")
+    assert prompt.probe_rendering() != before
+    monkeypatch.undo()
+    monkeypatch.setattr(prompt, "answer_instruction", lambda labels, words=False, numbered=False: "Pick one.")
+    assert prompt.probe_rendering() != before
 
 
 if __name__ == "__main__":

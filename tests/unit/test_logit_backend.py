@@ -234,3 +234,15 @@ async def test_a_prompt_longer_than_the_context_is_refused(smollm2_tokenizer):
             NOUL.compile(NoulQuestion(instructions="?")), ReadContext.about("word " * 100, "r")
         )
     assert host.reads == [] and host.top_reads == []
+
+
+def test_per_request_markers_are_refused_unless_the_servers(smollm2_tokenizer):
+    """The label catalog comes from the startup markers: a request's other markers would go unread (and
+    only split the content-free prior's cache), so they are refused, naming the option and the setting."""
+    backend = LogitBackend(TokenizerHost(smollm2_tokenizer), LogitOptions(markers="ABCD"))
+    with pytest.raises(DecisionError) as refused:
+        backend.request_options({"markers": "WXYZ"})
+    assert refused.value.status == 400 and refused.value.param == "extra.backend_options.markers"
+    assert "set at startup only (VLLM_TYPED_DECISIONS_BACKEND=logit:markers=...)" in refused.value.message
+    assert backend.request_options({"markers": "ABCD", "readout": "direct"}).readout == "direct"
+    assert backend.request_options({"readout": "direct"}).markers == "ABCD"

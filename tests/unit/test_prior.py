@@ -149,3 +149,21 @@ def test_a_gain_within_the_noise_is_not_kept():
     assert choice.mode == "off"
     low, high = choice.candidates["fitted"].gain
     assert low <= 0 <= high or high < 0
+
+
+async def test_the_cache_is_bounded_in_bytes_and_a_long_question_costs_no_more():
+    from vllm.entrypoints.generate.decisions.prior import entry_bytes
+
+    async def three() -> list[float]:
+        return [0.0, -1.0, -2.0]
+
+    cache = PriorCache(4096, max_bytes=entry_bytes(3) * 2)
+    long_key = "x" * 1_600_000  # a 1.6 MB question's fingerprint is kept as its digest
+    await cache.get(long_key, three)
+    assert cache.bytes == entry_bytes(3) and len(cache) == 1
+    await cache.get("short", three)
+    assert cache.bytes == entry_bytes(3) * 2 and len(cache) == 2
+    await cache.get("third", three)  # over the bytes: the least recently used goes
+    assert cache.bytes <= cache.max_bytes and len(cache) == 2
+    assert (await cache.get("third", three)).cached and (await cache.get("short", three)).cached
+    assert not (await cache.get(long_key, three)).cached

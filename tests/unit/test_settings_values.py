@@ -87,6 +87,10 @@ LENIENT = [
     ("PRIOR", "off", "prior", "off"),
     ("PRIOR_CACHE", "", "prior_cache", 4096),
     ("PRIOR_CACHE", "1", "prior_cache", 1),
+    ("PRIOR_CACHE_BYTES", "", "prior_cache_bytes", 64 * 1024 * 1024),
+    ("PRIOR_CACHE_BYTES", "65536", "prior_cache_bytes", 65536),
+    ("MAX_ADAPTERS", "", "max_adapters", 16),
+    ("MAX_ADAPTERS", " 2 ", "max_adapters", 2),
 ]  # fmt: skip
 
 # (variable, value, part of the message that says what is accepted)
@@ -123,6 +127,8 @@ REFUSED = [
     ("DEBIAS", "off:2", "expected off, rotate or rotate:N"),
     ("PRIOR", "content", "expected one of auto, off, content-free, fitted, content-free\\+fitted, or empty for auto"),
     ("PRIOR_CACHE", "0", "a whole number of at least 1, or empty for the default, 4096"),
+    ("PRIOR_CACHE_BYTES", "64MB", "a whole number of at least 65536, or empty for the default, 67108864"),
+    ("MAX_ADAPTERS", "0", "a whole number of at least 1, or empty for the default, 16"),
 ]
 
 

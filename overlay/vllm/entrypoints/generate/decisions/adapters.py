@@ -9,15 +9,19 @@ vLLM's own ``VLLM_SKIP_MODEL_NAME_VALIDATION=1`` takes any other name as the bas
 
 An adapter changes the model's answers, so each adapter is answered by a decision service of its own
 (startup.py builds it over the same engine, reading through the adapter): its own self-check,
-calibration and readiness, saved under the adapter's name and weights. It starts at startup for
+calibration and readiness, saved under the adapter's weights. It starts at startup for
 ``--lora-modules`` adapters and on the first request naming it otherwise (503 with Retry-After for that
 adapter meanwhile), and is dropped when vLLM no longer serves the adapter (unloaded, or loaded again).
+Names that reach one adapter folder share its service, and at most VLLM_TYPED_DECISIONS_MAX_ADAPTERS
+services are held: a client naming adapters can't make the server hold (or calibrate) without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -26,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 
-from .errors import DecisionError
+from .errors import DecisionError, NotReadyError
+from .settings import DEFAULT_MAX_ADAPTERS, PREFIX
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.models.serving import OpenAIServingModels
@@ -62,16 +67,22 @@ Start = Callable[["DecisionService"], Coroutine[Any, Any, None]]
 
 
 class ServedModels:
-    """The server's models as vLLM serves them, and a decision service per adapter in use."""
+    """The server's models as vLLM serves them, and a decision service per adapter in use: one per adapter
+    folder, whatever name reaches it (``x``, ``./x`` and ``x/`` through vLLM's filesystem resolver are one
+    adapter), at most ``limit`` of them, the least recently used set aside for a new one (its saved
+    calibration brings it back without measuring again)."""
 
-    def __init__(self, serving_models: OpenAIServingModels, build: Build, start: Start) -> None:
+    def __init__(self, serving_models: OpenAIServingModels, build: Build, start: Start,
+                 limit: int = DEFAULT_MAX_ADAPTERS) -> None:  # fmt: skip
         from vllm.entrypoints.serve.engine.serving import BaseServing
 
         self.serving_models = serving_models
         # vLLM's own model checks, without a request logger (a decision body is logged by its reads).
         self._vllm = BaseServing(serving_models, serving_models.model_config)
         self._build, self._start = build, start
-        self._services: dict[str, AdapterService] = {}
+        self.limit = limit
+        # By adapter identity (:func:`adapter_identity`), least recently used first.
+        self._services: OrderedDict[str, AdapterService] = OrderedDict()
         self._building = asyncio.Lock()
         # Whether a request waits for its adapter's startup work rather than being refused 503 meanwhile
         # (bulk: a batch line or a Python API call has no client to retry it).
@@ -88,39 +99,72 @@ class ServedModels:
             raise DecisionError(error.message, HTTPStatus(error.code), param=error.param)
         return self._vllm._maybe_get_adapters(named)
 
+    def _current(self, held: AdapterService | None) -> bool:
+        """Whether vLLM still serves ``held``'s adapter as it was when its service was built."""
+        return held is not None and self.serving_models.lora_requests.get(held.adapter.lora_name) is held.adapter
+
     async def service_for(self, adapter: LoRARequest) -> DecisionService:
-        """The decision service of ``adapter``, built and its startup begun the first time it is asked for."""
-        held = self._services.get(adapter.lora_name)
-        if held is not None and held.adapter is adapter:
-            return held.service
-        async with self._building:
-            held = self._services.get(adapter.lora_name)
-            if held is None or held.adapter is not adapter:
-                service = await self._build(adapter)
-                held = AdapterService(adapter, service, asyncio.create_task(self._start(service)))
-                self._services[adapter.lora_name] = held
+        """The decision service of ``adapter``'s folder, built and its startup begun the first time it is
+        asked for; another name for the same folder gets the same service."""
+        identity = adapter_identity(adapter)
+        held = self._services.get(identity)
+        if not self._current(held):
+            async with self._building:
+                held = self._services.get(identity)
+                if not self._current(held):
+                    self._make_room()
+                    service = await self._build(adapter)
+                    held = AdapterService(adapter, service, asyncio.create_task(self._start(service)))
+                    self._services[identity] = held
+        assert held is not None
+        self._services.move_to_end(identity)
         if self.wait_for_start:
             await asyncio.shield(held.started)
         return held.service
+
+    def _make_room(self) -> None:
+        """Set aside the least recently used services whose startup has finished until a new one fits;
+        when every one is still starting, refuse (503) rather than start more at once."""
+        while len(self._services) >= self.limit:
+            idle = next((key for key, held in self._services.items() if held.started.done()), None)
+            if idle is None:
+                raise NotReadyError(
+                    f"{len(self._services)} LoRA adapters' decision services are starting, the most at once "
+                    f"({PREFIX}MAX_ADAPTERS={self.limit}); retry shortly"
+                )
+            held = self._services.pop(idle)
+            logger.info("decisions through LoRA adapter %r set aside: %d adapters in use (%sMAX_ADAPTERS); "
+                        "its calibration stays saved", held.adapter.lora_name, self.limit, PREFIX)  # fmt: skip
 
     async def start_loaded(self) -> None:
         """Start every adapter vLLM serves now (``--lora-modules``), one after another."""
         for adapter in list(self.serving_models.lora_requests.values()):
             await self.service_for(adapter)
-            await self._services[adapter.lora_name].started
+            held = self._services.get(adapter_identity(adapter))
+            if held is not None:
+                await held.started
 
     def prune(self) -> None:
         """Drop the services of adapters vLLM no longer serves as they were (unloaded, or loaded again)."""
         served = self.serving_models.lora_requests
-        for name, held in list(self._services.items()):
-            if served.get(name) is not held.adapter:
+        for identity, held in list(self._services.items()):
+            if not self._current(held):
+                name = held.adapter.lora_name
                 logger.info("decisions through LoRA adapter %r dropped: it is %s", name,
                             "loaded again" if name in served else "unloaded")  # fmt: skip
                 held.started.cancel()
-                del self._services[name]
+                del self._services[identity]
 
     def services(self) -> dict[str, DecisionService]:
-        return {name: held.service for name, held in self._services.items()}
+        """Each service by the name of the adapter it reads through."""
+        return {held.adapter.lora_name: held.service for held in self._services.values()}
+
+
+def adapter_identity(adapter: LoRARequest) -> str:
+    """Which adapter a LoRARequest loads: its folder with the path resolved (``x``, ``./x``, ``x/`` and
+    ``x/.`` are one), or its path as given where that is no local folder (a hub id)."""
+    path = adapter.lora_path
+    return "path:" + os.path.realpath(path) if path and os.path.exists(path) else f"name:{path or adapter.lora_name}"
 
 
 def weights_sha256(path: str) -> str:

@@ -57,9 +57,9 @@ class Corrections:
     """The server's prior setting, calibration's choices, and the content-free reads shared by every
     request (cached per question fingerprint)."""
 
-    def __init__(self, setting: str, cache_size: int) -> None:
+    def __init__(self, setting: str, cache_size: int, cache_bytes: int | None = None) -> None:
         self.setting = setting
-        self.cache = PriorCache(cache_size)
+        self.cache = PriorCache(cache_size, cache_bytes)
         self.reads: Mapping[str, TypeReads] = {}
 
     def resolve(self, question: CompiledQuestion, asked: Asked, temperatures: Temperatures,

@@ -208,6 +208,17 @@ class VllmHost(BackendHost):
             getattr(self.tokenizer, "added_tokens_decoder", {}) or ()
         )
 
+    @property
+    def chat_template(self) -> Any:
+        """The chat template reads render with: ``--chat-template``'s, else the tokenizer's own."""
+        return (
+            self._chat_template if self._chat_template is not None else getattr(self.tokenizer, "chat_template", None)
+        )
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any]:
+        return dict(self._chat_template_kwargs)
+
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         prompt = await self._render(messages, tokenize=True)
         if "prompt_token_ids" in prompt:

@@ -22,6 +22,7 @@ the correction and the adjusted scores the temperature divides.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -86,33 +87,68 @@ def fingerprint(backend: str, render_version: str, options: Any, qtype: str, ins
     return json.dumps([backend, render_version, dumped, qtype, instructions, list(option_texts)], sort_keys=True)
 
 
+# What one cached entry costs besides its values: the digest, the table slot, the future and the list.
+ENTRY_OVERHEAD = 256
+# What one cached value costs: a float object and the list's pointer to it.
+VALUE_BYTES = 32
+
+
+def entry_bytes(values: int) -> int:
+    """The memory a cached entry of ``values`` log-probabilities holds (an estimate from CPython's sizes)."""
+    return ENTRY_OVERHEAD + VALUE_BYTES * values
+
+
 class PriorCache:
-    """Content-free reads by question fingerprint, the most recent ``size`` kept. A read in flight is
+    """Content-free reads by question fingerprint, the most recently used kept: at most ``size`` of them
+    and at most ``max_bytes`` of memory. A fingerprint holds the question's whole text, so it is kept as
+    its SHA-256 digest: a long question costs the cache as much as a short one. A read in flight is
     shared by every request that needs it; a failed read is not kept."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_bytes: int | None = None) -> None:
         self.size = size
-        self._entries: OrderedDict[str, asyncio.Future[list[float]]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        # digest -> [the read, what it costs]
+        self._entries: OrderedDict[bytes, list[Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     async def get(self, key: str, read: Callable[[], Awaitable[list[float]]]) -> PriorRead:
-        entry = self._entries.get(key)
+        digest = hashlib.sha256(key.encode()).digest()
+        entry = self._entries.get(digest)
         if entry is not None:
-            self._entries.move_to_end(key)
-            return PriorRead(list(await asyncio.shield(entry)), True)
+            self._entries.move_to_end(digest)
+            return PriorRead(list(await asyncio.shield(entry[0])), True)
         future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
-        self._entries[key] = future
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        entry = [future, entry_bytes(0)]
+        self._entries[digest] = entry
+        self.bytes += entry[1]
+        self._evict()
         try:
             value = await read()
         except BaseException as exc:
-            if self._entries.get(key) is future:
-                del self._entries[key]
+            if self._entries.get(digest) is entry:
+                del self._entries[digest]
+                self.bytes -= entry[1]
             future.set_exception(exc)
             future.exception()  # retrieved: waiters get it; nobody else needs to
             raise
         future.set_result(value)
+        if self._entries.get(digest) is entry:
+            grown = entry_bytes(len(value))
+            self.bytes += grown - entry[1]
+            entry[1] = grown
+            self._evict()
         return PriorRead(list(value), False)
+
+    def _evict(self) -> None:
+        """The least recently used out until both bounds hold (the newest entry stays)."""
+        while len(self._entries) > 1 and (
+            len(self._entries) > self.size or (self.max_bytes is not None and self.bytes > self.max_bytes)
+        ):
+            _, (_, cost) = self._entries.popitem(last=False)
+            self.bytes -= cost
 
 
 def mean_log_probabilities(readings: Sequence[Sequence[float]]) -> list[float]:

@@ -64,7 +64,7 @@ class DecisionService:
         self.readiness = readiness or Readiness()
         configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
         self.temperatures = Temperatures(configured or DEFAULT)
-        self.corrections = Corrections(settings.prior, settings.prior_cache)
+        self.corrections = Corrections(settings.prior, settings.prior_cache, settings.prior_cache_bytes)
 
     async def start(self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None) -> None:
         """Startup work: the backend's own checks, then (unless a temperature is configured) calibration,

@@ -42,6 +42,8 @@ VARIABLES = (
     PREFIX + "BULK_WINDOW",
     PREFIX + "PRIOR",
     PREFIX + "PRIOR_CACHE",
+    PREFIX + "PRIOR_CACHE_BYTES",
+    PREFIX + "MAX_ADAPTERS",
 )
 
 
@@ -52,6 +54,8 @@ SWITCH_WORDS = "1, true, yes or on to switch on; 0, false, no, off or empty to s
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
 DEFAULT_STARTUP_WAIT = 900.0
+DEFAULT_PRIOR_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_ADAPTERS = 16
 
 
 class SettingsError(ValueError):
@@ -137,9 +141,13 @@ class Settings:
     bulk_in_flight: int = 256
     bulk_window: int = 4096
     # The prior correction of each read (prior.py): a mode, or auto for what calibration chose per type;
-    # and how many questions' content-free reads are kept.
+    # and how many questions' content-free reads are kept, and in how much memory (per decision service).
     prior: str = "auto"
     prior_cache: int = 4096
+    prior_cache_bytes: int = DEFAULT_PRIOR_CACHE_BYTES
+    # The most LoRA adapters with a decision service of their own at once (adapters.py): least recently
+    # used out, its saved calibration kept for its return.
+    max_adapters: int = DEFAULT_MAX_ADAPTERS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -161,6 +169,8 @@ class Settings:
             bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
             prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, "auto"),
             prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
+            prior_cache_bytes=_int_at_least(env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536),
+            max_adapters=_int_at_least(env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1),
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from .deployment_lock import identify_run, once_per_server, run_id, this_run
 from .errors import BackendUnavailable
 from .host import VllmHost
 from .metrics import init_metrics
+from .model_identity import content_key, deployment
 from .plugins import load_plugins
 from .readiness import Readiness
 from .registry import backend_names, backend_options, choose_backend
@@ -72,31 +73,37 @@ def build_service(engine_client: EngineClient, args: Namespace,
         request_logger=request_logger(args),
     )
     init_metrics(host.served_model)  # metrics.py: after vLLM's stat logger, in every API-server process
-    model = deployment(engine_client, host.served_model)
-    service = new_service(settings, host, model)
+    config = engine_client.model_config
+    model = deployment(config, host.served_model, host.chat_template, host.chat_template_kwargs, host.logit_dtype)
+    content = Once(lambda: content_key(config.model, config.revision, getattr(config, "tokenizer", None),
+                                       getattr(config, "tokenizer_revision", None), settings.calibration_dir))  # fmt: skip
+    service = new_service(settings, host, model, content=content)
     logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", service.backend.name,
                 "configured" if settings.backend.name else "chosen for the model", host.architectures,
                 ", ".join(backend_names()))  # fmt: skip
     if serving_models is not None:
 
         async def adapter_service(adapter: Any) -> DecisionService:
-            # Saved startup work is keyed by the adapter's name and weights besides the base's deployment.
+            # Saved startup work is keyed by the adapter's weights besides the base's deployment (not its
+            # name: every name of one adapter folder finds its calibration).
             weights = await asyncio.to_thread(weights_sha256, adapter.lora_path)
-            key = {**model, "adapter": adapter.lora_name, "adapter_sha256": weights}
+            key = {**model, **await content(), "adapter_sha256": weights}
             return new_service(settings, host.for_adapter(adapter), key, adapter)
 
-        service.models = ServedModels(serving_models, adapter_service, start_service)
+        service.models = ServedModels(serving_models, adapter_service, start_service, settings.max_adapters)
     return service
 
 
-def new_service(settings: Settings, host: VllmHost, model: dict[str, Any], adapter: Any = None) -> DecisionService:
+def new_service(settings: Settings, host: VllmHost, model: dict[str, Any], adapter: Any = None,
+                content: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> DecisionService:  # fmt: skip
     """The configured backend over ``host`` and a decision service for it, its startup work saved under
-    ``model`` (the deployment's key) and to be started (:func:`start_service`)."""
+    ``model`` (the deployment's key, completed by ``content``, the model files' hashes, when the startup
+    work begins) and to be started (:func:`start_service`)."""
     backend_cls = choose_backend(settings.backend, host.architectures)
     backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
     readiness = Readiness()
     service = DecisionService(settings, backend, adapter.lora_name if adapter is not None else host.served_model,
-                              starter=lambda chosen: start_backend_once(chosen, settings, model, readiness.waiting),
+                              starter=lambda chosen: start_keyed(chosen, settings, model, content, readiness),
                               readiness=readiness, adapter=adapter)  # fmt: skip
     service.deployment = model
     return service
@@ -109,16 +116,26 @@ def request_logger(args: Namespace) -> Any:
     return RequestLogger(max_log_len=args.max_log_len) if getattr(args, "enable_log_requests", False) else None
 
 
-def deployment(engine_client: EngineClient, served_model: str) -> dict[str, Any]:
-    """What identifies the served model for saved calibrations."""
-    config = engine_client.model_config
-    return {
-        "model": served_model,
-        "model_path": config.model,
-        "revision": config.revision,
-        "quantization": config.quantization,
-        "dtype": str(config.dtype),
-    }
+async def start_keyed(backend: DecisionBackend, settings: Settings, model: dict[str, Any],
+                      content: Callable[[], Awaitable[dict[str, Any]]] | None, readiness: Readiness) -> None:  # fmt: skip
+    """The model files' hashes into ``model`` (the service's key, shared with its calibration), then
+    the backend's start once per server."""
+    if content is not None:
+        model.update(await content())
+    await start_backend_once(backend, settings, model, readiness.waiting)
+
+
+class Once:
+    """A blocking function run once, off the event loop, its result shared by every caller."""
+
+    def __init__(self, work: Callable[[], dict[str, Any]]) -> None:
+        self._work = work
+        self._task: asyncio.Future[dict[str, Any]] | None = None
+
+    async def __call__(self) -> dict[str, Any]:
+        if self._task is None:
+            self._task = asyncio.ensure_future(asyncio.to_thread(self._work))
+        return dict(await asyncio.shield(self._task))
 
 
 async def start_backend_once(backend: DecisionBackend, settings: Settings, model: dict[str, Any],

@@ -18,7 +18,7 @@ from ..errors import DecisionError
 from ..host import BackendHost
 from ..questions import CompiledQuestion
 from ..read_context import ReadContext
-from ..settings import Settings
+from ..settings import PREFIX, Settings
 from ..validation import validation_message
 
 # What a reading reports beyond its scores: a pydantic model of the backend's own (what the built-in
@@ -78,6 +78,9 @@ class DecisionBackend(ABC, Generic[OptionsT]):
     # Whether a reading doesn't depend on the order of the question's options (a backend that scores each
     # option on its own): debiasing then reads such a backend once, in the client's order.
     order_independent: ClassVar[bool] = False
+    # Options a read never looks at per request (the startup options decide them, as the logit backend's
+    # ``markers`` make its label catalog): a request naming another value is refused, not silently ignored.
+    startup_only: ClassVar[tuple[str, ...]] = ()
     # Set for a subclass whose ``read`` still takes ``(state, question, request_id, options)``.
     legacy_read: ClassVar[bool] = False
 
@@ -103,9 +106,17 @@ class DecisionBackend(ABC, Generic[OptionsT]):
             raise DecisionError(f"extra.backend_options: the {self.name!r} backend takes no per-request options")
         base = self.options.model_dump() if self.options is not None else {}
         try:
-            return self.options_model.model_validate({**base, **overrides})  # type: ignore[return-value]
+            options = self.options_model.model_validate({**base, **overrides})
         except ValidationError as exc:
             raise DecisionError(validation_message(exc, "extra.backend_options")) from None
+        for name in self.startup_only:
+            if name in overrides and getattr(options, name) != base.get(name):
+                raise DecisionError(
+                    f"extra.backend_options.{name}: set at startup only ({PREFIX}BACKEND={self.name}:{name}=...); "
+                    f"this server reads with {base.get(name)!r}, leave {name} out",
+                    param=f"extra.backend_options.{name}",
+                )
+        return cast(OptionsT, options)
 
     def compared_layouts(self) -> tuple[str, ...]:
         """The layouts startup calibration compares, the first its baseline: none where the backend has
@@ -134,6 +145,11 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         processes of this server then :meth:`adopt` it instead of starting. None (the default): each
         process starts."""
         return None
+
+    def read_key(self) -> dict[str, Any]:
+        """What the startup check found that changes what reads return (read precision, say), for the
+        saved calibration's key; call after :meth:`start` or :meth:`adopt`."""
+        return {}
 
     def adopt(self, facts: Any) -> None:  # noqa: B027 - optional hook
         """Apply the facts (a :attr:`facts_model`) another API-server process's :meth:`start` returned."""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from vllm.logger import init_logger
 
@@ -78,9 +78,7 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
     except question_file.QuestionFileError as exc:
         logger.warning("decision calibration skipped, T=1.0 (default): question file: %s", exc)
         return Calibrated(Temperatures(DEFAULT))
-    key = {**deployment, "backend": backend.name, "backend_args": dict(settings.backend.args),
-           "render_version": backend.render_version, "questions_sha256": questions.sha256,
-           "scheme": results.SCHEME, "debias": str(settings.debias), "prior": settings.prior}  # fmt: skip
+    key = calibration_key(backend, settings, deployment, questions.sha256)
     record, loaded = await once_per_server(
         Path(settings.calibration_dir), key, "calibration", settings.startup_wait,
         lambda: measure_and_fit(backend, questions, settings.debias, settings.prior, progress), reusable,
@@ -94,6 +92,18 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
     fits = CalibrationRecord.model_validate(record)
     log(fits, loaded)
     return Calibrated(fits.temperatures(), fits.reads)
+
+
+def calibration_key(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any],
+                    questions_sha256: str) -> dict[str, Any]:  # fmt: skip
+    """Everything a calibration's reads depend on: the deployment (model files, tokenizer, chat template,
+    vLLM; model_identity.py), the backend with all its options and what its startup check found, the
+    prompt's render version, the self-check's threshold, the read settings and the question file."""
+    options = backend.options.model_dump(mode="json") if isinstance(backend.options, BaseModel) else backend.options
+    return {**deployment, "backend": backend.name, "backend_args": dict(settings.backend.args),
+            "backend_options": options, "reads": backend.read_key(), "render_version": backend.render_version,
+            "min_option_mass": settings.min_option_mass, "questions_sha256": questions_sha256,
+            "scheme": results.SCHEME, "debias": str(settings.debias), "prior": settings.prior}  # fmt: skip
 
 
 def reusable(saved: dict[str, Any]) -> bool:

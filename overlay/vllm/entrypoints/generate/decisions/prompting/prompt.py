@@ -5,8 +5,11 @@ The state comes first so that every question about one state shares a token pref
 prefix cache then prefills once; the system prompt is the same for every label layout, so questions
 about one state share it whichever layout each uses. The instructions go in a system message, or, for
 chat templates with no system role (they refuse one or drop it), at the head of the user turn
-(``system_role=False``). ``RENDER_VERSION`` names this exact text, both layouts; tests/golden pins it
-byte for byte, so change the version whenever the text changes.
+(``system_role=False``). ``RENDER_VERSION`` names this exact text: it is derived from it, a hash of
+a fixed probe (a question of each type, both label layouts, both instruction placements, the two-stage
+check and the answer cue) rendered by this code, so any change to the text is a new version, and
+saved calibrations measured with the old text are not reused. tests/golden pins the full prompts byte
+for byte under the version's name.
 
 Options are listed by layout (labels.py): letters as ``A. text``; words as ``- word: description``,
 or, for an ordered scale, numbered ``1. text``.
@@ -14,11 +17,21 @@ or, for an ordered scale, numbered ``1. text``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 
-from ..questions import NOUL, CompiledQuestion, Option, yes_no_options
-
-RENDER_VERSION = "direct-2026-12-02.1"
+from ..questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    ChoiceQuestion,
+    CompiledQuestion,
+    NoulQuestion,
+    Option,
+    ScoreQuestion,
+    yes_no_options,
+)
 
 SYSTEM_PROMPT = (
     "You answer questions about a document. Each question lists its options. "
@@ -76,3 +89,32 @@ def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion
     """Two-stage's first stage: does this one option fit the question? (yes/no, same state prefix)"""
     instructions = f"{question.instructions}\nDoes this option fit: {option.text}".strip()
     return CompiledQuestion(NOUL, instructions, yes_no_options())
+
+
+def probe_rendering() -> str:
+    """The probe the render version is a hash of: a question of each type in every layout this module
+    renders, both instruction placements, the two-stage check and the answer cue."""
+    from .answer_slot import ANSWER_CUE
+    from .labels import MARKERS, word_labels
+
+    questions = [
+        NOUL.compile(
+            NoulQuestion.model_validate({"instructions": "Is this urgent?", "criteria": {"true": "time-sensitive"}})
+        ),
+        CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
+        SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry", "Furious"])),
+    ]
+    rendered: list[object] = [ANSWER_CUE]
+    for question in questions:
+        letters = list(MARKERS[: len(question.options)])
+        words = word_labels(question)
+        check = option_check(question, question.options[0])
+        for system_role in (True, False):
+            rendered.append(messages("Probe document.", question, letters, system_role))
+            if words is not None:
+                rendered.append(messages("Probe document.", question, words, system_role, words=True))
+            rendered.append(messages("Probe document.", check, ["A", "B"], system_role))
+    return json.dumps(rendered, ensure_ascii=False)
+
+
+RENDER_VERSION = "direct-" + hashlib.sha256(probe_rendering().encode()).hexdigest()[:12]

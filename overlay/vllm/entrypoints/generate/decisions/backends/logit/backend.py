@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from vllm.logger import init_logger
@@ -53,6 +55,8 @@ class LogitBackend(DecisionBackend[LogitOptions]):
     render_version = RENDER_VERSION
     options_model = LogitOptions
     facts_model = StartupFacts
+    # The label catalog is built from the startup markers; a request's would go unread.
+    startup_only = ("markers",)
     # Startup calibration compares both per question type unless VLLM_TYPED_DECISIONS_BACKEND sets labels.
     layout_option = "labels"
     layouts = ("letters", "words")
@@ -116,6 +120,15 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         logger.info(describe_prompt(facts, minimum))
         logger.info(self.describe_limits())
         logger.info(describe(self.host, missing))
+
+    def read_key(self) -> dict[str, Any]:
+        """The startup facts that change reads: fp32 reads, word labels, the answer slot, the prompt's shape."""
+        facts = self.facts
+        if facts is None:
+            return {}
+        return {"fp32_reads": facts.fp32_missing is None, "word_reads": self.runner.word_reads,
+                "system_role": facts.system_role, "closing": facts.closing,
+                "reasoning_block": facts.reasoning_block, "pairs": list(facts.pairs)}  # fmt: skip
 
     def describe_limits(self) -> str:
         markers, wide, cap = len(self.catalog.markers), self.catalog.wide_capacity, self.host.max_logprob_token_ids
