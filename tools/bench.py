@@ -22,7 +22,9 @@ one, then measures, with seeded inputs:
 - board speed: one question per request, one at a time, p50/p95 of caller wall time and the speed score
   100 - 20*log10(s / 0.1 s) averaged over p50 and p95 (unadjusted);
 - startup (own server only): seconds from /health up to the first answered decision, first without a
-  saved calibration, then with it;
+  saved calibration, then with it; and the calibration's cost against a plain read's: its seconds, the
+  engine reads before the first answer, and how many plain one-token reads of a calibration-sized prompt
+  (one at a time, same server) its seconds would buy, a figure that travels between machines;
 - bulk (--bulk-lines N, own server only): the same N lines through `vllm run-batch` and through the
   online server at its best concurrency (tools/bench_bulk.py, which also runs alone);
 - adapter (--adapter, own server only, alone): what reading through a LoRA adapter costs against the base
@@ -279,6 +281,37 @@ async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server
     return results
 
 
+async def calibration_cost(url: str, model: str, tokenizer_path: str, calibration_dir: str,
+                           rounds: int = 8) -> dict[str, Any]:  # fmt: skip
+    """What the startup calibration just made cost, in units that travel between machines: its seconds
+    (from its saved record), the engine reads the server made before its first answer (the startup
+    self-check's few and the calibration's; vllm:decision_engine_read_latency_seconds, phase startup), and
+    the p50 of a plain one-token read of a calibration-sized prompt (a ~20-word state, distinct each
+    time) through /v1/completions, one at a time, on the same server right after."""
+    from transformers import AutoTokenizer
+
+    record = next(
+        (r for f in sorted(Path(calibration_dir).glob("calibration-*.json")) if "seconds" in (r := json.loads(f.read_text()))),
+        None,
+    )  # fmt: skip
+    if record is None:  # it failed (T = 1.0): the startup line still says how long it took
+        return {"failed": "no successful calibration saved in " + calibration_dir}
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    reads = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:decision_engine_read_latency_seconds_count{") and 'phase="startup"' in line
+    )
+    bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path))
+    rng = random.Random(1)
+    plain = [(await bench.bare_read(state_of(rng, 20), QUESTIONS[i % len(QUESTIONS)]))[0] for i in range(rounds)]
+    await bench.client.aclose()
+    seconds, plain_s = float(record["seconds"]), pct(plain, 0.5)
+    return {"calibration_s": seconds, "questions": record["questions"]["used"], "startup_engine_reads": int(reads),
+            "plain_read_p50_s": plain_s, "seconds_per_read": seconds / max(reads, 1),
+            "in_plain_reads": seconds / plain_s}  # fmt: skip
+
+
 def reads_table(reads: dict[str, Any]) -> str:
     lines = [f"16 questions over a fresh ~{reads['words']}-word state, {reads['rounds']} rounds (median per decision):",
              "| read | s per decision | ratio to off | prompt tokens computed per decision | corrections applied |",
@@ -341,6 +374,11 @@ def table(results: dict[str, Any]) -> str:
         st = results["startup"]
         lines.append(f"| startup: /health to first decision (s) | {st['with_saved_calibration_s']:.1f} with a saved calibration "
                      f"| {st['calibrating_s']:.1f} calibrating | |")  # fmt: skip
+        if "calibration_s" in st.get("calibration", {}):
+            c = st["calibration"]
+            lines.append(f"| startup calibration: {c['questions']} questions, {c['startup_engine_reads']} engine reads before "
+                         f"the first answer | {c['calibration_s']:.0f} s ({c['seconds_per_read'] * 1000:.0f} ms a read) | "
+                         f"plain read p50 {c['plain_read_p50_s'] * 1000:.0f} ms | {c['in_plain_reads']:.0f} plain reads |")  # fmt: skip
     if "reads" in results:
         lines += ["", reads_table(results["reads"])]
     return "\n".join(lines)
@@ -390,12 +428,17 @@ def main() -> int:
             process = serve(args.model, port, calibration_dir, logs / "first.log", dtype=args.dtype)
             try:
                 calibrating = startup_seconds(url, process)
+                cost = asyncio.run(calibration_cost(url, "m", args.model, calibration_dir))
             finally:
                 stop(process)
             process = serve(args.model, port, calibration_dir, logs / "second.log", dtype=args.dtype)
             try:
                 saved = startup_seconds(url, process)
-                results["startup"] = {"calibrating_s": calibrating, "with_saved_calibration_s": saved}
+                results["startup"] = {
+                    "calibrating_s": calibrating,
+                    "with_saved_calibration_s": saved,
+                    "calibration": cost,
+                }
                 results.update(asyncio.run(measure(url, args.model, args.model, args.quick, process.pid, args.reads)))
             finally:
                 stop(process)

@@ -4,6 +4,7 @@ and a correction that can't apply is refused naming the setting."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 
 from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.backends.base import DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions.calibration import run
 from vllm.entrypoints.generate.decisions.calibration.bias import Candidate, ReadChoice, TypeReads, choose_layout
 from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
@@ -339,3 +341,35 @@ async def test_a_question_labelled_many_times_gets_a_bias_of_its_own(tmp_path, c
     audit = answer.audit.as_json()
     assert audit["temperature_scope"] == "choice:question:fitted"
     assert audit["prior"]["bias"] == dict(zip(['"billing"', '"sales"', '"technical"'], desk_bias, strict=True))
+
+
+class SlowLayoutBackend(TwoLayoutBackend):
+    """Reads finish out of order (each waits a few event-loop turns set by its state), and the real reads'
+    (state, layout) are recorded in the order they start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[tuple[str, str]] = []
+
+    async def read(self, question, context) -> Reading:
+        if context.state not in NEUTRAL_INPUTS:
+            self.started.append((context.state, (context.options or self.options).labels))
+        for _ in range(zlib.crc32(context.state.encode()) % 5):
+            await asyncio.sleep(0)
+        return await super().read(question, context)
+
+
+async def test_a_questions_layouts_are_read_in_turn_and_the_order_of_reads_changes_nothing(tmp_path, monkeypatch):
+    source = write_tickets(tmp_path / "q.jsonl")
+    wide, narrow = SlowLayoutBackend(), SlowLayoutBackend()
+    first = await startup_calibration(wide, settings(tmp_path / "a", source, prior="auto"), MODEL)
+    # Each question's words read starts after its letters read (so it can find their shared prefix cached).
+    for state in {state for state, _ in wide.started}:
+        assert [layout for s, layout in wide.started if s == state] == ["letters", "words"]
+    monkeypatch.setattr(run, "CONCURRENCY", 1)
+    second = await startup_calibration(narrow, settings(tmp_path / "b", source, prior="auto"), MODEL)
+    states = [f"ticket {i} about {TEAMS[i % 3]}" for i in range(150)]
+    assert narrow.started == [(state, layout) for state in states for layout in ("letters", "words")]
+    assert wide.started != narrow.started, "the reads ran in another order"
+    assert first.temperatures == second.temperatures
+    assert {k: v.model_dump() for k, v in first.reads.items()} == {k: v.model_dump() for k, v in second.reads.items()}

@@ -40,29 +40,43 @@ MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
 async def measure(backend: DecisionBackend, questions: question_file.QuestionFile, debias: Debias = NO_DEBIAS,
-                  correction: Correction = NO_CORRECTION, options: Any = None,
-                  progress: Readiness | None = None) -> tuple[list[Any], list[str]]:  # fmt: skip
-    """Each question's reading, read as requests are (``debias``, the backend's ``options``; with
-    ``correction``'s content-free reads when it asks for them), ``CONCURRENCY`` questions at a time;
-    failed reads are skipped. Each question read, answered or not, advances ``progress``."""
+                  correction: Correction = NO_CORRECTION, layouts: tuple[str | None, ...] = (None,),
+                  progress: Readiness | None = None) -> dict[str | None, list[Any]]:  # fmt: skip
+    """Each layout's readings of the questions, in file order, read as requests are (``debias``, the
+    backend's options in that layout; with ``correction``'s content-free reads when it asks for them),
+    ``CONCURRENCY`` questions at a time; failed reads are left out. A question's layouts are read one
+    after the other, so the later ones find the prompt they share with the first (template, state,
+    criterion) in the engine's prefix cache. Each read, answered or not, advances ``progress``."""
     gate = asyncio.Semaphore(CONCURRENCY)
+    options = {layout: backend.with_layout(backend.options, layout) for layout in layouts}
 
-    async def one(index: int, item: question_file.LabelledQuestion) -> Any:
+    async def read(index: int, item: question_file.LabelledQuestion, layout: str | None) -> DebiasedReading | None:
+        try:
+            context = ReadContext.about(item.state, request_id(index, layout, layouts), options[layout])
+            return await read_question(backend, item.question, context, debias, correction)
+        except DecisionError as exc:
+            logger.debug("calibration question %s skipped%s: %s", item.id, f" ({layout} labels)" if layout else "",
+                         exc.message)  # fmt: skip
+            return None
+        finally:
+            if progress is not None:
+                progress.advance()
+
+    async def one(index: int, item: question_file.LabelledQuestion) -> list[DebiasedReading | None]:
         async with gate:
-            try:
-                context = ReadContext.about(item.state, f"decision-calibration-{index}", options)
-                return item, await read_question(backend, item.question, context, debias, correction)
-            except DecisionError as exc:
-                logger.debug("calibration question %s skipped: %s", item.id, exc.message)
-                return item, None
-            finally:
-                if progress is not None:
-                    progress.advance()
+            return [await read(index, item, layout) for layout in layouts]
 
     reads = await asyncio.gather(*(one(i, q) for i, q in enumerate(questions.questions)))
-    answered = [(item, reading) for item, reading in reads if reading is not None]
-    skipped = [item.id for item, reading in reads if reading is None]
-    return answered, skipped
+    return {
+        layout: [(item, row[column]) for item, row in zip(questions.questions, reads, strict=True)
+                 if row[column] is not None]
+        for column, layout in enumerate(layouts)
+    }  # fmt: skip
+
+
+def request_id(index: int, layout: str | None, layouts: tuple[str | None, ...]) -> str:
+    """The engine's name for a calibration read: the question's index, and its layout where several are read."""
+    return f"decision-calibration-{index}" + (f"-{layout}" if len(layouts) > 1 and layout is not None else "")
 
 
 async def startup_calibration(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any],
@@ -131,15 +145,11 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     # Its own cache: the calibration's neutral reads are not kept for the requests.
     cache = PriorCache(len(questions.questions) * len(layouts))
     correction = Correction("content-free", cache) if content_free else NO_CORRECTION
-    by_layout: dict[str | None, list[Any]] = {}
     announce(len(questions.questions), layouts, progress)
-    for layout in layouts:
-        if layout is not None:
-            logger.info("decision calibration: reading %d questions with %s labels", len(questions.questions), layout)
-        options = backend.with_layout(backend.options, layout)
-        by_layout[layout], _ = await measure(backend, questions, debias, correction, options, progress)
-        if len(by_layout[layout]) < MIN_ANSWERED:
-            return failed(f"only {len(by_layout[layout])} of {len(questions.questions)} questions were answered "
+    by_layout = await measure(backend, questions, debias, correction, layouts, progress)
+    for layout, answered in by_layout.items():
+        if len(answered) < MIN_ANSWERED:
+            return failed(f"only {len(answered)} of {len(questions.questions)} questions were answered "
                           f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""))  # fmt: skip
     reads = await asyncio.to_thread(choose_reads, by_layout, prior)
     # Each type's questions as its chosen layout read them (the first layout's for a type with no choice).
