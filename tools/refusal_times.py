@@ -70,15 +70,12 @@ def bodies() -> list[tuple[str, str, Any]]:
                 "questions": [{"type": "predicate", "instructions": words(150_000)} for _ in range(24)],
             },
         ),
-        # Every prompt just under what the context could hold by the characters-per-token bound, so each
-        # is tokenized before its refusal: 600 K of state once, then 64 questions of 50 K each.
+        # The most a request can ask to be tokenized: 64 questions filling MAX_REQUEST_CHARS, each prompt
+        # under what the context could hold by the characters-per-token bound, so each is tokenized.
         (
-            "Jev, the largest request that is tokenized (600 K state, 64 x 50 K questions)",
+            "Jev, the largest request that is tokenized (64 questions of 62 K characters)",
             "/v1/systemone",
-            {
-                "state": words(600_000),
-                "questions": {f"q{i}": {"type": "noul", "instructions": words(50_000)} for i in range(64)},
-            },
+            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": words(62_000)} for i in range(64)}},
         ),
         (
             "Jev, a body just under MAX_BODY_BYTES (16 x 2 values of 1 M characters)",
