@@ -6,7 +6,8 @@ required, additionalProperties, items, anyOf/oneOf, const, enum, min/max lengths
 values that fit it, with strings and numbers drawn from hostile palettes (empty, control characters,
 other scripts, combining marks, emoji sequences, huge numbers). ``mutated`` then breaks one thing:
 a value of the wrong type, a required key dropped, an unknown key, a NaN, a list where an object goes.
-``HOSTILE`` holds raw bodies no generator would write. Sizes stay small so that the valid-shaped
+``HOSTILE`` holds raw bodies no generator would write; ``AMPLIFYING`` the bodies, one per class, that
+are small on the wire but ask for far more work (rendering, tokenizing) than their size. Sizes stay small so that the valid-shaped
 requests that reach a real model stay cheap.
 """
 
@@ -156,6 +157,76 @@ HOSTILE = [
 ]  # fmt: skip
 
 
+def nested(depth: int) -> Any:
+    """A chain of one-key objects ``depth`` deep: ~6 bytes a level, rendering to ~depth**2 characters."""
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+# Amplifying bodies: small on the wire, huge once rendered or tokenized, each value within the per-value
+# limits; issue 38 measured each stalling a server for seconds before its refusal. (path, body, what it is).
+SENTENCE = "the quick brown fox jumps over the lazy dog "
+AMPLIFYING = [
+    (
+        "/v1/systemone",
+        json_bytes(
+            {
+                "state": "x",
+                "questions": {
+                    **{
+                        f"q{i}": {"type": "noul", "instructions": nested(500), "criteria": {"true": nested(500)}}
+                        for i in range(16)
+                    },
+                    "last": {"type": "no-such-type"},
+                },
+            }
+        ),
+        "Jev: 16 questions of nested instructions and criteria (~100 KB) that render to ~16 M characters",
+    ),
+    (
+        "/v1/systemone",
+        json_bytes({"state": nested(900), "questions": {"q": {"type": "noul"}}}),
+        "Jev: a state nested 900 deep (~5 KB), past MAX_JSON_DEPTH",
+    ),
+    (
+        "/v1/decisions",
+        json_bytes(
+            {
+                "model": "m",
+                "questions": [{"type": "predicate", "instructions": "?"}],
+                "input": [
+                    {"role": "user", "content": [{"type": "input_json", "data": nested(240)} for _ in range(60)]}
+                ],
+            }
+        ),
+        "OpenAI: 60 input_json parts (~90 KB) that render to ~7 M characters",
+    ),
+    (
+        "/v1/decisions",
+        json_bytes(
+            {
+                "model": "m",
+                "input": "x",
+                "questions": [{"type": "predicate", "instructions": SENTENCE * 3500} for _ in range(24)],
+            }
+        ),
+        "OpenAI: 24 questions of 150 K characters each",
+    ),
+    (
+        "/v1/systemone",
+        json_bytes(
+            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": SENTENCE * 3500} for i in range(24)}}
+        ),
+        "Jev: 24 questions of 150 K characters each",
+    ),
+]
+
 FIELDS = {"model", "input", "questions", "state", "extra", "type", "instructions", "choices", "levels", "criteria",
           "name", "value", "label", "description", "backend", "backend_options", "content", "role", "body"}  # fmt: skip
 PARSE_WORDS = ("JSON", "UTF-8", "Unicode", "body")
@@ -192,6 +263,9 @@ def generated_cases(schema: dict[str, Any], path: str, count: int, seed: int) ->
         yield path, encode(cases.mutated(value) if i % 2 else value)
     for body, _ in HOSTILE:
         yield path, body
+    for amplified_path, body, _ in AMPLIFYING:
+        if amplified_path == path or {path, amplified_path} == {"/v1/systemone", "/api/alpha/decisions"}:
+            yield path, body
 
 
 def corpus_entry(path: str, body: bytes) -> str:

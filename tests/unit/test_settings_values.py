@@ -63,6 +63,10 @@ LENIENT = [
     ("MAX_BODY_BYTES", "1_048_576", "max_body_bytes", 1 << 20),
     ("MAX_INPUT_CHARS", "", "max_input_chars", settings.DEFAULT_MAX_INPUT_CHARS),
     ("MAX_INPUT_CHARS", "1", "max_input_chars", 1),
+    ("MAX_REQUEST_CHARS", "", "max_request_chars", 4 * settings.DEFAULT_MAX_INPUT_CHARS),
+    ("MAX_REQUEST_CHARS", "2000", "max_request_chars", 2000),
+    ("MAX_JSON_DEPTH", "", "max_json_depth", settings.DEFAULT_MAX_JSON_DEPTH),
+    ("MAX_JSON_DEPTH", " 8 ", "max_json_depth", 8),
     ("MIN_OPTION_MASS", "", "min_option_mass", 0.5),
     ("MIN_OPTION_MASS", "0", "min_option_mass", 0.0),
     ("MIN_OPTION_MASS", "1", "min_option_mass", 1.0),
@@ -112,6 +116,8 @@ REFUSED = [
     ("MAX_BODY_BYTES", "32MB", "a whole number of at least 1024"),
     ("MAX_BODY_BYTES", "1000", "a whole number of at least 1024"),
     ("MAX_INPUT_CHARS", "-1", "a whole number of at least 1"),
+    ("MAX_REQUEST_CHARS", "0", "a whole number of at least 1, or empty for the default, 4000000"),
+    ("MAX_JSON_DEPTH", "deep", "a whole number of at least 1, or empty for the default, 800"),
     ("MIN_OPTION_MASS", "half", "a number from 0 to 1, or empty for the default, 0.5"),
     ("MIN_OPTION_MASS", "1.5", "a number from 0 to 1"),
     ("MIN_OPTION_MASS", "nan", "a number from 0 to 1"),
@@ -154,6 +160,14 @@ def test_every_variable_is_covered_here():
     assert {PREFIX + v for v, *_ in LENIENT} | {ENABLE_VARIABLE} == set(VARIABLES)
     # CALIBRATION_DIR takes any path; whether it is writable is found (and logged) when a result is saved.
     assert {PREFIX + v for v, *_ in REFUSED} == set(VARIABLES) - {ENABLE_VARIABLE, PREFIX + "CALIBRATION_DIR"}
+
+
+def test_the_request_budget_follows_the_input_limit_unless_set():
+    env = {PREFIX + "MAX_INPUT_CHARS": "1000"}
+    assert Settings.from_env(env).max_request_chars == 4000
+    assert Settings.from_env({**env, PREFIX + "MAX_REQUEST_CHARS": "1500"}).max_request_chars == 1500
+    with pytest.raises(settings.SettingsError, match="empty for the default, 4000"):
+        Settings.from_env({**env, PREFIX + "MAX_REQUEST_CHARS": "many"})
 
 
 def test_defaults_where_unset():

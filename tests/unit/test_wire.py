@@ -184,12 +184,13 @@ async def test_same_question_same_probabilities_on_both_wires(app):
             {"type": "score", "instructions": "Mood?", "criteria": ["Calm", "Angry"]},
         ),
     ]
+    settings = Settings.from_env({"VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS": "1000"})
     for openai_q, jev_q in both:
         _, asked_openai = openai.compiled(
-            DecisionsRequest.model_validate({"model": "m", "input": "s", "questions": [openai_q]}), "r", 1000
+            DecisionsRequest.model_validate({"model": "m", "input": "s", "questions": [openai_q]}), "r", settings
         )
         _, asked_jev = jev.compiled(
-            SystemOneRequest.model_validate({"state": "s", "questions": {"q": jev_q}}), "r", 1000
+            SystemOneRequest.model_validate({"state": "s", "questions": {"q": jev_q}}), "r", settings
         )
         (a,), (b,) = asked_openai.questions, asked_jev.questions
         assert (a.qtype, a.instructions, [(o.key, o.text) for o in a.options]) == (

@@ -7,6 +7,7 @@ Backends render prompts, tokenize and read log-probabilities only through a :cla
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib.util
 from abc import ABC, abstractmethod
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .affinity import replica_for
 from .errors import DecisionError, EngineBusyError
 from .metrics import engine_read
+from .prompting.token_bound import chars_per_token
 from .read_context import ReadContext, as_context
 from .vllm_versions import BUILT_IN_CANVAS_READ
 
@@ -87,6 +89,9 @@ class BackendHost(ABC):
     # it doesn't, the service refuses a priority other than 0. Reads pass ``context.priority`` and
     # ``context.cache_salt`` to the engine as vLLM's own APIs do.
     priority_scheduling: bool = False
+    # The most characters of prompt text one token can stand for (None: no sure bound), so a prompt too
+    # long for the context is refused by its length before it is tokenized (prompting/token_bound.py).
+    chars_per_token: int | None = None
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -107,6 +112,14 @@ class BackendHost(ABC):
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    async def encode_async(self, text: str) -> list[int]:
+        """:meth:`encode` in a worker thread: a long text must not hold up the server's other clients."""
+        return await asyncio.to_thread(self.encode, text)
+
+    async def encode_with_offsets_async(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """:meth:`encode_with_offsets` in a worker thread."""
+        return await asyncio.to_thread(self.encode_with_offsets, text)
 
     @abstractmethod
     def special_token_ids(self) -> frozenset[int]:
@@ -207,6 +220,10 @@ class VllmHost(BackendHost):
         self._special_ids = frozenset(self.tokenizer.all_special_ids) | frozenset(
             getattr(self.tokenizer, "added_tokens_decoder", {}) or ()
         )
+        self.chars_per_token = chars_per_token(self.tokenizer)
+        # vLLM's own pool for blocking tokenizer calls (its renderer's), so ours queue with its own; the
+        # default pool where a vLLM has none.
+        self._tokenizing = getattr(self.renderer, "_executor", None)
 
     @property
     def chat_template(self) -> Any:
@@ -260,6 +277,12 @@ class VllmHost(BackendHost):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids))
+
+    async def encode_async(self, text: str) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, self.encode, text)
+
+    async def encode_with_offsets_async(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, self.encode_with_offsets, text)
 
     def special_token_ids(self) -> frozenset[int]:
         return self._special_ids

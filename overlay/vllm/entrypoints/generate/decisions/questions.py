@@ -17,8 +17,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from .budget import check_depth, open_budget
 from .errors import OverLimitError
-from .settings import DEFAULT_MAX_INPUT_CHARS, PREFIX
+from .settings import DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_JSON_DEPTH, PREFIX
 
 
 @dataclass(frozen=True)
@@ -76,21 +77,31 @@ def content_text(content: Content | None, limit: int = DEFAULT_MAX_INPUT_CHARS) 
     """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept).
 
     Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
-    so rendering stops at ``limit`` characters (the server's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS) rather
-    than after the text is built."""
+    so rendering stops at ``limit`` characters (the server's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS), or
+    where the request's open budget runs out (budget.py), rather than after the text is built; a value
+    nested deeper than the budget's depth is refused before any of it is rendered."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    budget = open_budget()
+    check_depth(content, budget.max_depth if budget is not None else DEFAULT_MAX_JSON_DEPTH)
     chunks, size = [], 0
-    for chunk in _INDENTED.iterencode(content):
-        size += len(chunk)
-        if size > limit:
-            raise OverLimitError(
-                f"a JSON value in the request renders to more than {limit} characters of text "
-                f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
-            )
-        chunks.append(chunk)
+    try:
+        for chunk in _INDENTED.iterencode(content):
+            size += len(chunk)
+            if size > limit:
+                raise OverLimitError(
+                    f"a JSON value in the request renders to more than {limit} characters of text "
+                    f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+                )
+            if budget is not None:
+                budget.charge(len(chunk))
+            chunks.append(chunk)
+    except RecursionError:  # MAX_JSON_DEPTH set past what Python's stack can render
+        raise OverLimitError(
+            f"a JSON value in the request nests too deeply to render (lower {PREFIX}MAX_JSON_DEPTH or send it flatter)"
+        ) from None
     return "".join(chunks)
 
 

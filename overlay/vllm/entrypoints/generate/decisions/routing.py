@@ -14,6 +14,7 @@ function only gives ``/openapi.json`` its request and response models.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Coroutine
@@ -38,11 +39,19 @@ LATENCY_HEADER = "x-decision-latency-ms"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
+# Bodies at least this long, and compressed ones, are decoded and parsed in a worker thread: tens of MiB take the event loop
+# (every other client's request, /health) a good part of a second; small ones aren't worth the hop.
+PARSE_IN_THREAD_BYTES = 64 * 1024
+
+
 async def request_body(request: Request) -> Any:
     """The body as JSON: size-limited, decoded and parsed strictly (body.py)."""
     service = getattr(request.app.state, "decision_service", None)
     limit = service.settings.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
-    return parse_json(decode_body(await request.body(), request.headers.get("content-encoding"), limit))
+    raw, encoding = await request.body(), request.headers.get("content-encoding")
+    if len(raw) < PARSE_IN_THREAD_BYTES and not encoding:
+        return parse_json(decode_body(raw, encoding, limit))
+    return await asyncio.to_thread(lambda: parse_json(decode_body(raw, encoding, limit)))
 
 
 def authorized(request: Request) -> bool:

@@ -18,13 +18,14 @@ from vllm.logger import init_logger
 from .answers import Answer, Decision, Failure
 from .backends import DecisionBackend
 from .backends.base import checked_scores, facts_json
+from .budget import over_request_message
 from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .corrections import Asked, Calibrated, Corrections
 from .debias import read_question
 from .errors import DecisionError, EngineBusyError, OverLimitError
 from .metrics import record_questions, record_temperatures
-from .questions import CompiledQuestion
+from .questions import CompiledQuestion, QuestionType
 from .read_context import ReadContext
 from .readiness import CALIBRATION, SELF_CHECK, Readiness
 from .registry import backend_class, backend_names, failures_note
@@ -39,6 +40,32 @@ if TYPE_CHECKING:
     from .adapters import ServedModels
 
 logger = init_logger(__name__)
+
+
+def check_question_count(settings: Settings, count: int) -> None:
+    """Refuses more questions than VLLM_TYPED_DECISIONS_MAX_QUESTIONS: the wires call it before compiling any."""
+    if count > settings.max_questions:
+        raise OverLimitError(
+            f"{count} questions in one request; the limit is {settings.max_questions} "
+            f"(set {PREFIX}MAX_QUESTIONS to raise it)"
+        )
+
+
+def check_option_count(settings: Settings, qtype: QuestionType, count: int, name: str) -> None:
+    """Refuses more options than ``qtype``'s own limit allows (a wire calls it before compiling the question)."""
+    if (limit := qtype.options_limit) is None:
+        return
+    most = getattr(settings, limit.setting)
+    if count > most:
+        raise OverLimitError(
+            f"{name} has {count} {limit.noun}; the limit is {most} (set {PREFIX}{limit.setting.upper()} to raise it)"
+        )
+
+
+def request_chars(request: DecisionRequest) -> int:
+    """The characters of a request's input and every text of its questions, as compiled."""
+    texts = (len(q.instructions) + sum(len(o.text) for o in q.options) for q in request.questions)
+    return len(request.state) + sum(texts)
 
 
 class DecisionService:
@@ -91,8 +118,10 @@ class DecisionService:
 
     def check_limits(self, request: DecisionRequest) -> None:
         """Refuse, before any model work, a request over a configured limit, naming the setting: the
-        input's length, the number of questions, and each question type's own limit on its options; and a
-        priority other than 0 where the engine doesn't schedule by priority."""
+        input's length, the number of questions, each question type's own limit on its options, and the
+        characters of the input and questions together; and a priority other than 0 where the engine
+        doesn't schedule by priority. (The wires check the counts before compiling too; this holds
+        requests built any other way.)"""
         s = self.settings
         if len(request.state) > s.max_input_chars:
             raise OverLimitError(f"the input is {len(request.state)} characters; the limit is {s.max_input_chars} "
@@ -100,18 +129,11 @@ class DecisionService:
         questions = request.questions
         if not questions:
             raise DecisionError("a request needs at least one question")
-        if len(questions) > s.max_questions:
-            raise OverLimitError(
-                f"{len(questions)} questions in one request; the limit is {s.max_questions} "
-                f"(set {PREFIX}MAX_QUESTIONS to raise it)"
-            )
+        check_question_count(s, len(questions))
         for name, q in zip(request.names, questions, strict=True):
-            if (limit := q.qtype.options_limit) is None:
-                continue
-            most = getattr(s, limit.setting)
-            if len(q.options) > most:
-                raise OverLimitError(f"{name} has {len(q.options)} {limit.noun}; the limit is {most} "
-                                     f"(set {PREFIX}{limit.setting.upper()} to raise it)")  # fmt: skip
+            check_option_count(s, q.qtype, len(q.options), name)
+        if request_chars(request) > s.max_request_chars:
+            raise OverLimitError(over_request_message(s.max_request_chars))
         if request.priority and not getattr(self.backend.host, "priority_scheduling", False):
             # vLLM's own APIs document the same refusal; its first-come scheduler would ignore the number.
             raise DecisionError(f"priority {request.priority} needs vllm serve --scheduling-policy priority; this "

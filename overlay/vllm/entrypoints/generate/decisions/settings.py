@@ -33,6 +33,8 @@ VARIABLES = (
     PREFIX + "MAX_LEVELS",
     PREFIX + "MAX_BODY_BYTES",
     PREFIX + "MAX_INPUT_CHARS",
+    PREFIX + "MAX_REQUEST_CHARS",
+    PREFIX + "MAX_JSON_DEPTH",
     PREFIX + "MIN_OPTION_MASS",
     PREFIX + "CALIBRATION",
     PREFIX + "CALIBRATION_DIR",
@@ -53,6 +55,13 @@ SWITCH_WORDS = "1, true, yes or on to switch on; 0, false, no, off or empty to s
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
+# A request's input and questions together, by default: room for the longest input and three times its
+# length in questions, which no model's context holds in one prompt today.
+REQUEST_CHARS_PER_INPUT = 4
+# How deep a JSON value may nest: above the deepest one DEFAULT_MAX_INPUT_CHARS can hold once indented
+# (about 707 levels: a value d deep renders to about 2 * d**2 characters), below where Python's own
+# recursion runs out (the body parser refuses about 1,000).
+DEFAULT_MAX_JSON_DEPTH = 800
 DEFAULT_STARTUP_WAIT = 900.0
 DEFAULT_PRIOR_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_ADAPTERS = 16
@@ -148,10 +157,19 @@ class Settings:
     # The most LoRA adapters with a decision service of their own at once (adapters.py): least recently
     # used out, its saved calibration kept for its return.
     max_adapters: int = DEFAULT_MAX_ADAPTERS
+    # The most characters a request's input and questions render to together (0: REQUEST_CHARS_PER_INPUT
+    # times max_input_chars), and the deepest JSON value in them: one budget per request (budget.py).
+    max_request_chars: int = 0
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+
+    def __post_init__(self) -> None:
+        if not self.max_request_chars:
+            object.__setattr__(self, "max_request_chars", REQUEST_CHARS_PER_INPUT * self.max_input_chars)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
+        max_input_chars = _int_at_least(env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1)
         return cls(
             backend=parse_backend_spec(env.get(PREFIX + "BACKEND", "")),
             temperature=_positive_float(env, PREFIX + "TEMPERATURE"),
@@ -159,7 +177,7 @@ class Settings:
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
             max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
-            max_input_chars=_int_at_least(env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1),
+            max_input_chars=max_input_chars,
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
             calibration_dir=env.get(PREFIX + "CALIBRATION_DIR", "").strip() or default_calibration_dir(env),
@@ -171,6 +189,10 @@ class Settings:
             prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
             prior_cache_bytes=_int_at_least(env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536),
             max_adapters=_int_at_least(env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1),
+            max_request_chars=_int_at_least(
+                env, PREFIX + "MAX_REQUEST_CHARS", REQUEST_CHARS_PER_INPUT * max_input_chars, 1
+            ),
+            max_json_depth=_int_at_least(env, PREFIX + "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1),
         )
 
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from ...errors import OverLimitError
 from ...host import BackendHost
 from ...prompting.prompt import chat
 
@@ -45,6 +46,27 @@ class Stencil:
     def prompt_ids(self, host: BackendHost, question_body: str) -> list[int]:
         return self.prefix_ids + host.encode(self.seam_text + question_body + self.closing)
 
+    async def prompt_ids_async(self, host: BackendHost, question_body: str) -> list[int]:
+        """:meth:`prompt_ids`, refused by length where it can't fit, else tokenized off the event loop."""
+        tail = self.seam_text + question_body + self.closing
+        check_fits(host, len(self.prefix_ids), len(tail))
+        return self.prefix_ids + await host.encode_async(tail)
+
+
+def check_fits(host: BackendHost, tokens: int, chars: int) -> None:
+    """Refuses, before tokenizing, a prompt of ``tokens`` known tokens and ``chars`` characters still to
+    tokenize that can't fit the model's context: ``chars`` need at least ``chars / host.chars_per_token``
+    tokens, so only prompts that would be refused after tokenizing are refused here."""
+    per, limit = host.chars_per_token, host.max_model_len
+    if per is None:
+        return
+    least = tokens + -(-chars // per)
+    if least >= limit:
+        raise OverLimitError(
+            f"the rendered prompt has at least {least} tokens ({chars} characters, at most {per} a token for "
+            f"this tokenizer); the model's context (--max-model-len {limit}) leaves room for at most {limit - 1}"
+        )
+
 
 async def build_stencil(host: BackendHost, state: str, system_role: bool = True) -> Stencil | None:
     """The stencil for ``state``, or None where this host, template or state can't have one."""
@@ -54,7 +76,8 @@ async def build_stencil(host: BackendHost, state: str, system_role: bool = True)
     if rendered is None or rendered.count(PLACEHOLDER) != 1:
         return None
     head, closing = rendered.split(PLACEHOLDER)
-    encoded = host.encode_with_offsets(head)
+    check_fits(host, 0, len(head))
+    encoded = await host.encode_with_offsets_async(head)
     if encoded is None:
         return None
     ids, spans = encoded
@@ -114,7 +137,7 @@ class StencilPool:
         """The rendered prompt of one question, through the shared stencil where there is one."""
         async with self.stencil(state) as stencil:
             if stencil is not None:
-                return stencil.prompt_ids(self.host, question_body)
+                return await stencil.prompt_ids_async(self.host, question_body)
         return await self.host.render_chat(chat(state, question_body, self.system_role))
 
 

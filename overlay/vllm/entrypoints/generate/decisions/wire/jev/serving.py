@@ -4,17 +4,20 @@ service, and its decision shaped as a :class:`SystemOneResponse`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from ...answers import Answer, Decision
+from ...budget import RenderBudget, spending
 from ...errors import DecisionError
 from ...questions import CompiledQuestion, content_text
 from ...registry import built_in_question_type, failures_note, question_type
 from ...request import DecisionRequest
-from ...service import DecisionService
+from ...service import DecisionService, check_option_count, check_question_count
+from ...settings import Settings
 from ...validation import detail_message, is_field_name
 from ..common import answer_extra, decide, decision_request, response_id
 from .protocol import ChoiceAnswer, NoulAnswer, PluginAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse, Usage
@@ -56,7 +59,7 @@ JEV_LATEST = "jev-latest"
 IMAGE_ONLY_TYPES = {"box": "box questions locate a region in an image; this server's model reads text only"}
 
 
-def compile_question(question_id: str, raw: Any, max_chars: int) -> CompiledQuestion:
+def compile_question(question_id: str, raw: Any, settings: Settings) -> CompiledQuestion:
     if not isinstance(raw, dict):
         raise JevValidationError.at(("questions", question_id), "a question must be an object")
     kind = raw.get("type")
@@ -67,11 +70,13 @@ def compile_question(question_id: str, raw: Any, max_chars: int) -> CompiledQues
         raise JevValidationError.at(
             ("questions", question_id, "type"), f"unknown question type {kind!r}" + failures_note()
         )
+    if built_in_question_type(qtype) and isinstance(criteria := raw.get("criteria"), (dict, list)):
+        check_option_count(settings, qtype, len(criteria), f"questions.{question_id}")
     try:
         validated = qtype.model.model_validate(raw)
     except ValidationError as exc:
         raise JevValidationError.from_errors(exc.errors(include_url=False), ("questions", question_id)) from None
-    return qtype.compile(validated, max_chars)
+    return qtype.compile(validated, settings.max_input_chars)
 
 
 # vLLM 0.32's own /v1/systemone takes these; we refuse them rather than answer without them.
@@ -84,8 +89,9 @@ NOT_TAKEN = {
 }
 
 
-def compiled(request: SystemOneRequest, request_id: str, max_chars: int) -> tuple[list[str], DecisionRequest]:
-    """The question ids in request order (for the answers), and the request the service decides."""
+def compiled(request: SystemOneRequest, request_id: str, settings: Settings) -> tuple[list[str], DecisionRequest]:
+    """The question ids in request order (for the answers), and the request the service decides: the
+    questions counted before any is compiled, and all of it rendered within one budget (budget.py)."""
     for name, reason in NOT_TAKEN.items():
         if getattr(request, name) not in (None, "", [], {}):
             raise JevValidationError.at((name,), reason)
@@ -97,9 +103,11 @@ def compiled(request: SystemOneRequest, request_id: str, max_chars: int) -> tupl
     if request.model is not None and not isinstance(request.model, str):
         raise JevValidationError.at(("model",), "model must be a string: a name GET /v1/models lists")
     ids = list(request.questions)
-    questions = [compile_question(i, request.questions[i], max_chars) for i in ids]
+    check_question_count(settings, len(ids))
+    with spending(RenderBudget.of(settings)):
+        questions = [compile_question(i, request.questions[i], settings) for i in ids]
+        state = content_text(request.state, settings.max_input_chars)
     where = [f"questions.{question_id}" for question_id in ids]
-    state = content_text(request.state, max_chars)
     model = None if request.model == JEV_LATEST else request.model
     return ids, decision_request(request.extra, state, questions, where, request_id, model)
 
@@ -176,5 +184,6 @@ def response(request: SystemOneRequest, ids: list[str], decision: Decision, requ
 
 
 async def create_systemone(service: DecisionService, request: SystemOneRequest, request_id: str) -> SystemOneResponse:
-    ids, asked = compiled(request, request_id, service.settings.max_input_chars)
+    # Compiled in a worker thread: rendering a large request's JSON must not hold up other clients.
+    ids, asked = await asyncio.to_thread(compiled, request, request_id, service.settings)
     return response(request, ids, await decide(service, asked), request_id)

@@ -8,12 +8,14 @@ A predicate is read as a yes/no ``noul`` without criteria, a choice as a ``choic
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from ...answers import Answer, Decision
+from ...budget import RenderBudget, spending
 from ...errors import DecisionError
 from ...questions import (
     CHOICE,
@@ -27,7 +29,8 @@ from ...questions import (
 )
 from ...registry import built_in_question_type, failures_note, question_type
 from ...request import DecisionRequest
-from ...service import DecisionService
+from ...service import DecisionService, check_option_count, check_question_count
+from ...settings import Settings
 from ...validation import validation_message
 from ..common import answer_extra, decide, decision_request, response_id
 from .input import parse_items, parts_text, render_input
@@ -54,13 +57,17 @@ from .protocol import (
 
 AnyAnswer = PredicateAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
 
+# The field listing each built-in question's options, and the type its options are limited as.
+OPTIONS_FIELD = {"choice": "choices", "score": "levels"}
+BUILT_IN_TYPES = {"predicate": NOUL, "choice": CHOICE, "score": SCORE}
+
 
 def input_text(value: str | list[Any], max_chars: int) -> str:
     """The input as one text: a string as it is, input items rendered in order."""
     return value if isinstance(value, str) else render_input(parse_items(value), max_chars)
 
 
-def compile_question(index: int, raw: Any, max_chars: int) -> tuple[str | None, CompiledQuestion]:
+def compile_question(index: int, raw: Any, settings: Settings) -> tuple[str | None, CompiledQuestion]:
     """One question of the request as (its name, the compiled question).
 
     OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
@@ -68,7 +75,10 @@ def compile_question(index: int, raw: Any, max_chars: int) -> tuple[str | None, 
     """
     kind = raw.get("type") if isinstance(raw, dict) else None
     if not isinstance(kind, str) or kind not in BUILT_IN:
-        return compile_plugin_question(index, raw, max_chars)
+        return compile_plugin_question(index, raw, settings.max_input_chars)
+    max_chars = settings.max_input_chars
+    if isinstance(options := raw.get(OPTIONS_FIELD.get(kind, "")), list):
+        check_option_count(settings, BUILT_IN_TYPES[kind], len(options), f"questions[{index}]")
     try:
         question = BUILT_IN[kind].model_validate(raw)
     except ValidationError as exc:
@@ -101,10 +111,15 @@ def compile_plugin_question(index: int, raw: Any, max_chars: int) -> tuple[str |
     return name, qtype.compile(question, max_chars)
 
 
-def compiled(request: DecisionsRequest, request_id: str, max_chars: int) -> tuple[list[str | None], DecisionRequest]:
-    """Each question's name (for the answers), and the request the service decides."""
-    state = input_text(request.input, max_chars)
-    named = [compile_question(i, q, max_chars) for i, q in enumerate(request.questions)]
+def compiled(
+    request: DecisionsRequest, request_id: str, settings: Settings
+) -> tuple[list[str | None], DecisionRequest]:
+    """Each question's name (for the answers), and the request the service decides: the questions
+    counted before any is compiled, and all of it rendered within one budget (budget.py)."""
+    check_question_count(settings, len(request.questions))
+    with spending(RenderBudget.of(settings)):
+        state = input_text(request.input, settings.max_input_chars)
+        named = [compile_question(i, q, settings) for i, q in enumerate(request.questions)]
     where = [f"questions[{i}]" for i in range(len(named))]
     return [n for n, _ in named], decision_request(request.extra, state, [q for _, q in named], where, request_id,
                                                  request.model)  # fmt: skip
@@ -192,5 +207,6 @@ def response(
 
 
 async def create_decision(service: DecisionService, request: DecisionsRequest, request_id: str) -> DecisionsResponse:
-    names, asked = compiled(request, request_id, service.settings.max_input_chars)
+    # Compiled in a worker thread: rendering a large request's JSON must not hold up other clients.
+    names, asked = await asyncio.to_thread(compiled, request, request_id, service.settings)
     return response(request, names, await decide(service, asked), request_id)

@@ -1,0 +1,135 @@
+"""How long a server takes to refuse the bodies of hostile clients (issue 38), and how /health answers
+meanwhile: small bodies that render to tens of millions of characters, long questions to tokenize, the
+largest request that gets as far as tokenizing, and a body just under the size limit.
+
+Each body is sent ``--copies`` times at once from threads while /health is polled every 20 ms; prints
+one line per body: its size, the status and time of each refusal, and the /health latencies.
+
+usage: python tools/refusal_times.py [--model PATH] [--port N] [--copies 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import add_server_arguments, target  # noqa: E402
+
+SENTENCE = "the quick brown fox jumps over the lazy dog "
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def words(chars: int) -> str:
+    return (SENTENCE * (chars // len(SENTENCE) + 1))[:chars]
+
+
+def bodies() -> list[tuple[str, str, Any]]:
+    """(what, path, body) for each class of hostile body, at the default limits."""
+    noul = {"type": "noul", "instructions": nested(500), "criteria": {"true": nested(500)}}
+    return [
+        (
+            "Jev, 16 questions of nested JSON",
+            "/v1/systemone",
+            {"state": "x", "questions": {**{f"q{i}": noul for i in range(16)}, "last": {"type": "no-such-type"}}},
+        ),
+        (
+            "OpenAI, 60 input_json parts",
+            "/v1/decisions",
+            {
+                "model": "m",
+                "questions": [{"type": "predicate", "instructions": "?"}],
+                "input": [{"role": "user", "content": [{"type": "input_json", "data": nested(240)}] * 60}],
+            },
+        ),
+        (
+            "Jev, 24 questions of 150 K characters",
+            "/v1/systemone",
+            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": words(150_000)} for i in range(24)}},
+        ),
+        (
+            "OpenAI, 24 questions of 150 K characters",
+            "/v1/decisions",
+            {
+                "model": "m",
+                "input": "x",
+                "questions": [{"type": "predicate", "instructions": words(150_000)} for _ in range(24)],
+            },
+        ),
+        # The most a request can ask to be tokenized: 64 questions filling MAX_REQUEST_CHARS, each prompt
+        # under what the context could hold by the characters-per-token bound, so each is tokenized.
+        (
+            "Jev, the largest request that is tokenized (64 questions of 62 K characters)",
+            "/v1/systemone",
+            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": words(62_000)} for i in range(64)}},
+        ),
+        (
+            "Jev, a body just under MAX_BODY_BYTES (16 x 2 values of 1 M characters)",
+            "/v1/systemone",
+            {
+                "state": "x",
+                "questions": {
+                    f"q{i}": {"type": "noul", "instructions": words(999_000), "criteria": {"true": words(999_000)}}
+                    for i in range(16)
+                },
+            },
+        ),
+    ]
+
+
+def measure(url: str, path: str, body: bytes, copies: int) -> tuple[list[tuple[int, float, str]], list[float]]:
+    refusals: list[tuple[int, float, str]] = []
+
+    def send() -> None:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            started = time.perf_counter()
+            response = client.post(path, content=body, headers={"content-type": "application/json"})
+            refusals.append((response.status_code, time.perf_counter() - started, response.text[:160]))
+
+    senders = [threading.Thread(target=send) for _ in range(copies)]
+    health: list[float] = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        client.get("/health")
+        for sender in senders:
+            sender.start()
+        while any(sender.is_alive() for sender in senders):
+            started = time.perf_counter()
+            client.get("/health")
+            health.append(time.perf_counter() - started)
+            time.sleep(0.02)
+    return refusals, health
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_server_arguments(parser, "nothing here")
+    parser.add_argument("--copies", type=int, default=1, help="copies of each body sent at once")
+    args = parser.parse_args()
+    with target(args, port=8193, env={"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (url, _):
+        for what, path, value in bodies():
+            body = json.dumps(value, separators=(",", ":")).encode()
+            refusals, health = measure(url, path, body, args.copies)
+            statuses = ", ".join(f"{status} in {seconds:.2f} s" for status, seconds, _ in sorted(refusals))
+            polls = "no poll"
+            if health:
+                polls = f"median {statistics.median(health) * 1000:.0f} ms, worst {max(health) * 1000:.0f} ms"
+            print(f"{what}: {len(body) / 1024:,.0f} KiB; {statuses}; /health x{len(health)}: {polls}", flush=True)
+            print(f"  {refusals[0][2]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
