@@ -173,7 +173,8 @@ class Registry:
         """A clause for refusals that might be explained by a plugin that failed to load."""
         if not self._failures:
             return ""
-        return "; plugins that failed to load: " + ", ".join(f"{n} ({why})" for n, why in self._failures.items())
+        # Names only: why each failed (exception text, local paths) is in the server's log, not in responses.
+        return f"; plugins that failed to load (the server's log says why): {', '.join(self._failures)}"
 
 
 # The server's registry: what the plugin API and the functions below register in and read.

@@ -28,6 +28,8 @@ VARIABLES = (
     ENABLE_VARIABLE,
     PREFIX + "BACKEND",
     PREFIX + "TEMPERATURE",
+    PREFIX + "MIN_TEMPERATURE",
+    PREFIX + "MAX_TEMPERATURE",
     PREFIX + "MAX_QUESTIONS",
     PREFIX + "MAX_CHOICES",
     PREFIX + "MAX_LEVELS",
@@ -52,6 +54,10 @@ SWITCH_WORDS = "1, true, yes or on to switch on; 0, false, no, off or empty to s
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
 DEFAULT_STARTUP_WAIT = 900.0
+# The temperatures a request, the configuration or a saved calibration may apply: wide enough for any
+# real fit (calibration searches 0.05 to 20), narrow enough that no score divided by one overflows.
+DEFAULT_MIN_TEMPERATURE = 0.001
+DEFAULT_MAX_TEMPERATURE = 1000.0
 
 
 class SettingsError(ValueError):
@@ -140,13 +146,32 @@ class Settings:
     # and how many questions' content-free reads are kept.
     prior: str = "auto"
     prior_cache: int = 4096
+    # The temperatures that may apply (a request's, the configured one, a saved calibration's).
+    min_temperature: float = DEFAULT_MIN_TEMPERATURE
+    max_temperature: float = DEFAULT_MAX_TEMPERATURE
+
+    def temperature_problem(self, value: float) -> str | None:
+        """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
+        if self.min_temperature <= value <= self.max_temperature:
+            return None
+        return (
+            f"{value!r} is outside the temperatures this server applies, {self.min_temperature!r} to "
+            f"{self.max_temperature!r} ({PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set the range)"
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
+        low, high = _temperature_range(env)
+        temperature = _positive_float(env, PREFIX + "TEMPERATURE")
+        if temperature is not None and not low <= temperature <= high:
+            raise SettingsError(
+                f"{PREFIX}TEMPERATURE={temperature!r}: outside {low!r} to {high!r}, the range "
+                f"{PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set"
+            )
         return cls(
             backend=parse_backend_spec(env.get(PREFIX + "BACKEND", "")),
-            temperature=_positive_float(env, PREFIX + "TEMPERATURE"),
+            temperature=temperature,
             max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
@@ -161,6 +186,8 @@ class Settings:
             bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
             prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, "auto"),
             prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
+            min_temperature=low,
+            max_temperature=high,
         )
 
 
@@ -249,6 +276,28 @@ def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int)
 
 def _positive_float(env: Mapping[str, str], name: str, default: float | None = None) -> Any:
     return _number(env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0")
+
+
+def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
+    """MIN_TEMPERATURE and MAX_TEMPERATURE: finite, above 0, and around 1.0 (the default temperature)."""
+    low_name, high_name = PREFIX + "MIN_TEMPERATURE", PREFIX + "MAX_TEMPERATURE"
+    low = _number(
+        env,
+        low_name,
+        float,
+        DEFAULT_MIN_TEMPERATURE,
+        lambda v: 1e-6 <= v <= 1.0,
+        "a number from 0.000001 to 1 (1.0 is the default temperature)",
+    )
+    high = _number(
+        env,
+        high_name,
+        float,
+        DEFAULT_MAX_TEMPERATURE,
+        lambda v: 1.0 <= v <= 1e6,
+        "a number from 1 to 1000000 (1.0 is the default temperature)",
+    )
+    return low, high
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
