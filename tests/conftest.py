@@ -47,7 +47,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # counts its metrics. pytest_collection_modifyitems keeps this list true.
 ON_SESSION_SERVERS = frozenset(
     f"tests/server/test_{name}.py"
-    for name in ("amplification", "auth", "bulk", "canvas", "disconnects", "endpoints", "faults", "fuzz", "load", "metrics",
+    for name in ("amplification", "auth", "bulk", "canvas", "disconnects", "endpoints", "faults", "fuzz", "hostile", "load", "metrics",
                  "plugins", "quality", "ray_data", "readouts", "sdks", "stencil", "vllm_handling", "wire_contract")
 )  # fmt: skip
 SESSION_SERVERS = frozenset({"server", "tiny_qwen_server"})

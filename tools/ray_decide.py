@@ -15,7 +15,14 @@ The driver reads IN and writes OUT, so both are local files of the machine it ru
 yet answered are held in the driver's memory once (Ray's object store holds them for the actors).
 ``--address`` joins a running cluster (``ray start --head`` on one node, ``ray start --address`` on the
 others); without it a local one is started. ``VLLM_TYPED_DECISIONS_*`` variables set here reach every
-actor.
+actor, and so do the driver's other ``VLLM_``, ``HF_``, ``TORCH_`` and ``OMP_`` variables, but no secret:
+a name holding TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL (``HF_TOKEN``, ``VLLM_API_KEY``) is left out, as
+Ray shows a runtime_env to anyone who can see the cluster. A worker that needs one (a gated model's
+``HF_TOKEN``) reads it from its own node's environment: set it where ``ray start`` runs on each node (Ray's
+workers inherit it), or download the model to each node's Hugging Face cache beforehand.
+
+Exit status: 0 when every line is answered 200; 3 when every line is answered but some with an error (a
+bad line answered in place: not UTF-8, not JSON, refused, or a fault), the summary saying how many.
 """
 
 from __future__ import annotations
@@ -29,11 +36,23 @@ from typing import Any
 
 import ray
 
-from vllm.entrypoints.generate.decisions.bulk.batch_file import Writer, lines, resume
+from vllm.entrypoints.generate.decisions.bulk.batch_file import Writer, failed, invalid_line, lines, resume, unreadable
 from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
+from vllm.entrypoints.generate.decisions.bulk.run_batch import FAILED_LINES_EXIT
+from vllm.entrypoints.generate.decisions.wire.handling import new_request_id
 
-# What the actors' engines and decision services read from the driver's environment.
+# What the actors' engines and decision services read from the driver's environment; never a secret.
 FORWARDED = ("VLLM_", "HF_", "TORCH_", "OMP_")
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+def forwarded(environ: dict[str, str]) -> dict[str, str]:
+    """The variables the actors get: ours and the engine's, without any that names a secret."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name.startswith(FORWARDED) and not any(word in name.upper() for word in SECRET_WORDS)
+    }
 
 
 def engine_value(text: str) -> Any:
@@ -70,12 +89,29 @@ def main() -> None:
     engine_args = {key: engine_value(value) for key, _, value in (a.partition("=") for a in options.engine_arg)}
 
     done = resume(options.output_file)
-    pending = [{"line": number, "text": text} for number, text in lines(options.input_file) if number not in done]
-    print(f"ray_decide: {len(pending)} lines to answer ({len(done)} already in {options.output_file})", flush=True)
+    pending, unread = [], []
+    for number, text in lines(options.input_file):
+        if number in done:
+            continue
+        # A line that isn't UTF-8 is answered here: Ray's blocks hold only text that is.
+        if (problem := unreadable(number, text)) is not None:
+            unread.append(invalid_line(number, new_request_id(), problem))
+        else:
+            pending.append({"line": number, "text": text})
+    print(
+        f"ray_decide: {len(pending) + len(unread)} lines to answer ({len(done)} already in {options.output_file})",
+        flush=True,
+    )
+    failures = done.failed + len(unread)
+    if unread:
+        writer = Writer(options.output_file)
+        for text in unread:
+            writer.write(text)
+        writer.close()
     if not pending:
+        finish(failures, len(done) + len(unread))
         return
-    env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED)}
-    ray.init(address=options.address, runtime_env={"env_vars": env})
+    ray.init(address=options.address, runtime_env={"env_vars": forwarded(dict(os.environ))})
     started = time.monotonic()
     stage = decisions_stage(options.model, engine_args, served_model=options.served_model_name,
                             concurrency=options.actors, batch_size=options.batch_size, batch_lines=True,
@@ -89,6 +125,7 @@ def main() -> None:
             for text in batch["text"]:
                 writer.write(str(text))
                 written += 1
+                failures += failed(json.loads(str(text)))
     finally:
         writer.close()
     seconds = time.monotonic() - started
@@ -96,6 +133,18 @@ def main() -> None:
           "starts included", flush=True)  # fmt: skip
     if options.stats:
         print(answered.stats(), flush=True)
+    finish(failures, len(done) + len(unread) + written)
+
+
+def finish(failures: int, lines: int) -> None:
+    """Exit 3 when some of the output's lines are errors (run-batch's rule), saying how many."""
+    if failures:
+        print(
+            f"ray_decide: {failures} of {lines} lines in the output failed (their error, or a status_code "
+            "other than 200, says why)",
+            flush=True,
+        )
+        raise SystemExit(FAILED_LINES_EXIT)
 
 
 if __name__ == "__main__":

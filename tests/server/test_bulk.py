@@ -1,5 +1,6 @@
 """``vllm run-batch`` with decision lines, on the tiny Qwen model: every line answered or refused in place
-(the server's status and body), other URLs served by vLLM's own handlers, a kill -9 mid-run and a rerun
+(the server's status and body; a line that isn't UTF-8 or holds a number no parser takes answered as an
+invalid line, the run going on and its exit status counting the failed lines), other URLs served by vLLM's own handlers, a kill -9 mid-run and a rerun
 giving each line exactly once with the answers of an uninterrupted run (itself run with
 ``--data-parallel-size 2``), and the same probabilities as ``vllm serve`` for the same request."""
 
@@ -53,7 +54,49 @@ def batch_lines() -> list[str]:
     lines.insert(20, "{this is not json")
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     lines.insert(30, json.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat}))
+    # Hostile lines, at the end so the lines above keep their numbers: a T whose scaled scores overflowed
+    # (answered null), on both wires, and a number of more digits than int() converts (ended the run).
+    lines.append(
+        json.dumps(
+            {
+                "custom_id": "tiny-t",
+                "method": "POST",
+                "url": "/v1/decisions",
+                "body": {**openai_body(1), "extra": {"calibration_temperature": 5e-324}},
+            }
+        )
+    )
+    lines.append(
+        json.dumps(
+            {
+                "custom_id": "tiny-t-jev",
+                "method": "POST",
+                "url": "/v1/systemone",
+                "body": {**jev_body(2), "extra": {"calibration_temperature": 1e-310}},
+            }
+        )
+    )
+    lines.append(
+        '{"custom_id": "huge", "method": "POST", "url": "/v1/decisions", "body": {"seed": ' + "9" * 5000 + "}}"
+    )
     return lines
+
+
+# A line that is not UTF-8 (it ended the run): the batch file's last line.
+NOT_UTF8 = (
+    json.dumps({"custom_id": "latin-1", "method": "POST", "url": "/v1/decisions", "body": openai_body(3)})
+    .encode()
+    .replace(b"late", b"l\xe4te")
+)
+# The input lines that fail (besides the three the first tests check): the hostile ones.
+HOSTILE = 4
+# vllm run-batch's exit status when every line is answered but some with an error (bulk/run_batch.py).
+FAILED_LINES_EXIT = 3
+
+
+def batch_file(path: Path) -> Path:
+    path.write_bytes("\n".join(batch_lines()).encode() + b"\n" + NOT_UTF8 + b"\n")
+    return path
 
 
 def run_batch(source: Path, target: Path, in_flight: int = 64, replicas: int = 1) -> subprocess.Popen:
@@ -68,7 +111,8 @@ def run_batch(source: Path, target: Path, in_flight: int = 64, replicas: int = 1
 
 
 def finished(process: subprocess.Popen, log: Path) -> None:
-    assert process.wait(timeout=600) == 0, log.read_text(errors="replace")[-3000:]
+    """The run ended having answered every line, some with an error (the input has bad lines)."""
+    assert process.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(errors="replace")[-3000:]
 
 
 def records(path: Path) -> list[dict]:
@@ -104,8 +148,7 @@ def probabilities(record: dict) -> list[float]:
 def reference(tmp_path_factory):
     """An uninterrupted run, on two data-parallel engine replicas."""
     folder = tmp_path_factory.mktemp("bulk")
-    source = folder / "in.jsonl"
-    source.write_text("\n".join(batch_lines()) + "\n")
+    source = batch_file(folder / "in.jsonl")
     target = folder / "reference.jsonl"
     finished(run_batch(source, target, replicas=2), target.with_suffix(".log"))
     return source, target
@@ -115,7 +158,8 @@ def reference(tmp_path_factory):
 def test_every_line_is_answered_or_refused_in_place(reference):
     source, target = reference
     answered = by_line(target)
-    assert sorted(answered) == list(range(1, len(source.read_text().splitlines()) + 1))
+    total = len(source.read_bytes().splitlines())
+    assert sorted(answered) == list(range(1, total + 1))
     status = {r["custom_id"]: (r["response"] or {}).get("status_code") for r in answered.values()}
     assert status["line-7"] == 400 and status["line-11"] == 422 and status["chat"] == 200
     assert sum(s == 200 for s in status.values()) == LINES - 2 + 1
@@ -125,6 +169,17 @@ def test_every_line_is_answered_or_refused_in_place(reference):
     assert "questions" in refused["error"]["message"] and refused["error"]["type"] == "BadRequestError"
     assert answered[12]["response"]["body"]["detail"][0]["loc"] == ["body", "questions", "q", "instruction"]
     assert answered[31]["response"]["body"]["object"] == "chat.completion"
+    # The hostile lines: each answered in place, none with a null where a number belongs.
+    tiny, tiny_jev, huge, latin = (answered[total - i] for i in (3, 2, 1, 0))
+    assert tiny["custom_id"] == "tiny-t" and tiny["response"]["status_code"] == 400
+    assert "VLLM_TYPED_DECISIONS_MIN_TEMPERATURE" in tiny["response"]["body"]["error"]["message"]
+    assert tiny_jev["custom_id"] == "tiny-t-jev" and tiny_jev["response"]["status_code"] == 422
+    assert huge["error"]["code"] == "invalid_line" and "4300 digits" in huge["error"]["message"]
+    assert latin["error"]["code"] == "invalid_line" and "not valid UTF-8" in latin["error"]["message"]
+    failed = sum(r["error"] is not None or r["response"]["status_code"] != 200 for r in answered.values())
+    assert failed == 3 + HOSTILE
+    log = target.with_suffix(".log").read_text(errors="replace")
+    assert f"({failed} failed, 0 already answered)" in log and f"{failed} of {total} lines in" in log
 
 
 def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
@@ -140,7 +195,7 @@ def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     written = len(target.read_text().splitlines())
-    assert written < len(source.read_text().splitlines()), "the run had finished before the kill"
+    assert written < len(source.read_bytes().splitlines()), "the run had finished before the kill"
     finished(run_batch(source, target), target.with_suffix(".log"))
     log = target.with_suffix(".log").read_text(errors="replace")
     assert f"{written} lines of" in log or f"{written - 1} lines of" in log, "the rerun did not resume"

@@ -22,7 +22,7 @@ from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
 
 from ..conftest import ROOT
 from .conftest import TINY_QWEN_KEY
-from .test_bulk import ENV, MODEL, batch_lines, by_line, jev_body, openai_body, probabilities
+from .test_bulk import ENV, FAILED_LINES_EXIT, MODEL, batch_file, by_line, jev_body, openai_body, probabilities
 
 # Several engines at once (tools/test.sh runs these files in a pass of their own: beside the other tests'
 # servers a 24 GiB machine ran out of memory).
@@ -65,8 +65,7 @@ def map_workers() -> list[psutil.Process]:
 
 def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(cluster, tiny_qwen_server, tmp_path):
     source, target, log = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ray_decide.log"
-    source.write_text("\n".join(batch_lines()) + "\n")
-    total = len(source.read_text().splitlines())
+    total = len(batch_file(source).read_bytes().splitlines())
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")}, **ENV}
     command = [sys.executable, str(TOOL), "--model", str(MODEL), "-i", str(source), "-o", str(target),
                "--address", cluster, "--actors", "1", "--batch-size", "8",
@@ -82,7 +81,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(cluster, tiny_qwe
         (actor,) = map_workers()
         actor.send_signal(signal.SIGKILL)  # the actor dies mid-dataset, its engine with it
         at_kill = target.read_text().count("\n")
-        assert tool.wait(timeout=600) == 0, log.read_text(errors="replace")[-3000:]
+        # Every line answered, some with an error: run-batch's exit status for that.
+        assert tool.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(errors="replace")[-3000:]
     finally:
         if tool.poll() is None:
             tool.kill()
@@ -97,6 +97,12 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(cluster, tiny_qwe
     assert refused["status_code"] == 400 and refused["body"]["error"]["type"] == "BadRequestError"
     assert by_custom_id["line-11"]["response"]["status_code"] == 422  # /api/alpha/decisions, Jev's error shape
     assert "detail" in by_custom_id["line-11"]["response"]["body"]
+    # The hostile lines, answered in place (a bad row never fails its batch).
+    assert by_custom_id["tiny-t"]["response"]["status_code"] == 400
+    assert by_custom_id["tiny-t-jev"]["response"]["status_code"] == 422
+    assert "4300 digits" in answered[total - 1]["error"]["message"]
+    assert "not valid UTF-8" in answered[total]["error"]["message"]
+    assert "lines in the output failed" in log.read_text(errors="replace")
     for i in range(12, 32):  # the server's answers, both wires
         path, body = ("/v1/decisions", openai_body(i)) if i % 2 else ("/v1/systemone", jev_body(i))
         served = httpx.post(tiny_qwen_server.url + path, json=body, timeout=60,

@@ -55,6 +55,11 @@ def test_refuses(encoding, data, status, needle):
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b'{"state": "a \\ud800 b"}', "\\ud800 escape without its pair"),
         (b'{"q": {"\\udfff": 1}}', "\\udfff escape without its pair"),
+        # json reads these through int() and float(): one raised ValueError past the parser (a 500 over
+        # HTTP, a dead run-batch), the other read as infinity.
+        (b'{"seed": ' + b"9" * 5000 + b"}", "a number of more than 4300 digits"),
+        (b'{"extra": {"calibration_temperature": 1e999}}', "1e999 in the request body is too large"),
+        (b"[-1E+400]", "-1E+400 in the request body is too large"),
     ],
 )
 def test_strict_json_refusals(body, needle):

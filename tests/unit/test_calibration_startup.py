@@ -280,7 +280,18 @@ def malformed(record):
     return json.dumps(record)
 
 
-@pytest.mark.parametrize("damage", [broken, malformed])
+def denormal(record):
+    """A T that validates as positive and finite, but scores divided by it overflow."""
+    record["applied_temperature"] = 5e-324
+    return json.dumps(record)
+
+
+def type_huge(record):
+    record["by_type"]["score"]["applied_temperature"] = 1e300
+    return json.dumps(record)
+
+
+@pytest.mark.parametrize("damage", [broken, malformed, denormal, type_huge])
 async def test_a_corrupt_saved_result_is_measured_again(tmp_path, caplog, damage):
     source = write_questions(tmp_path / "q.jsonl", 120)
     backend = ScriptedBackend(overconfident)
@@ -292,6 +303,23 @@ async def test_a_corrupt_saved_result_is_measured_again(tmp_path, caplog, damage
     again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert again == first and len(reads) == 120  # not trusted: measured again, same answer
     assert json.loads(saved.read_text())["applied_temperature"] == first.server.value  # and saved whole again
+    if damage in (denormal, type_huge):
+        assert "the saved result is not reused" in caplog.text and "VLLM_TYPED_DECISIONS_MAX_TEMPERATURE" in caplog.text
+
+
+async def test_a_fit_outside_the_servers_range_is_not_applied(tmp_path, caplog):
+    source = write_questions(tmp_path / "q.jsonl", 120)
+    narrow = Settings.from_env(
+        {
+            "VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
+            "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
+            "VLLM_TYPED_DECISIONS_PRIOR": "off",
+            "VLLM_TYPED_DECISIONS_MAX_TEMPERATURE": "1.5",
+        }
+    )
+    result = await calibrated_temperatures(ScriptedBackend(overconfident), narrow, MODEL)
+    assert result.server == Temperature(1.0, "default", "server") and not result.by_type
+    assert "decision calibration not applied, T=1.0 (default): its server-wide T=" in caplog.text
 
 
 async def test_calibration_reads_as_requests_do_and_keys_the_debias_setting(tmp_path):

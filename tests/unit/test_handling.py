@@ -153,3 +153,22 @@ def test_the_decision_paths_are_the_routes_the_key_check_and_the_metrics_know(ap
         assert path in wire_at(path).paths
     with pytest.raises(ValueError, match="not a decision endpoint"):
         wire_at("/v1/chat/completions")
+
+
+@pytest.mark.parametrize("path", paths.DECISION_PATHS)
+async def test_a_fault_is_a_500_in_the_wires_shape_on_the_route_and_in_bulk_with_no_text(
+    app, service, path, monkeypatch
+):
+    """A bug past validation answers the route and bulk alike: a 500 in the wire's own error shape naming
+    the request id, its exception's text (a path, a secret) only in the log."""
+
+    async def faulty(*args):
+        raise RuntimeError("token sk-7 in /home/op/app.py")
+
+    monkeypatch.setattr(service, "decide", faulty)
+    body = json.dumps(OPENAI_REQUEST if path == paths.DECISIONS else JEV_REQUEST).encode()
+    served = await post(app, path, body, "fault-1")
+    result = await Decisions(service).decide(body, path, "fault-1")
+    assert served.status_code == result.status == 500 and served.json() == result.body
+    assert "fault-1" in served.text and "sk-7" not in served.text and "/home" not in served.text
+    assert ("detail" if path != paths.DECISIONS else "error") in served.json()

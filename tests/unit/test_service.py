@@ -9,7 +9,7 @@ import pytest
 from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
 from vllm.entrypoints.generate.decisions.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
+from vllm.entrypoints.generate.decisions.errors import BackendUnavailable, DecisionError, NotReadyError
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
     NOUL,
@@ -172,14 +172,15 @@ async def test_not_ready_then_unavailable():
     assert starting.value.retry_after == 5 and starting.value.status == HTTPStatus.SERVICE_UNAVAILABLE
 
     async def broken_start():
-        raise RuntimeError("the model never answers with a letter")
+        raise BackendUnavailable("the model never answers with a letter (see /home/op/models/m/config.json)")
 
     backend.start = broken_start  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(BackendUnavailable):
         await service.start()
+    # A backend's own refusal says why and what to change; a local path in it is left out.
     with pytest.raises(DecisionError, match="never answers") as caught:
         await service.decide(ask("s", [noul()], "r"))
-    assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+    assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE and "/home/op" not in caught.value.message
 
 
 async def test_while_starting_the_refusal_names_the_step_running_and_its_progress():
@@ -218,9 +219,10 @@ async def test_a_failed_calibration_makes_decisions_unavailable_not_starting_for
     with pytest.raises(RuntimeError):
         await service.start(broken)
     await asyncio.wait_for(service.readiness.settled(), 1)
-    with pytest.raises(DecisionError, match="unavailable: the question file vanished") as caught:
+    # A fault's own text (it may hold paths or secrets) stays in the log; the refusal names its kind only.
+    with pytest.raises(DecisionError, match=r"unavailable: the startup work failed \(RuntimeError\)") as caught:
         await service.decide(ask("s", [noul()], "r"))
-    assert not isinstance(caught.value, NotReadyError)
+    assert not isinstance(caught.value, NotReadyError) and "vanished" not in caught.value.message
 
 
 @pytest.mark.parametrize(
@@ -269,3 +271,66 @@ async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads
     assert caught.value.retry_after and caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
     assert "--max-num-queued-reqs" in caught.value.message
     assert backend.in_flight == 0  # the slow reads were cancelled, not left running
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-4, 5000.0])
+async def test_a_request_temperature_outside_the_range_is_refused_naming_the_settings(temperature):
+    backend = ScriptedBackend(lambda q: pytest.fail("no read for a refused temperature"))
+    service = await started(backend)
+    with pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MIN_TEMPERATURE and .*MAX_TEMPERATURE") as caught:
+        await service.decide(ask("s", [noul()], "r", temperature=temperature))
+    assert caught.value.status == HTTPStatus.BAD_REQUEST and caught.value.param == "extra.calibration_temperature"
+
+
+async def test_the_range_is_the_servers_and_its_ends_apply():
+    service = await started(ScriptedBackend(lambda q: [0.0, -1.0]), VLLM_TYPED_DECISIONS_MAX_TEMPERATURE="10")
+    for temperature in (0.001, 10.0):
+        (answer,) = (await service.decide(ask("s", [noul()], "r", temperature=temperature))).results
+        assert isinstance(answer, Answer) and answer.audit.calibration_temperature == temperature
+    with pytest.raises(DecisionError, match="outside the temperatures this server applies, 0.001 to 10.0"):
+        await service.decide(ask("s", [noul()], "r", temperature=10.5))
+
+
+async def test_an_answer_field_that_is_not_a_number_is_refused_not_sent_as_null():
+    """A question type's own fields are checked where the answer is made (softmax can't make a NaN)."""
+
+    class Broken(type(NOUL)):  # type: ignore[misc]
+        def answer(self, probabilities, options):
+            return {"probability": math.nan}
+
+    question = Broken().compile(NoulQuestion(instructions="Urgent?"))
+    service = await started(ScriptedBackend(lambda q: [0.0, -1.0]))
+    broken, fine = (await service.decide(ask("s", [question, noul()], "req-7"))).results
+    assert isinstance(broken, Failure) and broken.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert "req-7" in broken.error.message and isinstance(fine, Answer)
+
+
+async def test_a_fault_in_a_read_is_refused_without_its_text():
+    def read(question):
+        raise RuntimeError("secret sk-123 in /home/op/plugin.py")
+
+    service = await started(ScriptedBackend(read))
+    (failure,) = (await service.decide(ask("s", [noul()], "req-9"))).results
+    assert isinstance(failure, Failure) and failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert "sk-123" not in failure.error.message and "/home" not in failure.error.message
+    assert "req-9" in failure.error.message
+
+
+async def test_a_backend_that_cant_serve_the_model_is_a_400_saying_what_to_change():
+    async def starter(chosen):
+        if chosen.name == "canvas":
+            raise BackendUnavailable("the canvas backend needs a diffusion model (see /opt/models/gemma)")
+        if chosen.name == "encoder":
+            raise OSError("[Errno 2] No such file: '/home/op/.cache/hf/laya/config.json'")
+
+    service = DecisionService(Settings.from_env({}), ScriptedBackend(lambda q: [0.0, -1.0]), "served", starter=starter)
+    await service.start()
+    with pytest.raises(DecisionError) as refused:
+        await service.decide(ask("s", [noul()], "r", backend="canvas"))
+    message = refused.value.message
+    assert refused.value.status == HTTPStatus.BAD_REQUEST and refused.value.param == "extra.backend"
+    assert "needs a diffusion model" in message and "leave extra.backend out" in message and "/opt" not in message
+    with pytest.raises(DecisionError) as fault:
+        await service.decide(ask("s", [noul()], "req-3", backend="encoder"))
+    assert fault.value.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert "/home" not in fault.value.message and "Errno" not in fault.value.message and "req-3" in fault.value.message

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
+import sys
 import zlib
 from collections.abc import Callable
 from http import HTTPStatus
@@ -83,8 +85,10 @@ def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
         )
     try:
         body = decode(raw, limit)
-    except Exception as exc:
-        raise DecisionError(f"could not decode the {encoding} request body: {exc}") from None
+    except Exception:  # the decoder's own text says nothing a client can act on
+        raise DecisionError(
+            f"could not decode the {encoding} request body: it is not a complete, valid {encoding} stream"
+        ) from None
     if len(body) > limit:
         raise DecisionError(f"decoded request body is over the limit of {limit} bytes ({LIMIT_HINT})",
                             HTTPStatus.REQUEST_ENTITY_TOO_LARGE)  # fmt: skip
@@ -101,13 +105,17 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise DecisionError(f"the request body is not valid UTF-8 (at byte {exc.start}); JSON must be UTF-8") from None
     try:
-        parsed = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json)
+        parsed = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json, parse_float=_finite)
     except json.JSONDecodeError as exc:
         raise DecisionError(
             f"the request body is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
         ) from None
     except RecursionError:
         raise DecisionError("the request body's JSON is nested too deeply to parse") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise DecisionError(
+            f"the request body has a number of more than {sys.get_int_max_str_digits()} digits; no field takes one"
+        ) from None
     if SURROGATE_ESCAPE.search(text):  # only \uD800-\uDFFF escapes can make text that isn't Unicode
         _refuse_lone_surrogates(parsed)
     return parsed
@@ -143,6 +151,14 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise DecisionError(f"key {key!r} appears twice in one JSON object of the request body")
         result[key] = value
     return result
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused when it is too large for one (``1e999`` would read as infinity)."""
+    value = float(text)
+    if math.isinf(value):
+        raise DecisionError(f"the number {text[:40]} in the request body is too large for a 64-bit float")
+    return value
 
 
 def _not_json(constant: str) -> Any:

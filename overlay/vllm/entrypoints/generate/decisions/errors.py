@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 
 
@@ -57,3 +58,22 @@ class EngineBusyError(DecisionError):
 
 class BackendUnavailable(RuntimeError):
     """A backend can't serve the model it was started on; the message says why (and what to change)."""
+
+
+# An absolute local path (POSIX, home-relative or Windows), as exception texts and some messages hold them.
+LOCAL_PATH = re.compile(r"(?:(?<![\w.:/])~?/(?:[^\s/'\"(),;:]+/)+[^\s/'\"(),;:]*|\b[A-Za-z]:\\[^\s'\"(),;]+)")
+
+
+def without_paths(message: str) -> str:
+    """``message`` with every absolute local path left out: a response names what to change, and the
+    server's log (with the request id) keeps where."""
+    return LOCAL_PATH.sub("<path>", message)
+
+
+def internal_error(reference: str) -> DecisionError:
+    """A fault of the server's, as a client sees it: no exception text; the log has it, under
+    ``reference`` (the request id, or the engine request id that holds it)."""
+    return DecisionError(
+        f"internal error; the server's log has the details (look for {reference})",
+        HTTPStatus.INTERNAL_SERVER_ERROR,
+    )

@@ -18,7 +18,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
 from .affinity import replica_for
-from .errors import DecisionError, EngineBusyError
+from .errors import DecisionError, EngineBusyError, without_paths
 from .metrics import engine_read
 from .prompting.token_bound import chars_per_token
 from .read_context import ReadContext, as_context
@@ -354,7 +354,7 @@ class VllmHost(BackendHost):
                                                               priority=read.priority):  # fmt: skip
                     final = output
         except ValueError as exc:  # the served model doesn't support this pooling task
-            raise DecisionError(f"pooling ({task}) is not available on this model: {exc}") from None
+            raise DecisionError(f"pooling ({task}) is not available on this model: {without_paths(str(exc))}") from None
         if final is None:
             raise DecisionError("the engine returned no pooling output", HTTPStatus.INTERNAL_SERVER_ERROR)
         data = final.outputs.data

@@ -110,7 +110,7 @@ class Registry:
             chosen = self.backend_class(spec.name)
             if chosen is None:
                 raise SettingsError(f"{PREFIX}BACKEND={spec.name!r}: unknown backend; registered: "
-                                    f"{', '.join(self.backend_names())}" + self.failures_note())  # fmt: skip
+                                    f"{', '.join(self.backend_names())}" + self.failures_detail())  # fmt: skip
             return chosen
         # Every built-in is imported here: its architectures are on its class.
         classes = [self.backend_class(name) for name in list(self._backends)]
@@ -169,11 +169,22 @@ class Registry:
     def record_failure(self, name: str, why: str) -> None:
         self._failures[name] = why
 
+    def failures(self) -> dict[str, str]:
+        """Each plugin that failed to load and why (for the operator: logs, startup errors)."""
+        return dict(self._failures)
+
+    def failures_detail(self) -> str:
+        """:meth:`failures_note` with each plugin's reason, for the operator's eyes only."""
+        if not self._failures:
+            return ""
+        return "; plugins that failed to load: " + ", ".join(f"{n} ({why})" for n, why in self._failures.items())
+
     def failures_note(self) -> str:
         """A clause for refusals that might be explained by a plugin that failed to load."""
         if not self._failures:
             return ""
-        return "; plugins that failed to load: " + ", ".join(f"{n} ({why})" for n, why in self._failures.items())
+        # Names only: why each failed (exception text, local paths) is in the server's log, not in responses.
+        return f"; plugins that failed to load (the server's log says why): {', '.join(self._failures)}"
 
 
 # The server's registry: what the plugin API and the functions below register in and read.

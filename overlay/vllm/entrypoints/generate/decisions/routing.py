@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 
 from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancellation
 
@@ -97,6 +98,8 @@ def decision_route(wire: Wire) -> type[APIRoute]:
                     body = await request_body(request)
                 except DecisionError as exc:
                     reply: Reply | None = wire.refusal(exc)
+                except ClientDisconnect:  # the client left before its body arrived: cancelled, not a fault
+                    reply = None
                 else:
                     reply = await answer_unless_cancelled(body, request, request_id)
                 # A client that left reads nothing; metrics.py counts the request as cancelled.

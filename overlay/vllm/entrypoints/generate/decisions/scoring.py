@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 CONFIDENCE_FORMULA = "normalized-peak-v1"
 
 
 def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
-    """``softmax(scores / T)``, stable for any finite scores; ``-inf`` scores get probability 0."""
-    scaled = [s / temperature for s in scores]
-    top = max(scaled)
+    """``softmax(scores / T)`` for any T > 0 and scores that are real or ``-inf`` (probability 0).
+
+    The top score is subtracted before dividing by T, so every exponent is at most 0 and the top one
+    exactly 0: nothing overflows, however small T or large the scores (dividing first overflows to
+    ``inf - inf`` = NaN for a T near 0), and the sum is at least 1.
+    """
+    top = max(scores)
     if top == -math.inf:
-        return [1.0 / len(scaled)] * len(scaled)
-    weights = [math.exp(s - top) for s in scaled]
-    total = sum(weights)
+        return [1.0 / len(scores)] * len(scores)
+    weights = [math.exp((s - top) / temperature) if s != -math.inf else 0.0 for s in scores]
+    total = math.fsum(weights)
     return [w / total for w in weights]
 
 
@@ -34,3 +39,18 @@ def confidence(probabilities: Sequence[float]) -> float:
     if k < 2:
         return 1.0
     return min(1.0, max(0.0, (k * max(probabilities) - 1.0) / (k - 1)))
+
+
+def non_finite(values: Any) -> str | None:
+    """Where ``values`` (a number, or lists and dicts of them) holds a NaN or infinity: its path, else None.
+    What an answer sends must be a real number: JSON has no NaN, and null is no probability."""
+    stack: list[tuple[str, Any]] = [("", values)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            return where or "the value"
+    return None

@@ -23,7 +23,7 @@ from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .corrections import Asked, Calibrated, Corrections
 from .debias import read_question
-from .errors import DecisionError, EngineBusyError, OverLimitError
+from .errors import BackendUnavailable, DecisionError, EngineBusyError, OverLimitError, internal_error, without_paths
 from .metrics import record_questions, record_temperatures
 from .questions import CompiledQuestion, QuestionType
 from .read_context import ReadContext
@@ -31,8 +31,8 @@ from .readiness import CALIBRATION, SELF_CHECK, Readiness
 from .registry import backend_class, backend_names, failures_note
 from .reports import AuditRecord, BackendReport
 from .request import DecisionRequest
-from .scoring import CONFIDENCE_FORMULA, confidence, softmax
-from .settings import PREFIX, Settings
+from .scoring import CONFIDENCE_FORMULA, confidence, non_finite, softmax
+from .settings import PREFIX, Settings, SettingsError
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -104,8 +104,11 @@ class DecisionService:
                 self.readiness.begin(CALIBRATION)
                 calibrated = await calibrate()
                 self.temperatures, self.corrections.reads = calibrated.temperatures, calibrated.reads
-        except Exception as exc:
-            self.readiness.fail(str(exc) or type(exc).__name__)
+        except (BackendUnavailable, SettingsError) as exc:  # ours: the message says why and what to change
+            self.readiness.fail(without_paths(str(exc)))
+            raise
+        except Exception as exc:  # a fault: its text stays in the server's log (start_service logs it)
+            self.readiness.fail(f"the startup work failed ({type(exc).__name__}); the server's log says why")
             raise
         self.readiness.succeed()
         record_temperatures(self.temperatures, self.adapter_name)  # metrics.py: the temperature gauges
@@ -134,6 +137,8 @@ class DecisionService:
             check_option_count(s, q.qtype, len(q.options), name)
         if request_chars(request) > s.max_request_chars:
             raise OverLimitError(over_request_message(s.max_request_chars))
+        if request.temperature is not None and (problem := s.temperature_problem(request.temperature)):
+            raise DecisionError(f"extra.calibration_temperature={problem}", param="extra.calibration_temperature")
         if request.priority and not getattr(self.backend.host, "priority_scheduling", False):
             # vLLM's own APIs document the same refusal; its first-come scheduler would ignore the number.
             raise DecisionError(f"priority {request.priority} needs vllm serve --scheduling-policy priority; this "
@@ -151,7 +156,7 @@ class DecisionService:
             return await (await self.models.service_for(adapter)).decide(request)
         self.readiness.check()
         self.check_limits(request)
-        chosen = await self.backend_named(request.backend)
+        chosen = await self.backend_named(request.backend, request.request_id)
         overrides = dict(request.backend_options) if request.backend_options else None
         options = chosen.seeded(chosen.request_options(overrides), request.seed)
         layout_option = chosen.layout_option
@@ -171,8 +176,10 @@ class DecisionService:
         record_questions(results, chosen.name, self.adapter_name)  # metrics.py: questions, refusals, option mass
         return Decision(self.served_model, results)
 
-    async def backend_named(self, name: str | None) -> DecisionBackend:
-        """The server's backend, or another registered one built (and started) with its defaults."""
+    async def backend_named(self, name: str | None, request_id: str = "") -> DecisionBackend:
+        """The server's backend, or another registered one built (and started) with its defaults. One that
+        can't serve this model is a 400 naming what to change (retrying can't help); any other failure to
+        start it is a fault, logged under ``request_id``."""
         if name is None or name == self.backend.name:
             return self.backend
         if name in self._others:
@@ -188,10 +195,17 @@ class DecisionService:
                 try:
                     other = cls(self.backend.host, None, self.settings)
                     await self.starter(other)
-                except Exception as exc:
+                except BackendUnavailable as exc:
+                    logger.warning("decision %s: backend %r can't serve this model: %s", request_id, name, exc)
                     raise DecisionError(
-                        f"backend {name!r} could not start for this model: {exc}", HTTPStatus.SERVICE_UNAVAILABLE
-                    ) from exc
+                        f"extra.backend={name!r}: backend {name!r} could not start for this model: "
+                        f"{without_paths(str(exc))}; name another backend or leave extra.backend out "
+                        f"(this server's backend: {self.backend.name!r})",
+                        param="extra.backend",
+                    ) from None
+                except Exception:
+                    logger.exception("decision %s: backend %r failed to start", request_id, name)
+                    raise internal_error(request_id) from None
                 self._others[name] = other
         return self._others[name]
 
@@ -212,11 +226,25 @@ class DecisionService:
             if exc.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
                 logger.error("decision %s: %s", context.request_id, exc.message)
             return Failure(question, exc)
-        except Exception as exc:  # a fault in one question must not sink the others
+        except Exception:  # a fault in one question must not sink the others; its text stays in the log
             logger.exception("decision read failed for %s", context.request_id)
-            return Failure(question, DecisionError(f"internal error: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
+            return Failure(question, internal_error(context.request_id))
         options = question.options
         probabilities = softmax(scores, applied.value)
+        made = confidence(probabilities)
+        fields = question.qtype.answer(probabilities, options)
+        # The one check that every number an answer sends is real (softmax can't make one that isn't; a
+        # question type's own fields might): a question that fails it is refused, never sent as null.
+        if (where := non_finite({"probabilities": probabilities, "confidence": made, **fields})) is not None:
+            logger.error(
+                "decision %s: %s of a %s answer is not a finite number (scores %s, T=%r)",
+                context.request_id,
+                where.lstrip("."),
+                question.qtype.name,
+                scores,
+                applied.value,
+            )
+            return Failure(question, internal_error(context.request_id))
         audit = AuditRecord(
             served_model=self.served_model,
             adapter=self.adapter_name or None,
@@ -243,8 +271,8 @@ class DecisionService:
         return Answer(
             question=question,
             probabilities=probabilities,
-            confidence=confidence(probabilities),
-            fields=question.qtype.answer(probabilities, options),
+            confidence=made,
+            fields=fields,
             backend=facts,
             audit=audit,
             input_tokens=reading.input_tokens,

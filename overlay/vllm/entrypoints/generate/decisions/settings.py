@@ -28,6 +28,8 @@ VARIABLES = (
     ENABLE_VARIABLE,
     PREFIX + "BACKEND",
     PREFIX + "TEMPERATURE",
+    PREFIX + "MIN_TEMPERATURE",
+    PREFIX + "MAX_TEMPERATURE",
     PREFIX + "MAX_QUESTIONS",
     PREFIX + "MAX_CHOICES",
     PREFIX + "MAX_LEVELS",
@@ -65,6 +67,10 @@ DEFAULT_MAX_JSON_DEPTH = 800
 DEFAULT_STARTUP_WAIT = 900.0
 DEFAULT_PRIOR_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_ADAPTERS = 16
+# The temperatures a request, the configuration or a saved calibration may apply: wide enough for any
+# real fit (calibration searches 0.05 to 20), narrow enough that no score divided by one overflows.
+DEFAULT_MIN_TEMPERATURE = 0.001
+DEFAULT_MAX_TEMPERATURE = 1000.0
 
 
 class SettingsError(ValueError):
@@ -161,6 +167,18 @@ class Settings:
     # times max_input_chars), and the deepest JSON value in them: one budget per request (budget.py).
     max_request_chars: int = 0
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    # The temperatures that may apply (a request's, the configured one, a saved calibration's).
+    min_temperature: float = DEFAULT_MIN_TEMPERATURE
+    max_temperature: float = DEFAULT_MAX_TEMPERATURE
+
+    def temperature_problem(self, value: float) -> str | None:
+        """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
+        if self.min_temperature <= value <= self.max_temperature:
+            return None
+        return (
+            f"{value!r} is outside the temperatures this server applies, {self.min_temperature!r} to "
+            f"{self.max_temperature!r} ({PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set the range)"
+        )
 
     def __post_init__(self) -> None:
         if not self.max_request_chars:
@@ -170,9 +188,16 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         max_input_chars = _int_at_least(env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1)
+        low, high = _temperature_range(env)
+        temperature = _positive_float(env, PREFIX + "TEMPERATURE")
+        if temperature is not None and not low <= temperature <= high:
+            raise SettingsError(
+                f"{PREFIX}TEMPERATURE={temperature!r}: outside {low!r} to {high!r}, the range "
+                f"{PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set"
+            )
         return cls(
             backend=parse_backend_spec(env.get(PREFIX + "BACKEND", "")),
-            temperature=_positive_float(env, PREFIX + "TEMPERATURE"),
+            temperature=temperature,
             max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
@@ -193,6 +218,8 @@ class Settings:
                 env, PREFIX + "MAX_REQUEST_CHARS", REQUEST_CHARS_PER_INPUT * max_input_chars, 1
             ),
             max_json_depth=_int_at_least(env, PREFIX + "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1),
+            min_temperature=low,
+            max_temperature=high,
         )
 
 
@@ -281,6 +308,28 @@ def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int)
 
 def _positive_float(env: Mapping[str, str], name: str, default: float | None = None) -> Any:
     return _number(env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0")
+
+
+def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
+    """MIN_TEMPERATURE and MAX_TEMPERATURE: finite, above 0, and around 1.0 (the default temperature)."""
+    low_name, high_name = PREFIX + "MIN_TEMPERATURE", PREFIX + "MAX_TEMPERATURE"
+    low = _number(
+        env,
+        low_name,
+        float,
+        DEFAULT_MIN_TEMPERATURE,
+        lambda v: 1e-6 <= v <= 1.0,
+        "a number from 0.000001 to 1 (1.0 is the default temperature)",
+    )
+    high = _number(
+        env,
+        high_name,
+        float,
+        DEFAULT_MAX_TEMPERATURE,
+        lambda v: 1.0 <= v <= 1e6,
+        "a number from 1 to 1000000 (1.0 is the default temperature)",
+    )
+    return low, high
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:

@@ -24,10 +24,12 @@ LINE_ID = re.compile(r"^batch-L(\d+)-")
 
 @dataclass
 class Done:
-    """The input lines an earlier run already answered: every line below ``below``, and ``beyond``."""
+    """The input lines an earlier run already answered: every line below ``below``, and ``beyond``;
+    ``failed``: how many of them were answered with an error (the run's exit status counts them too)."""
 
     below: int = 1
     beyond: set[int] = field(default_factory=set)
+    failed: int = 0
 
     def add(self, line: int) -> None:
         self.beyond.add(line)
@@ -54,14 +56,15 @@ def resume(output: Path) -> Done:
             if not raw.endswith(b"\n"):
                 break  # the write a kill interrupted
             try:
-                line_id = json.loads(raw)["id"]
-                match = LINE_ID.match(line_id)
+                record = json.loads(raw)
+                match = LINE_ID.match(record["id"])
             except (ValueError, KeyError, TypeError):
                 match = None
             if match is None:
                 raise ValueError(f"{output}: line {raw[:80]!r} was not written by a decision batch; "
                                  "use a new output file")  # fmt: skip
             done.add(int(match.group(1)))
+            done.failed += failed(record)
             keep += len(raw)
     if keep != output.stat().st_size:
         with output.open("r+b") as f:
@@ -69,12 +72,36 @@ def resume(output: Path) -> Done:
     return done
 
 
+def failed(record: Any) -> bool:
+    """Whether an output line answers its input line with an error: an ``error``, or a status other than 200."""
+    response = record.get("response") if isinstance(record, dict) else None
+    status = response.get("status_code") if isinstance(response, dict) else None
+    return not isinstance(record, dict) or record.get("error") is not None or status != 200
+
+
 def lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) for each non-blank line, read as it goes."""
-    with path.open(encoding="utf-8") as f:
+    """(line number from 1, text) for each non-blank line, read as it goes. A line that is not UTF-8 is
+    still one line: its bytes that aren't UTF-8 come as lone surrogates (``surrogateescape``), which
+    :func:`unreadable` finds, so it is answered in place instead of ending the run."""
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         for number, text in enumerate(f, 1):
             if text.strip():
                 yield number, text
+
+
+def unreadable(number: int, text: str) -> str | None:
+    """Why line ``number`` can't be read as text (it is not UTF-8), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = len(text[: exc.start].encode("utf-8", "surrogateescape"))
+        return f"line {number}: not valid UTF-8 (at byte {where} of the line); a batch file must be UTF-8"
+    return None
+
+
+def invalid_line(number: int, request_id: str, problem: str) -> str:
+    """The output line for an input line that is no request: its error, with no custom_id (unread)."""
+    return output_line(number, request_id, None, None, None, {"code": "invalid_line", "message": problem})
 
 
 def output_line(line: int, request_id: str, custom_id: Any, status: int | None, body: Any, error: Any) -> str:

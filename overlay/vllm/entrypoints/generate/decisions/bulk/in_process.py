@@ -17,15 +17,18 @@ from typing import Any
 
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.models.protocol import BaseModelPath, LoRAModulePath
+from vllm.logger import init_logger
 
 from ..api_router import wire_at
 from ..body import decode_body, parse_json
-from ..errors import DecisionError
+from ..errors import DecisionError, internal_error
 from ..metrics import observed_route
 from ..paths import DECISIONS
 from ..service import DecisionService
 from ..startup import build_service, served_model_name, start_service
 from ..wire.handling import Reply, new_request_id
+
+logger = init_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,11 @@ class Decisions:
                     value = parse_json(decode_body(value.encode() if isinstance(value, str) else value, None, limit))
             except DecisionError as exc:
                 return wire.refusal(exc)
-            return await wire.answer(lambda: self.service, value, request_id)
+            try:
+                return await wire.answer(lambda: self.service, value, request_id)
+            except Exception:  # a fault: a 500 in the wire's shape, as the route's, not a lost request
+                logger.exception("decision %s failed", request_id)
+                return wire.refusal(internal_error(request_id))
 
         reply = await observed_route(url, answer)(body)  # metrics.py: counted and timed as the route is
         return Result(reply.status_code, reply.json(), request_id)

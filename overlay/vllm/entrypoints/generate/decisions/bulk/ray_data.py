@@ -28,11 +28,16 @@ import os
 import threading
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
+from http import HTTPStatus
 from typing import Any, TypeVar
 
 import ray
 
+from vllm.logger import init_logger
+
+from ..api_router import wire_at
 from ..deployment_lock import name_run, share_records
+from ..errors import internal_error
 from ..paths import DECISIONS
 from ..wire.handling import new_request_id
 from .batch_file import output_line
@@ -40,6 +45,7 @@ from .in_process import Decisions
 from .run_batch import Line, answer_line
 
 T = TypeVar("T")
+logger = init_logger(__name__)
 
 
 class Board:
@@ -98,6 +104,16 @@ class BoardRecords:
         await self.board.give.remote(name, record)
 
 
+def row_fault(url: Any, request_id: str) -> Any:
+    """The body of a row that faulted: the internal error in its wire's shape (the OpenAI wire's for a
+    URL that is no decision path)."""
+    try:
+        wire = wire_at(str(url or DECISIONS))
+    except ValueError:
+        wire = wire_at(DECISIONS)
+    return wire.render_error(internal_error(request_id), None).json()
+
+
 class DecisionStage:
     """One actor of the stage: an engine and its decision service. Ray Data hands it several batches at
     once (each call on a thread of its own), and every row of them goes to the engine at once, at most
@@ -140,10 +156,15 @@ class DecisionStage:
         ids = list(batch["request_id"]) if "request_id" in batch else [None] * len(bodies)
 
         async def one(body: Any, url: Any, request_id: Any) -> tuple[int, str, str]:
-            async with self.gate:
-                value = dict(body) if isinstance(body, Mapping) else str(body)  # text: held to the body limit
-                result = await self.decisions.decide(value, str(url or DECISIONS), request_id or None)
-            return result.status, json.dumps(result.body, ensure_ascii=False), result.request_id
+            rid = str(request_id or "") or new_request_id()
+            try:
+                async with self.gate:
+                    value = dict(body) if isinstance(body, Mapping) else str(body)  # text: held to the body limit
+                    result = await self.decisions.decide(value, str(url or DECISIONS), rid)
+                return result.status, json.dumps(result.body, ensure_ascii=False), result.request_id
+            except Exception:  # this row is answered as a fault; the batch and its other rows go on
+                logger.exception("decision stage: row %s failed", rid)
+                return HTTPStatus.INTERNAL_SERVER_ERROR.value, json.dumps(row_fault(url, rid)), rid
 
         answered = await asyncio.gather(*map(one, bodies, urls, ids))
         return {**batch, "status_code": [status for status, _, _ in answered],
@@ -152,10 +173,18 @@ class DecisionStage:
 
     async def _lines(self, batch: dict[str, Any]) -> dict[str, Any]:
         async def one(number: Any, text: Any) -> str:
-            line, request_id = Line.parse(int(number), str(text)), new_request_id()
-            async with self.gate:
-                status, body, error, custom_id = await answer_line(self.decisions, line, request_id)
-            return output_line(line.number, request_id, custom_id, status, body, error)
+            request_id = new_request_id()
+            try:
+                line = Line.parse(int(number), str(text))
+                async with self.gate:
+                    status, body, error, custom_id = await answer_line(self.decisions, line, request_id)
+                return output_line(line.number, request_id, custom_id, status, body, error)
+            except Exception:  # answer_line doesn't raise; this guards the row's own fields
+                logger.exception("decision stage: line %s (request %s) failed", number, request_id)
+                message = f"line {number}: internal error; the log has the details (look for {request_id})"
+                return output_line(
+                    int(number), request_id, None, None, None, {"code": "internal_error", "message": message}
+                )
 
         return {"text": await asyncio.gather(*map(one, batch["line"], batch["text"]))}
 

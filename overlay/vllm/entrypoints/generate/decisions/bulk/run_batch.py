@@ -39,10 +39,13 @@ from ..body import parse_json
 from ..errors import DecisionError
 from ..paths import DECISION_PATHS, DECISIONS
 from ..wire.handling import new_request_id
-from .batch_file import Writer, lines, output_line, resume
+from .batch_file import Writer, lines, output_line, resume, unreadable
 from .in_process import Decisions
 
 logger = init_logger(__name__)
+
+# The exit status of a run that answered every line but some with an error (1 is a run that stopped).
+FAILED_LINES_EXIT = 3
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Tally:
     lines: int = 0
     failed: int = 0
     skipped: int = 0
+    failed_before: int = 0  # of the lines skipped, those an earlier run answered with an error
     decisions: int = 0  # questions answered
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -61,6 +65,8 @@ class Tally:
         self.lines += 1
         if status != HTTPStatus.OK:
             self.failed += 1
+            return
+        if not isinstance(body, dict):
             return
         answers = body.get("answers", ())
         self.decisions += sum(1 for a in (answers.values() if isinstance(answers, dict) else answers)
@@ -76,9 +82,15 @@ class Tally:
             if self.input_tokens
             else ""
         )
+        earlier = f" ({self.failed_before} of them failed)" if self.failed_before else ""
         return (f"decision batch: {self.lines} lines in {seconds:.1f} s ({self.failed} failed, {self.skipped} "
-                f"already answered), {self.decisions} decisions, {self.decisions / max(seconds, 1e-9):.1f} "
+                f"already answered{earlier}), {self.decisions} decisions, {self.decisions / max(seconds, 1e-9):.1f} "
                 f"decisions/s{cached}")  # fmt: skip
+
+    @property
+    def all_failed(self) -> int:
+        """The failed lines of the whole output file: this run's and those an earlier run wrote."""
+        return self.failed + self.failed_before
 
 
 @dataclass(frozen=True)
@@ -92,10 +104,15 @@ class Line:
 
     @classmethod
     def parse(cls, number: int, text: str) -> Line:
+        if (problem := unreadable(number, text)) is not None:
+            return cls(number, text, None, problem)
         try:  # as strictly as the server parses a body: a key twice, NaN, a lone surrogate are refused
             record = parse_json(text.encode())
         except DecisionError as exc:
             return cls(number, text, None, f"line {number}: {exc.message}")
+        except Exception:  # whatever else: this line is answered as unreadable, the others go on
+            logger.exception("decision batch: line %d could not be parsed", number)
+            return cls(number, text, None, f"line {number}: could not be read as JSON")
         if not isinstance(record, dict) or not isinstance(record.get("url"), str) or "body" not in record:
             return cls(number, text, None, f"line {number}: expected an object with custom_id, method, url and body")
         return cls(number, text, record)
@@ -144,7 +161,20 @@ async def answer_line(decisions: Decisions, line: Line, request_id: str,
                       others: Callable[[str, str], Awaitable[Any] | None] | None = None) -> tuple[int | None, Any, Any, Any]:  # fmt: skip
     """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error.
     ``others`` answers lines for vLLM's own run-batch URLs (None for a URL it doesn't serve); without it,
-    only decision URLs are served."""
+    only decision URLs are served. Never raises (but for cancellation): a fault answering the line is
+    its ``internal_error``, logged under ``request_id``, so every line gets its output line."""
+    try:
+        return await _answer_line(decisions, line, request_id, others)
+    except Exception:
+        logger.exception("decision batch: line %d (request %s) failed", line.number, request_id)
+        custom_id = line.record.get("custom_id") if line.record is not None else None
+        message = f"line {line.number}: internal error; the log has the details (look for {request_id})"
+        return None, None, {"code": "internal_error", "message": message}, custom_id
+
+
+async def _answer_line(
+    decisions: Decisions, line: Line, request_id: str, others: Callable[[str, str], Awaitable[Any] | None] | None
+) -> tuple[int | None, Any, Any, Any]:
     record = line.record
     if record is None:
         return None, None, {"code": "invalid_line", "message": line.problem}, None
@@ -210,10 +240,17 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
     if done:
         logger.info("decision batch: %d lines of %s already answered; answering the rest", len(done), target)
     settings = service.settings
-    tally = Tally(skipped=0)
+    tally = Tally(skipped=0, failed_before=done.failed)
     writer = Writer(target)
     gate = asyncio.Semaphore(settings.bulk_in_flight)
     tasks: set[asyncio.Task[None]] = set()
+    # A task that fails (answer_line never raises: writing the output did) stops the run: not dropped.
+    faults: list[BaseException] = []
+
+    def finished(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and (fault := task.exception()) is not None:
+            faults.append(fault)
 
     def unanswered() -> Iterator[Line]:
         for number, text in lines(source):
@@ -233,13 +270,26 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
 
         for line in ReadAhead(unanswered(), settings.bulk_window):
             await gate.acquire()
+            if faults:
+                break
             task = asyncio.create_task(run(line))
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(finished)
         if tasks:
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
     writer.close()
     logger.info(tally.summary())
+    if faults:  # the lines not written are answered by a rerun with the same output file
+        raise faults[0]
+    if tally.all_failed:
+        logger.error(
+            "decision batch: %d of %d lines in %s failed (their output lines' error, or a status_code "
+            "other than 200, says why)",
+            tally.all_failed,
+            tally.lines + tally.skipped,
+            target,
+        )
+        raise SystemExit(FAILED_LINES_EXIT)
 
 
 def stock_handler(registry: dict[str, Any]) -> Callable[[str, str], Awaitable[Any] | None]:

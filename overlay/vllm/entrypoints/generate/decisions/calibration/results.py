@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from ..settings import Settings
 from . import question_file
 from .bias import TypeReads
 from .by_type import TypeFit
@@ -124,6 +125,16 @@ class CalibrationRecord(Fit):
             if entry.fallback is None
         }
         return Temperatures(Temperature(self.applied_temperature, "calibrated", SERVER), by_type)
+
+    def temperature_problem(self, settings: Settings) -> str | None:
+        """Why a temperature this record applies may not (outside VLLM_TYPED_DECISIONS_MIN/MAX_TEMPERATURE:
+        a record from another configuration, or edited); None when every one may."""
+        applied = {"server-wide": self.applied_temperature}
+        applied.update((name, entry.applied_temperature) for name, entry in self.by_type.items())
+        for scope, value in applied.items():
+            if (problem := settings.temperature_problem(value)) is not None:
+                return f"its {scope} T={problem}"
+        return None
 
     def log_line(self, loaded: bool) -> str:
         """The server-wide fit in one line."""

@@ -95,7 +95,8 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
     key = calibration_key(backend, settings, deployment, questions.sha256)
     record, loaded = await once_per_server(
         Path(settings.calibration_dir), key, "calibration", settings.startup_wait,
-        lambda: measure_and_fit(backend, questions, settings.debias, settings.prior, progress), reusable,
+        lambda: measure_and_fit(backend, questions, settings.debias, settings.prior, progress),
+        lambda saved: reusable(saved, settings),
         progress.waiting if progress is not None else None,
     )  # fmt: skip
     if "failed" in record:
@@ -104,6 +105,9 @@ async def startup_calibration(backend: DecisionBackend, settings: Settings, depl
                            "T=1.0 (default): %s", record["failed"])  # fmt: skip
         return Calibrated(Temperatures(DEFAULT))
     fits = CalibrationRecord.model_validate(record)
+    if (problem := fits.temperature_problem(settings)) is not None:  # a fresh fit the range refuses
+        logger.warning("decision calibration not applied, T=1.0 (default): %s", problem)
+        return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
     return Calibrated(fits.temperatures(), fits.reads)
 
@@ -120,15 +124,19 @@ def calibration_key(backend: DecisionBackend, settings: Settings, deployment: di
             "scheme": results.SCHEME, "debias": str(settings.debias), "prior": settings.prior}  # fmt: skip
 
 
-def reusable(saved: dict[str, Any]) -> bool:
-    """A saved fit that validates, or this run's failure (an earlier run's failure is tried again)."""
+def reusable(saved: dict[str, Any], settings: Settings) -> bool:
+    """A saved fit that validates and whose temperatures the server's range admits, or this run's failure
+    (an earlier run's failure is tried again)."""
     if "failed" in saved:
         return this_run(saved)
     try:
-        CalibrationRecord.model_validate(saved)
+        record = CalibrationRecord.model_validate(saved)
     except ValidationError as exc:
         logger.warning("decision calibration: the saved result is malformed (%s), measuring again",
                        exc.errors(include_url=False)[0])  # fmt: skip
+        return False
+    if (problem := record.temperature_problem(settings)) is not None:
+        logger.warning("decision calibration: the saved result is not reused (%s), measuring again", problem)
         return False
     return True
 

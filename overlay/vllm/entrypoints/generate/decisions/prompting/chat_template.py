@@ -37,7 +37,8 @@ async def takes_system_role(host: BackendHost) -> bool:
     try:
         rendered = await host.render_chat(chat(probe, "Question: ?", system_role=False))
     except Exception as exc:
-        raise UnusableTemplate(f"the chat template can't render a user turn ({exc}); {NO_TEMPLATE_HINT}") from exc
+        # The renderer's own text stays in the server's log (the exception is chained); the refusal says what to do.
+        raise UnusableTemplate(f"the chat template can't render a user turn; {NO_TEMPLATE_HINT}") from exc
     if SYSTEM_PROMPT not in host.decode(rendered):
         raise UnusableTemplate("the chat template drops the text of the user turn")
     return False

@@ -20,9 +20,13 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from ..errors import DecisionError
+from vllm.logger import init_logger
+
+from ..errors import DecisionError, internal_error
 from ..metrics import note_refusal
 from ..service import DecisionService
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -120,4 +124,7 @@ class Wire:
             return self.render_error(DecisionError("invalid request body"), exc.errors)
         except DecisionError as exc:
             return self.refusal(exc)
+        except Exception:  # a fault: a 500 in this wire's shape, its text only in the log (under the id)
+            logger.exception("decision %s failed", request_id)
+            return self.render_error(internal_error(request_id), None)
         return Reply(HTTPStatus.OK.value, decided)
