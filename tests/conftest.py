@@ -10,7 +10,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY = ROOT / "overlay" / "vllm" / "entrypoints" / "generate" / "decisions"
-MODELS = Path(os.environ.get("DECISIONS_MODELS", Path.home() / ".cache" / "vllm-decisions" / "models"))
+MODELS = Path(
+    os.environ.get(
+        "DECISIONS_MODELS", Path.home() / ".cache" / "vllm-decisions" / "models"
+    )
+)
 
 
 def model_path(name: str) -> Path:
@@ -34,7 +38,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     installed = Path(vllm.__file__).parent / "entrypoints" / "generate" / "decisions"
     if installed.resolve() == OVERLAY.resolve():
         return
-    stale = _differences(filecmp.dircmp(OVERLAY, installed, ignore=["__pycache__"])) if installed.exists() else ["all"]
+    stale = (
+        _differences(filecmp.dircmp(OVERLAY, installed, ignore=["__pycache__"]))
+        if installed.exists()
+        else ["all"]
+    )
     if stale:
         raise pytest.UsageError(
             f"the overlay installed in vLLM differs from the checkout ({stale[:5]}): run ./install.sh"
@@ -47,9 +55,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # counts its metrics. pytest_collection_modifyitems keeps this list true.
 ON_SESSION_SERVERS = frozenset(
     f"tests/server/test_{name}.py"
-    for name in ("amplification", "auth", "bulk", "canvas", "disconnects", "endpoints", "faults", "fuzz", "hostile", "load", "metrics",
-                 "plugins", "quality", "ray_data", "readouts", "sdks", "stencil", "vllm_handling", "wire_contract")
-)  # fmt: skip
+    for name in (
+        "amplification",
+        "auth",
+        "bulk",
+        "canvas",
+        "disconnects",
+        "endpoints",
+        "faults",
+        "fuzz",
+        "hostile",
+        "load",
+        "metrics",
+        "plugins",
+        "quality",
+        "ray_data",
+        "readouts",
+        "sdks",
+        "stencil",
+        "vllm_handling",
+        "wire_contract",
+    )
+)
 SESSION_SERVERS = frozenset({"server", "tiny_qwen_server"})
 
 
@@ -65,11 +92,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-
     return BySessionServer(config, log)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
     for item in items:
         file = item.nodeid.split("::")[0]
-        if SESSION_SERVERS & set(getattr(item, "fixturenames", ())) and file not in ON_SESSION_SERVERS:
-            raise pytest.UsageError(f"{file} uses a session server: add it to ON_SESSION_SERVERS in tests/conftest.py")
+        if (
+            SESSION_SERVERS & set(getattr(item, "fixturenames", ()))
+            and file not in ON_SESSION_SERVERS
+        ):
+            raise pytest.UsageError(
+                f"{file} uses a session server: add it to ON_SESSION_SERVERS in tests/conftest.py"
+            )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,9 +113,14 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return
-    workers, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(worker.removeprefix("gw"))
+    workers, index = (
+        int(os.environ["PYTEST_XDIST_WORKER_COUNT"]),
+        int(worker.removeprefix("gw")),
+    )
     cores = sorted(os.sched_getaffinity(0))
-    mine = cores[index * len(cores) // workers : (index + 1) * len(cores) // workers] or [cores[index % len(cores)]]
+    mine = cores[
+        index * len(cores) // workers : (index + 1) * len(cores) // workers
+    ] or [cores[index % len(cores)]]
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
 
 
@@ -89,4 +128,8 @@ def engine_binding(replicas: int) -> dict[str, str]:
     """The environment for an engine with ``replicas`` data-parallel ranks on this worker's cores (vLLM
     takes one core list per rank); empty when not bound by pytest_configure."""
     cores = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    return {} if cores in ("auto", "nobind") else {"VLLM_CPU_OMP_THREADS_BIND": "|".join([cores] * replicas)}
+    return (
+        {}
+        if cores in ("auto", "nobind")
+        else {"VLLM_CPU_OMP_THREADS_BIND": "|".join([cores] * replicas)}
+    )

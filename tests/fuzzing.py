@@ -29,9 +29,33 @@ from soak import well_formed  # noqa: E402
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 
-STRINGS = ["", " ", "x", "Is it urgent?", "billing", "0", "true", "null", "\u0000", "\t\n\r", "é", "ü\u0308",
-           "東京", "🚀", "👩‍💻", "مرحبا", "\u202e\u202d", "<|im_end|>", "{{ raise }}", "' OR 1=1", "a" * 300,
-           "\ufeff", "\U0010ffff", "Option A", "A"]  # fmt: skip
+STRINGS = [
+    "",
+    " ",
+    "x",
+    "Is it urgent?",
+    "billing",
+    "0",
+    "true",
+    "null",
+    "\u0000",
+    "\t\n\r",
+    "é",
+    "ü\u0308",
+    "東京",
+    "🚀",
+    "👩‍💻",
+    "مرحبا",
+    "\u202e\u202d",
+    "<|im_end|>",
+    "{{ raise }}",
+    "' OR 1=1",
+    "a" * 300,
+    "\ufeff",
+    "\U0010ffff",
+    "Option A",
+    "A",
+]
 NUMBERS = [0, 1, -1, 2, 7, 10**30, -(10**30), 0.5, 1e-300, 1e308, 3.14159]
 WRONG = [None, True, 0, -5, 1.5, "text", [], [1, "a"], {}, {"unknown": 1}]
 
@@ -56,10 +80,17 @@ class SchemaCases:
         if isinstance(kind, list):
             kind = rng.choice(kind)
         if kind is None:  # any JSON value
-            kind = rng.choice(["string", "integer", "boolean", "null"] + (["array", "object"] if depth < 3 else []))
+            kind = rng.choice(
+                ["string", "integer", "boolean", "null"]
+                + (["array", "object"] if depth < 3 else [])
+            )
         if kind == "string":
             text = rng.choice(STRINGS)
-            return text if len(text) >= schema.get("minLength", 0) else text + "x" * schema["minLength"]
+            return (
+                text
+                if len(text) >= schema.get("minLength", 0)
+                else text + "x" * schema["minLength"]
+            )
         if kind == "integer":
             return rng.choice([n for n in NUMBERS if isinstance(n, int)])
         if kind == "number":
@@ -71,7 +102,10 @@ class SchemaCases:
         if kind == "array":
             low = schema.get("minItems", 0)
             high = min(schema.get("maxItems", low + 3), low + 3)
-            return [self.valid(schema.get("items", {}), depth + 1) for _ in range(rng.randint(low, high))]
+            return [
+                self.valid(schema.get("items", {}), depth + 1)
+                for _ in range(rng.randint(low, high))
+            ]
         return self.object(schema, depth)
 
     def object(self, schema: dict[str, Any], depth: int) -> dict[str, Any]:
@@ -87,7 +121,9 @@ class SchemaCases:
         wanted = max(schema.get("minProperties", 0), rng.randint(0, 3) if extra else 0)
         while extra and len(value) < wanted + len(properties) and depth < 4:
             name = rng.choice(STRINGS[1:12]) + str(rng.randint(0, 99))
-            value[name] = self.valid(extra if isinstance(extra, dict) else {}, depth + 1)
+            value[name] = self.valid(
+                extra if isinstance(extra, dict) else {}, depth + 1
+            )
             if len(value) >= wanted:
                 break
         return value
@@ -146,15 +182,35 @@ HOSTILE = [
     (b'{"input": NaN, "state": Infinity}', "NaN and Infinity"),
     (b"[" * 5000 + b"]" * 5000, "deeply nested"),
     (b'{"state": ' + b'{"a": ' * 400 + b"1" + b"}" * 400 + b"}", "deeply nested state"),
-    (b'{"state": [' + b",".join([b'{"a": ' * 300 + b"1" + b"}" * 300] * 40) + b'], "input": "x"}',
-     "70 KB of nesting that renders to megabytes of indented text"),
-    (b'{"model": "m", "input": "' + b"x" * (10 * 2**20) + b'", "state": "x"}', "a 10 MiB input"),
-    (b'{"model": "m", "input": "x", "state": "x", "questions": ' + b"[" + b'{"type": "predicate", "instructions": "?"},' * 5000 + b"{}]}", "5,000 questions"),
-    (b'{"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "?", "choices": ['
-     + b",".join(b'{"value": "c%d"}' % i for i in range(5000)) + b"]}]}", "5,000 choices"),
-    (b'{"state": "x", "questions": {"q": {"type": "choice", "criteria": {'
-     + b",".join(b'"c%d": null' % i for i in range(5000)) + b"}}}}", "5,000 criteria"),
-]  # fmt: skip
+    (
+        b'{"state": ['
+        + b",".join([b'{"a": ' * 300 + b"1" + b"}" * 300] * 40)
+        + b'], "input": "x"}',
+        "70 KB of nesting that renders to megabytes of indented text",
+    ),
+    (
+        b'{"model": "m", "input": "' + b"x" * (10 * 2**20) + b'", "state": "x"}',
+        "a 10 MiB input",
+    ),
+    (
+        b'{"model": "m", "input": "x", "state": "x", "questions": ['
+        + b'{"type": "predicate", "instructions": "?"},' * 5000
+        + b"{}]}",
+        "5,000 questions",
+    ),
+    (
+        b'{"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "?", "choices": ['
+        + b",".join(b'{"value": "c%d"}' % i for i in range(5000))
+        + b"]}]}",
+        "5,000 choices",
+    ),
+    (
+        b'{"state": "x", "questions": {"q": {"type": "choice", "criteria": {'
+        + b",".join(b'"c%d": null' % i for i in range(5000))
+        + b"}}}}",
+        "5,000 criteria",
+    ),
+]
 
 
 def nested(depth: int) -> Any:
@@ -180,7 +236,11 @@ AMPLIFYING = [
                 "state": "x",
                 "questions": {
                     **{
-                        f"q{i}": {"type": "noul", "instructions": nested(500), "criteria": {"true": nested(500)}}
+                        f"q{i}": {
+                            "type": "noul",
+                            "instructions": nested(500),
+                            "criteria": {"true": nested(500)},
+                        }
                         for i in range(16)
                     },
                     "last": {"type": "no-such-type"},
@@ -201,7 +261,13 @@ AMPLIFYING = [
                 "model": "m",
                 "questions": [{"type": "predicate", "instructions": "?"}],
                 "input": [
-                    {"role": "user", "content": [{"type": "input_json", "data": nested(240)} for _ in range(60)]}
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_json", "data": nested(240)}
+                            for _ in range(60)
+                        ],
+                    }
                 ],
             }
         ),
@@ -213,7 +279,10 @@ AMPLIFYING = [
             {
                 "model": "m",
                 "input": "x",
-                "questions": [{"type": "predicate", "instructions": SENTENCE * 3500} for _ in range(24)],
+                "questions": [
+                    {"type": "predicate", "instructions": SENTENCE * 3500}
+                    for _ in range(24)
+                ],
             }
         ),
         "OpenAI: 24 questions of 150 K characters each",
@@ -221,14 +290,39 @@ AMPLIFYING = [
     (
         "/v1/systemone",
         json_bytes(
-            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": SENTENCE * 3500} for i in range(24)}}
+            {
+                "state": "x",
+                "questions": {
+                    f"q{i}": {"type": "noul", "instructions": SENTENCE * 3500}
+                    for i in range(24)
+                },
+            }
         ),
         "Jev: 24 questions of 150 K characters each",
     ),
 ]
 
-FIELDS = {"model", "input", "questions", "state", "extra", "type", "instructions", "choices", "levels", "criteria",
-          "name", "value", "label", "description", "backend", "backend_options", "content", "role", "body"}  # fmt: skip
+FIELDS = {
+    "model",
+    "input",
+    "questions",
+    "state",
+    "extra",
+    "type",
+    "instructions",
+    "choices",
+    "levels",
+    "criteria",
+    "name",
+    "value",
+    "label",
+    "description",
+    "backend",
+    "backend_options",
+    "content",
+    "role",
+    "body",
+}
 PARSE_WORDS = ("JSON", "UTF-8", "Unicode", "body")
 
 
@@ -255,7 +349,9 @@ def path_variants(path: str) -> list[str]:
     ]
 
 
-def generated_cases(schema: dict[str, Any], path: str, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
+def generated_cases(
+    schema: dict[str, Any], path: str, count: int, seed: int
+) -> Iterator[tuple[str, bytes]]:
     """``count`` bodies from ``schema``, every other one with a mistake, then the hostile ones."""
     cases = SchemaCases(schema, seed)
     for i in range(count):
@@ -264,7 +360,10 @@ def generated_cases(schema: dict[str, Any], path: str, count: int, seed: int) ->
     for body, _ in HOSTILE:
         yield path, body
     for amplified_path, body, _ in AMPLIFYING:
-        if amplified_path == path or {path, amplified_path} == {"/v1/systemone", "/api/alpha/decisions"}:
+        if amplified_path == path or {path, amplified_path} == {
+            "/v1/systemone",
+            "/api/alpha/decisions",
+        }:
             yield path, body
 
 
@@ -273,13 +372,19 @@ def corpus_entry(path: str, body: bytes) -> str:
     try:
         return json.dumps({"path": path, "body": body.decode("utf-8")})
     except UnicodeDecodeError:
-        return json.dumps({"path": path, "body_base64": base64.b64encode(body).decode()})
+        return json.dumps(
+            {"path": path, "body_base64": base64.b64encode(body).decode()}
+        )
 
 
 def corpus_cases() -> Iterator[tuple[str, bytes]]:
     for file in sorted(CORPUS.glob("*.json")):
         entry = json.loads(file.read_text())
-        body = entry["body"].encode() if "body" in entry else base64.b64decode(entry["body_base64"])
+        body = (
+            entry["body"].encode()
+            if "body" in entry
+            else base64.b64decode(entry["body_base64"])
+        )
         yield entry["path"], body
 
 
@@ -292,17 +397,28 @@ def request_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
             reference = node.get("$ref", "")
             if reference.startswith("#/components/schemas/"):
                 target = components[reference.removeprefix("#/components/schemas/")]
-                return resolve({**target, **{k: v for k, v in node.items() if k != "$ref"}})
+                return resolve(
+                    {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+                )
             return {key: resolve(value) for key, value in node.items()}
         if isinstance(node, list):
             return [resolve(item) for item in node]
         return node
 
-    return resolve(document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"])
+    return resolve(
+        document["paths"][path]["post"]["requestBody"]["content"]["application/json"][
+            "schema"
+        ]
+    )
 
 
 def keys_in(value: Any) -> set[str]:
-    return {key for holder in containers(value) if isinstance(holder, dict) for key in holder}
+    return {
+        key
+        for holder in containers(value)
+        if isinstance(holder, dict)
+        for key in holder
+    }
 
 
 def judge(path: str, body: bytes, response: httpx.Response) -> str | None:
@@ -320,7 +436,11 @@ def judge(path: str, body: bytes, response: httpx.Response) -> str | None:
             problem = f"malformed 200 ({exc!r}): {response.text[:300]}"
     else:
         problem = f"unexpected status {status}"
-    return None if problem is None else f"{problem}\n  case: {corpus_entry(path, body)[:600]}"
+    return (
+        None
+        if problem is None
+        else f"{problem}\n  case: {corpus_entry(path, body)[:600]}"
+    )
 
 
 def unhelpful(path: str, body: bytes, response: httpx.Response) -> str | None:
@@ -328,7 +448,9 @@ def unhelpful(path: str, body: bytes, response: httpx.Response) -> str | None:
     try:
         payload = response.json()
     except ValueError:
-        return f"{response.status_code} without a JSON error body: {response.text[:200]}"
+        return (
+            f"{response.status_code} without a JSON error body: {response.text[:200]}"
+        )
     if path == "/v1/decisions":
         message = str(payload.get("error", {}).get("message", ""))
     else:
@@ -349,7 +471,11 @@ def unhelpful(path: str, body: bytes, response: httpx.Response) -> str | None:
         named = FIELDS | keys_in(json.loads(body))
     except (ValueError, RecursionError):
         named = FIELDS
-    if "VLLM_TYPED_DECISIONS_" in message or "--max" in message or any(word in message for word in PARSE_WORDS):
+    if (
+        "VLLM_TYPED_DECISIONS_" in message
+        or "--max" in message
+        or any(word in message for word in PARSE_WORDS)
+    ):
         return None
     if any(name and name in message for name in named):
         return None

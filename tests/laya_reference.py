@@ -21,7 +21,14 @@ from transformers import ModernBertConfig, ModernBertModel
 def _head_layer(d: int, laya: dict) -> nn.TransformerEncoderLayer:
     """One of the head's pre-norm layers: ReLU, LayerNorm eps 1e-5, no dropout."""
     return nn.TransformerEncoderLayer(
-        d, laya["head_heads"], laya["head_ffn_size"], 0.0, "relu", 1e-5, batch_first=True, norm_first=True
+        d,
+        laya["head_heads"],
+        laya["head_ffn_size"],
+        0.0,
+        "relu",
+        1e-5,
+        batch_first=True,
+        norm_first=True,
     )
 
 
@@ -38,9 +45,13 @@ class Head(nn.Module):
         super().__init__()
         self.type_emb = nn.Embedding(3, d)
         self.head = Layers([_head_layer(d, laya) for _ in range(laya["head_layers"])])
-        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.scorer = nn.Sequential(
+            nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1)
+        )
         self.act_head = nn.Sequential(
-            nn.Linear(d + 4, laya["act_hidden_size"]), nn.GELU(), nn.Linear(laya["act_hidden_size"], laya["act_size"])
+            nn.Linear(d + 4, laya["act_hidden_size"]),
+            nn.GELU(),
+            nn.Linear(laya["act_hidden_size"], laya["act_size"]),
         )
         self.register_buffer("temperature", torch.ones(3))
 
@@ -51,22 +62,33 @@ class Reference:
         self.laya = document["laya_config"]
         config = ModernBertConfig.from_pretrained(checkpoint_dir)
         config._attn_implementation = "eager"
-        weights = {k: v.float() for k, v in load_file(str(checkpoint_dir / "model.safetensors")).items()}
+        weights = {
+            k: v.float()
+            for k, v in load_file(str(checkpoint_dir / "model.safetensors")).items()
+        }
         self.encoder = ModernBertModel(config).float().eval()
         self.encoder.load_state_dict(_under(weights, "encoder."), strict=True)
         self.head = Head(config.hidden_size, self.laya).float().eval()
-        self.head.load_state_dict({k: v for k, v in weights.items() if not k.startswith("encoder.")}, strict=True)
+        self.head.load_state_dict(
+            {k: v for k, v in weights.items() if not k.startswith("encoder.")},
+            strict=True,
+        )
 
     @torch.no_grad()
     def outputs(self, token_ids: list[int]) -> list[float]:
         laya = self.laya
         markers = [i for i, t in enumerate(token_ids) if t == laya["mask_token_id"]]
-        by_token = {tid: laya["question_types"][name] for name, tid in laya["question_type_token_ids"].items()}
+        by_token = {
+            tid: laya["question_types"][name]
+            for name, tid in laya["question_type_token_ids"].items()
+        }
         row = by_token.get(token_ids[1]) if len(token_ids) > 1 else None
         if not markers or row is None:
             return [math.nan] * (len(markers) + laya["act_size"])
         ids = torch.tensor([token_ids])
-        h = self.encoder(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state.float()
+        h = self.encoder(
+            input_ids=ids, attention_mask=torch.ones_like(ids)
+        ).last_hidden_state.float()
         h = h + self.head.type_emb.weight[row]
         for layer in self.head.head.layers:
             h = layer(h)
@@ -87,7 +109,9 @@ def _option_features(scores: torch.Tensor) -> torch.Tensor:
     second = ranked[1] if len(ranked) > 1 else torch.zeros(())
     k = max(len(p), 2)
     entropy = -(p * torch.log(p.clamp_min(1e-9))).sum() / math.log(k)
-    return torch.stack([ranked[0], ranked[0] - second, entropy, torch.tensor(k / 255.0)])
+    return torch.stack(
+        [ranked[0], ranked[0] - second, entropy, torch.tensor(k / 255.0)]
+    )
 
 
 @functools.lru_cache(maxsize=4)

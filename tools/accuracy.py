@@ -109,17 +109,26 @@ def load_items(path: str, limit: int | None) -> list[question_file.LabelledQuest
 
 async def wait_ready(url: str, seconds: float = 1800) -> None:
     """Until a decision request answers something other than 503 (the startup calibration)."""
-    probe = {"model": "m", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    probe = {
+        "model": "m",
+        "state": "x",
+        "questions": {"q": {"type": "noul", "instructions": "?"}},
+    }
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         while True:
             try:
-                if (await http.post("/v1/systemone", json=probe)).status_code not in (404, 503):
+                if (await http.post("/v1/systemone", json=probe)).status_code not in (
+                    404,
+                    503,
+                ):
                     return
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no decision answer from {url} within {seconds:.0f} s")
+                raise RuntimeError(
+                    f"no decision answer from {url} within {seconds:.0f} s"
+                )
             await asyncio.sleep(2)
 
 
@@ -130,8 +139,11 @@ async def served_model(http: httpx.AsyncClient) -> str:
 
 
 # A question every row can ask, to find the rows a server refuses whatever the question.
-PROBE = {"state": "Ticket: my card was charged twice.", "question": {"type": "noul", "instructions": "Is it urgent?"},
-         "expected": "no"}  # fmt: skip
+PROBE = {
+    "state": "Ticket: my card was charged twice.",
+    "question": {"type": "noul", "instructions": "Is it urgent?"},
+    "expected": "no",
+}
 # What a reading can fail with besides a refusal: an answer not in the shape expected.
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError)
 
@@ -147,15 +159,24 @@ async def refusals(servers: Servers, rows: Sequence[str]) -> dict[str, str]:
             if refused.status in (400, 422):
                 unavailable[row] = str(refused)
         except SHAPE_ERRORS as exc:
-            unavailable[row] = f"an answer in another shape ({type(exc).__name__}: {exc})"
+            unavailable[row] = (
+                f"an answer in another shape ({type(exc).__name__}: {exc})"
+            )
     return unavailable
 
 
-async def run_rows(servers: Servers, items: list[question_file.LabelledQuestion], rows: Sequence[str],
-                   concurrency: int, seed: int) -> dict[str, list[Reading]]:  # fmt: skip
+async def run_rows(
+    servers: Servers,
+    items: list[question_file.LabelledQuestion],
+    rows: Sequence[str],
+    concurrency: int,
+    seed: int,
+) -> dict[str, list[Reading]]:
     """Every question under every row, timed; rows interleaved per question in a shuffled order."""
     gate = asyncio.Semaphore(concurrency)
-    readings: dict[str, list[Reading]] = {row: [Reading([], error="not asked")] * len(items) for row in rows}
+    readings: dict[str, list[Reading]] = {
+        row: [Reading([], error="not asked")] * len(items) for row in rows
+    }
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
 
@@ -182,7 +203,11 @@ async def run_rows(servers: Servers, items: list[question_file.LabelledQuestion]
 
 
 def chosen_rows(args: argparse.Namespace) -> list[str]:
-    rows = args.rows.split(",") if args.rows else [r for r in ROWS if r != "upstream" or args.upstream_port]
+    rows = (
+        args.rows.split(",")
+        if args.rows
+        else [r for r in ROWS if r != "upstream" or args.upstream_port]
+    )
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; the rows: {', '.join(ROWS)}")
@@ -191,51 +216,100 @@ def chosen_rows(args: argparse.Namespace) -> list[str]:
     return rows
 
 
-async def measure(url: str, args: argparse.Namespace, items: list[question_file.LabelledQuestion]) -> dict[str, Any]:
+async def measure(
+    url: str, args: argparse.Namespace, items: list[question_file.LabelledQuestion]
+) -> dict[str, Any]:
     rows = chosen_rows(args)
     # The batch row is computed from the off row's answers.
-    asked = [r for r in ROWS if r in rows and r != "batch"] + (["off"] if "batch" in rows and "off" not in rows else [])
+    asked = [r for r in ROWS if r in rows and r != "batch"] + (
+        ["off"] if "batch" in rows and "off" not in rows else []
+    )
     await wait_ready(url)
-    upstream_url = f"http://127.0.0.1:{args.upstream_port}" if args.upstream_port else None
+    upstream_url = (
+        f"http://127.0.0.1:{args.upstream_port}" if args.upstream_port else None
+    )
     async with (
         httpx.AsyncClient(base_url=url, timeout=600) as ours,
         httpx.AsyncClient(base_url=upstream_url or url, timeout=600) as upstream,
     ):
         servers = Servers(ours, await served_model(ours))
         if upstream_url:
-            servers.upstream, servers.upstream_model = upstream, await served_model(upstream)
+            servers.upstream, servers.upstream_model = (
+                upstream,
+                await served_model(upstream),
+            )
         unavailable = await refusals(servers, asked)
-        print(f"asking {len(items)} questions under {', '.join(r for r in asked if r not in unavailable)}",
-              file=sys.stderr)  # fmt: skip
-        readings = await run_rows(servers, items, [r for r in asked if r not in unavailable], args.concurrency,
-                                  args.seed)  # fmt: skip
+        print(
+            f"asking {len(items)} questions under {', '.join(r for r in asked if r not in unavailable)}",
+            file=sys.stderr,
+        )
+        readings = await run_rows(
+            servers,
+            items,
+            [r for r in asked if r not in unavailable],
+            args.concurrency,
+            args.seed,
+        )
     if "batch" in rows:
         if "off" in readings:
             readings["batch"] = batch_calibrated(items, readings["off"])
         else:
-            unavailable["batch"] = f"computed from the off row, which is unavailable ({unavailable['off']})"
+            unavailable["batch"] = (
+                f"computed from the off row, which is unavailable ({unavailable['off']})"
+            )
     results: dict[str, Any] = {"rows": {}}
     for row in rows:
         if row in unavailable:
             results["rows"][row] = {"unavailable": unavailable[row]}
         else:
-            results["rows"][row] = {"metrics": row_metrics(items, readings[row], args.seed),
-                                    "errors": first_errors(readings[row])}  # fmt: skip
+            results["rows"][row] = {
+                "metrics": row_metrics(items, readings[row], args.seed),
+                "errors": first_errors(readings[row]),
+            }
     return results
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_server_arguments(parser, "nothing (not used here)")
-    parser.add_argument("--serve-port", type=int, default=8024, help="the started server's port (%(default)s)")
-    parser.add_argument("--calibration-dir", help="the started server's calibration folder, kept for a rerun")
-    parser.add_argument("--questions", default=DEFAULT_QUESTIONS, help="a labelled file (calibration format)")
-    parser.add_argument("--limit", type=int, help="only the questions about the file's first N inputs")
-    parser.add_argument("--rows", help="a comma-separated subset of: " + ", ".join(ROWS))
-    parser.add_argument("--concurrency", type=int, default=4, help="questions in flight")
+    parser.add_argument(
+        "--serve-port",
+        type=int,
+        default=8024,
+        help="the started server's port (%(default)s)",
+    )
+    parser.add_argument(
+        "--calibration-dir",
+        help="the started server's calibration folder, kept for a rerun",
+    )
+    parser.add_argument(
+        "--questions",
+        default=DEFAULT_QUESTIONS,
+        help="a labelled file (calibration format)",
+    )
+    parser.add_argument(
+        "--limit", type=int, help="only the questions about the file's first N inputs"
+    )
+    parser.add_argument(
+        "--rows", help="a comma-separated subset of: " + ", ".join(ROWS)
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="questions in flight"
+    )
     parser.add_argument("--json", help="write every figure here")
-    parser.add_argument("--seed", type=int, default=0, help="question and row order, bootstrap resamples")
-    parser.add_argument("--upstream-port", type=int, help="an upstream vLLM 0.32 server for the upstream row")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="question and row order, bootstrap resamples",
+    )
+    parser.add_argument(
+        "--upstream-port",
+        type=int,
+        help="an upstream vLLM 0.32 server for the upstream row",
+    )
     args = parser.parse_args()
     chosen_rows(args)
     command = shlex.join([sys.executable, *sys.argv])
@@ -246,12 +320,20 @@ def main() -> int:
     env = {"VLLM_TYPED_DECISIONS_CALIBRATION": "on"}
     if args.calibration_dir:
         Path(args.calibration_dir).mkdir(parents=True, exist_ok=True)
-        env["VLLM_TYPED_DECISIONS_CALIBRATION_DIR"] = str(Path(args.calibration_dir).resolve())
+        env["VLLM_TYPED_DECISIONS_CALIBRATION_DIR"] = str(
+            Path(args.calibration_dir).resolve()
+        )
     started = time.perf_counter()
     with target(args, args.serve_port, env) as (url, _):
         results = asyncio.run(measure(url, args, items))
-    results.update(command=command, model=args.model, questions=args.questions, limit=args.limit,
-                   date=time.strftime("%Y-%m-%d"), seconds=round(time.perf_counter() - started))  # fmt: skip
+    results.update(
+        command=command,
+        model=args.model,
+        questions=args.questions,
+        limit=args.limit,
+        date=time.strftime("%Y-%m-%d"),
+        seconds=round(time.perf_counter() - started),
+    )
     print(f"`{command}`\n")
     print(table(results))
     if args.json:

@@ -34,21 +34,35 @@ def question_id(item: question_file.LabelledQuestion) -> str:
     return json.dumps(item.raw, sort_keys=True, ensure_ascii=False)
 
 
-def batch_calibrated(items: list[question_file.LabelledQuestion], readings: list[Reading]) -> list[Reading]:
+def batch_calibrated(
+    items: list[question_file.LabelledQuestion], readings: list[Reading]
+) -> list[Reading]:
     """Each answer's log-softmax minus the mean log-softmax of all the answers to its question."""
-    logs = [[max(s, LOG_FLOOR) for s in log_softmax(r.scores)] if not r.error else [] for r in readings]
+    logs = [
+        [max(s, LOG_FLOOR) for s in log_softmax(r.scores)] if not r.error else []
+        for r in readings
+    ]
     by_question: dict[str, list[list[float]]] = defaultdict(list)
     for item, log in zip(items, logs, strict=True):
         if log:
             by_question[question_id(item)].append(log)
-    means = {q: [sum(column) / len(column) for column in zip(*rows, strict=True)] for q, rows in by_question.items()}
+    means = {
+        q: [sum(column) / len(column) for column in zip(*rows, strict=True)]
+        for q, rows in by_question.items()
+    }
     out = []
     for item, log, reading in zip(items, logs, readings, strict=True):
         if reading.error:
             out.append(reading)
             continue
         mean = means[question_id(item)]
-        out.append(Reading([x - m for x, m in zip(log, mean, strict=True)], reading.temperature, reading.seconds))
+        out.append(
+            Reading(
+                [x - m for x, m in zip(log, mean, strict=True)],
+                reading.temperature,
+                reading.seconds,
+            )
+        )
     return out
 
 
@@ -57,26 +71,41 @@ def batch_calibrated(items: list[question_file.LabelledQuestion], readings: list
 
 def brier(probabilities: list[list[float]], correct: list[int]) -> float:
     return sum(
-        sum((p - (j == c)) ** 2 for j, p in enumerate(row)) for row, c in zip(probabilities, correct, strict=True)
+        sum((p - (j == c)) ** 2 for j, p in enumerate(row))
+        for row, c in zip(probabilities, correct, strict=True)
     ) / len(correct)
 
 
-def calibration_error(probabilities: list[list[float]], hits: list[bool], groups: list[str],
-                      seed: int) -> tuple[float, tuple[float, float]]:  # fmt: skip
+def calibration_error(
+    probabilities: list[list[float]], hits: list[bool], groups: list[str], seed: int
+) -> tuple[float, tuple[float, float]]:
     top = [max(row) for row in probabilities]
     return maths.ece(top, hits), maths.bootstrap_interval(top, hits, groups, seed=seed)
 
 
-def per_question(questions: list[str], correct: list[int], picked: list[int]) -> dict[str, Any]:
+def per_question(
+    questions: list[str], correct: list[int], picked: list[int]
+) -> dict[str, Any]:
     """Majority baseline, mean accuracy over distinct questions, top share and collapsed questions."""
     answers: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for q, c, p in zip(questions, correct, picked, strict=True):
         answers[q].append((c, p))
-    majority = sum(Counter(c for c, _ in pairs).most_common(1)[0][1] for pairs in answers.values())
-    accuracy = {q: sum(c == p for c, p in pairs) / len(pairs) for q, pairs in answers.items()}
+    majority = sum(
+        Counter(c for c, _ in pairs).most_common(1)[0][1] for pairs in answers.values()
+    )
+    accuracy = {
+        q: sum(c == p for c, p in pairs) / len(pairs) for q, pairs in answers.items()
+    }
     repeated = {q: pairs for q, pairs in answers.items() if len(pairs) >= 2}
-    share = {q: Counter(p for _, p in pairs).most_common(1)[0][1] / len(pairs) for q, pairs in repeated.items()}
-    collapsed = [q for q in repeated if share[q] > COLLAPSE_SHARE and accuracy[q] < COLLAPSE_ACCURACY]
+    share = {
+        q: Counter(p for _, p in pairs).most_common(1)[0][1] / len(pairs)
+        for q, pairs in repeated.items()
+    }
+    collapsed = [
+        q
+        for q in repeated
+        if share[q] > COLLAPSE_SHARE and accuracy[q] < COLLAPSE_ACCURACY
+    ]
     return {
         "majority_baseline": majority / len(questions),
         "distinct_questions": len(answers),
@@ -87,9 +116,13 @@ def per_question(questions: list[str], correct: list[int], picked: list[int]) ->
     }
 
 
-def metrics(items: list[question_file.LabelledQuestion], readings: list[Reading], seed: int) -> dict[str, Any]:
+def metrics(
+    items: list[question_file.LabelledQuestion], readings: list[Reading], seed: int
+) -> dict[str, Any]:
     """The figures over the answered ones of ``items``."""
-    answered = [(item, r) for item, r in zip(items, readings, strict=True) if not r.error]
+    answered = [
+        (item, r) for item, r in zip(items, readings, strict=True) if not r.error
+    ]
     if not answered:
         return {"questions": 0, "failed": len(items)}
     correct = [item.correct for item, _ in answered]
@@ -115,13 +148,17 @@ def metrics(items: list[question_file.LabelledQuestion], readings: list[Reading]
     }
 
 
-def row_metrics(items: list[question_file.LabelledQuestion], readings: list[Reading], seed: int) -> dict[str, Any]:
+def row_metrics(
+    items: list[question_file.LabelledQuestion], readings: list[Reading], seed: int
+) -> dict[str, Any]:
     """``metrics`` overall (``all``) and per question type."""
     kinds = sorted({item.question.qtype.name for item in items})
     out = {"all": metrics(items, readings, seed)}
     for kind in kinds:
         chosen = [i for i, item in enumerate(items) if item.question.qtype.name == kind]
-        out[kind] = metrics([items[i] for i in chosen], [readings[i] for i in chosen], seed)
+        out[kind] = metrics(
+            [items[i] for i in chosen], [readings[i] for i in chosen], seed
+        )
     return out
 
 
@@ -131,24 +168,56 @@ def first_errors(readings: list[Reading], count: int = 3) -> list[str]:
 
 # --- output -----------------------------------------------------------------------------------
 
-COLUMNS = ["row", "type", "n", "accuracy", "majority", "mean acc/q", "log loss", "Brier", "ECE raw [95%]",
-           "ECE calibrated [95%]", "top share", "collapsed", "s/decision", "ratio"]  # fmt: skip
+COLUMNS = [
+    "row",
+    "type",
+    "n",
+    "accuracy",
+    "majority",
+    "mean acc/q",
+    "log loss",
+    "Brier",
+    "ECE raw [95%]",
+    "ECE calibrated [95%]",
+    "top share",
+    "collapsed",
+    "s/decision",
+    "ratio",
+]
 
 
 def ece_cell(value: tuple[float, tuple[float, float]]) -> str:
     return f"{value[0]:.3f} [{value[1][0]:.2f}, {value[1][1]:.2f}]"
 
 
-def table_line(row: str, kind: str, m: dict[str, Any], base: dict[str, Any] | None) -> str:
+def table_line(
+    row: str, kind: str, m: dict[str, Any], base: dict[str, Any] | None
+) -> str:
     if not m["questions"]:
         return f"| {row} | {kind} | 0 | (every answer failed) |"
     seconds = m["seconds_per_decision"]
-    ratio = f"{seconds / base['seconds_per_decision']:.2f}x" if base and base.get("seconds_per_decision") else "-"
+    ratio = (
+        f"{seconds / base['seconds_per_decision']:.2f}x"
+        if base and base.get("seconds_per_decision")
+        else "-"
+    )
     share = "-" if m["top_share"] is None else f"{m['top_share']:.2f}"
-    cells = [row, kind, str(m["questions"]), f"{m['accuracy']:.3f}", f"{m['majority_baseline']:.3f}",
-             f"{m['mean_accuracy_per_question']:.3f}", f"{m['log_loss']:.3f}", f"{m['brier']:.3f}",
-             ece_cell(m["ece_raw"]), ece_cell(m["ece_calibrated"]), share, str(m["collapsed"]),
-             f"{seconds:.3f}", ratio]  # fmt: skip
+    cells = [
+        row,
+        kind,
+        str(m["questions"]),
+        f"{m['accuracy']:.3f}",
+        f"{m['majority_baseline']:.3f}",
+        f"{m['mean_accuracy_per_question']:.3f}",
+        f"{m['log_loss']:.3f}",
+        f"{m['brier']:.3f}",
+        ece_cell(m["ece_raw"]),
+        ece_cell(m["ece_calibrated"]),
+        share,
+        str(m["collapsed"]),
+        f"{seconds:.3f}",
+        ratio,
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -162,7 +231,11 @@ def table(results: dict[str, Any]) -> str:
             notes.append(f"{name}: unavailable ({row['unavailable']})")
             continue
         for kind, m in row["metrics"].items():
-            lines.append(table_line(name if kind == "all" else "", kind, m, base.get(kind)))
+            lines.append(
+                table_line(name if kind == "all" else "", kind, m, base.get(kind))
+            )
         if row["metrics"]["all"].get("failed"):
-            notes.append(f"{name}: {row['metrics']['all']['failed']} answers failed, e.g. {row['errors']}")
+            notes.append(
+                f"{name}: {row['metrics']['all']['failed']} answers failed, e.g. {row['errors']}"
+            )
     return "\n".join(lines + [""] + notes)

@@ -17,13 +17,21 @@ from vllm.entrypoints.generate.decisions.questions import NOUL, SCORE, CompiledQ
 
 
 # The rows ours answers: the request's extra block besides "detail".
-def extra(prior: str, labels: str = "letters", debias: str = "rotate:1") -> dict[str, Any]:
+def extra(
+    prior: str, labels: str = "letters", debias: str = "rotate:1"
+) -> dict[str, Any]:
     return {"prior": prior, "debias": debias, "backend_options": {"labels": labels}}
 
 
 OURS = {
-    **{mode: extra(mode) for mode in ("off", "content-free", "fitted", "content-free+fitted")},
-    **{"words" + ("" if m == "off" else f"+{m}"): extra(m, "words") for m in ("off", "content-free", "fitted")},
+    **{
+        mode: extra(mode)
+        for mode in ("off", "content-free", "fitted", "content-free+fitted")
+    },
+    **{
+        "words" + ("" if m == "off" else f"+{m}"): extra(m, "words")
+        for m in ("off", "content-free", "fitted")
+    },
     "default": {},
     "rotate": extra("off", debias="rotate"),
 }
@@ -60,12 +68,19 @@ def error_message(response: httpx.Response) -> str:
     error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         error = error.get("message", error)
-    if isinstance(body, dict) and isinstance(body.get("detail"), list):  # FastAPI's validation errors
-        error = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in body["detail"])
+    if isinstance(body, dict) and isinstance(
+        body.get("detail"), list
+    ):  # FastAPI's validation errors
+        error = "; ".join(
+            f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
+            for e in body["detail"]
+        )
     return str(error)[:300]
 
 
-async def post(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def post(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> dict[str, Any]:
     response = await http.post(path, json=body)
     if response.status_code != 200:
         raise RowRefused(response.status_code, error_message(response))
@@ -80,8 +95,15 @@ def served_scores(answer: dict[str, Any], keys: Sequence[str]) -> list[float]:
     return [-math.inf if logits.get(k) is None else float(logits[k]) for k in keys]
 
 
-async def ask_ours(http: httpx.AsyncClient, item: question_file.LabelledQuestion, extra: dict[str, Any]) -> Reading:
-    body = {"model": "m", "state": item.state, "questions": {"q": item.raw}, "extra": {"detail": "full", **extra}}
+async def ask_ours(
+    http: httpx.AsyncClient, item: question_file.LabelledQuestion, extra: dict[str, Any]
+) -> Reading:
+    body = {
+        "model": "m",
+        "state": item.state,
+        "questions": {"q": item.raw},
+        "extra": {"detail": "full", **extra},
+    }
     answer = (await post(http, "/v1/systemone", body))["answers"]["q"]
     keys = [option.key for option in item.question.options]
     temperature = answer["extra"]["audit"].get("calibration_temperature") or 1.0
@@ -103,16 +125,23 @@ def chat_prompt(item: question_file.LabelledQuestion) -> str:
     return "\n".join(lines)
 
 
-def generation_scores(reply: str, token_logprobs: Sequence[float], keys: Sequence[str]) -> list[float]:
+def generation_scores(
+    reply: str, token_logprobs: Sequence[float], keys: Sequence[str]
+) -> list[float]:
     """Log-probabilities for a generated key: its own from its tokens, the rest shared equally."""
     if reply not in keys:
         raise RowRefused(200, f"generated {reply!r}, not one of the options")
     chosen = math.exp(sum(token_logprobs))
     rest = max(1.0 - chosen, MASS_FLOOR) / max(len(keys) - 1, 1)
-    return [math.log(max(chosen, MASS_FLOOR)) if key == reply else math.log(rest) for key in keys]
+    return [
+        math.log(max(chosen, MASS_FLOOR)) if key == reply else math.log(rest)
+        for key in keys
+    ]
 
 
-async def ask_generation(http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str) -> Reading:
+async def ask_generation(
+    http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str
+) -> Reading:
     keys = plain_keys(item.question)
     body = {
         "model": model,
@@ -126,13 +155,26 @@ async def ask_generation(http: httpx.AsyncClient, item: question_file.LabelledQu
     }
     choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
     tokens = (choice.get("logprobs") or {}).get("content") or []
-    return Reading(generation_scores(choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys))
+    return Reading(
+        generation_scores(
+            choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys
+        )
+    )
 
 
-async def ask_upstream(http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str) -> Reading:
+async def ask_upstream(
+    http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str
+) -> Reading:
     body = {"model": model, "state": item.state, "questions": {"q": item.raw}}
-    probabilities = (await post(http, "/v1/systemone", body))["answers"]["q"]["probabilities"]
-    return Reading([math.log(max(float(probabilities[k]), 1e-300)) for k in plain_keys(item.question)])
+    probabilities = (await post(http, "/v1/systemone", body))["answers"]["q"][
+        "probabilities"
+    ]
+    return Reading(
+        [
+            math.log(max(float(probabilities[k]), 1e-300))
+            for k in plain_keys(item.question)
+        ]
+    )
 
 
 @dataclass

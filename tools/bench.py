@@ -62,11 +62,39 @@ import bench_bulk  # noqa: E402
 from serving import add_server_arguments, api_and_engine, serve, startup_seconds, stop  # noqa: E402
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlot, AnswerSlotPlacer  # noqa: E402
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+    AnswerSlot,
+    AnswerSlotPlacer,
+)  # noqa: E402
 from vllm.entrypoints.generate.decisions.prompting.prompt import messages  # noqa: E402
 from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion  # noqa: E402
 
-WORDS = ["ticket", "payout", "invoice", "refund", "account", "billing", "outage", "login", "error", "delay", "customer", "order", "shipment", "contract", "renewal", "discount", "priority", "escalation", "warehouse", "region", "weekly", "monthly", "report", "status"]  # fmt: skip
+WORDS = [
+    "ticket",
+    "payout",
+    "invoice",
+    "refund",
+    "account",
+    "billing",
+    "outage",
+    "login",
+    "error",
+    "delay",
+    "customer",
+    "order",
+    "shipment",
+    "contract",
+    "renewal",
+    "discount",
+    "priority",
+    "escalation",
+    "warehouse",
+    "region",
+    "weekly",
+    "monthly",
+    "report",
+    "status",
+]
 QUESTIONS = [f"Does the text mention {w}?" for w in WORDS[:16]]
 # The reads phase's rows: the request's extra block for each.
 READS = {
@@ -79,7 +107,9 @@ READS = {
 
 
 def state_of(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) + ("." if i % 12 == 11 else "") for i in range(words))
+    return " ".join(
+        rng.choice(WORDS) + ("." if i % 12 == 11 else "") for i in range(words)
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -96,7 +126,9 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 class Bench:
-    def __init__(self, url: str, model: str, tokenizer: Any, server_pid: int | None = None) -> None:
+    def __init__(
+        self, url: str, model: str, tokenizer: Any, server_pid: int | None = None
+    ) -> None:
         self.url, self.model = url, model
         self.client = httpx.AsyncClient(base_url=url, timeout=600)
         self.host = TokenizerOnlyHost(tokenizer)
@@ -110,10 +142,20 @@ class Bench:
         api_after, engine_after = api_and_engine(self.server_pid, cpu_seconds)
         return result, api_after - api, engine_after - engine
 
-    async def decide(self, state: str, questions: list[str], extra: dict[str, Any] | None = None,
-                     model: str | None = None, **backend_options: Any) -> tuple[float, dict]:  # fmt: skip
-        body = {"model": model or self.model, "input": state, "extra": {"backend_options": backend_options, **(extra or {})},
-                "questions": [{"type": "predicate", "instructions": q} for q in questions]}  # fmt: skip
+    async def decide(
+        self,
+        state: str,
+        questions: list[str],
+        extra: dict[str, Any] | None = None,
+        model: str | None = None,
+        **backend_options: Any,
+    ) -> tuple[float, dict]:
+        body = {
+            "model": model or self.model,
+            "input": state,
+            "extra": {"backend_options": backend_options, **(extra or {})},
+            "questions": [{"type": "predicate", "instructions": q} for q in questions],
+        }
         started = time.perf_counter()
         response = await self.client.post("/v1/decisions", json=body)
         elapsed = time.perf_counter() - started
@@ -123,13 +165,22 @@ class Bench:
     async def slot(self, state: str, question: str) -> AnswerSlot:
         """The prompt tokens and label ids of a yes/no decision's read, rendered here in full."""
         compiled = NOUL.compile(NoulQuestion(instructions=question))
-        return self.placer.place(await self.host.render_chat(messages(state, compiled, ["A", "B"])), ["A", "B"])
+        return self.placer.place(
+            await self.host.render_chat(messages(state, compiled, ["A", "B"])),
+            ["A", "B"],
+        )
 
     async def bare_read(self, state: str, question: str) -> tuple[float, int]:
         """The same prompt tokens and label ids as the decision's read, through /v1/completions."""
         slot = await self.slot(state, question)
-        body = {"model": self.model, "prompt": slot.prompt_ids, "max_tokens": 1, "temperature": 0, "logprobs": 2,
-                "logprob_token_ids": slot.label_ids}  # fmt: skip
+        body = {
+            "model": self.model,
+            "prompt": slot.prompt_ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": 2,
+            "logprob_token_ids": slot.label_ids,
+        }
         started = time.perf_counter()
         response = await self.client.post("/v1/completions", json=body)
         elapsed = time.perf_counter() - started
@@ -138,12 +189,22 @@ class Bench:
 
     async def overhead(self, rng: random.Random, rounds: int) -> dict[str, Any]:
         ours, bare, mismatched = [], [], 0
-        cpu: dict[str, list[float]] = {"ours_api": [], "ours_engine": [], "bare_api": [], "bare_engine": []}
+        cpu: dict[str, list[float]] = {
+            "ours_api": [],
+            "ours_engine": [],
+            "bare_api": [],
+            "bare_engine": [],
+        }
         for i in range(rounds):
-            pair = [state_of(rng, 150), state_of(rng, 150)]  # distinct states: no cache for either side
+            pair = [
+                state_of(rng, 150),
+                state_of(rng, 150),
+            ]  # distinct states: no cache for either side
             for side in ("bare", "ours") if i % 2 == 0 else ("ours", "bare"):
                 if side == "bare":
-                    (t_bare, _), api, engine = await self.metered(self.bare_read(pair[0], QUESTIONS[0]))
+                    (t_bare, _), api, engine = await self.metered(
+                        self.bare_read(pair[0], QUESTIONS[0])
+                    )
                     bare.append(t_bare)
                 else:
                     (t_ours, body), api, engine = await self.metered(
@@ -153,14 +214,26 @@ class Bench:
                 cpu[f"{side}_api"].append(api)
                 cpu[f"{side}_engine"].append(engine)
             expected = len((await self.slot(pair[1], QUESTIONS[0])).prompt_ids)
-            mismatched += body["answers"][0]["extra"]["audit"]["input_tokens"] != expected
-        return {"rounds": rounds, "decision_p50_s": pct(ours, 0.5), "decision_p95_s": pct(ours, 0.95),
-                "bare_p50_s": pct(bare, 0.5), "bare_p95_s": pct(bare, 0.95),
-                "ratio_p50": pct(ours, 0.5) / pct(bare, 0.5), "ratio_p95": pct(ours, 0.95) / pct(bare, 0.95),
-                "cpu_ms_per_request": {k: 1000 * sum(v) / len(v) for k, v in cpu.items()},  # ticks are 10 ms
-                "prompt_length_mismatches": mismatched}  # fmt: skip  # against rendering here in full
+            mismatched += (
+                body["answers"][0]["extra"]["audit"]["input_tokens"] != expected
+            )
+        return {
+            "rounds": rounds,
+            "decision_p50_s": pct(ours, 0.5),
+            "decision_p95_s": pct(ours, 0.95),
+            "bare_p50_s": pct(bare, 0.5),
+            "bare_p95_s": pct(bare, 0.95),
+            "ratio_p50": pct(ours, 0.5) / pct(bare, 0.5),
+            "ratio_p95": pct(ours, 0.95) / pct(bare, 0.95),
+            "cpu_ms_per_request": {
+                k: 1000 * sum(v) / len(v) for k, v in cpu.items()
+            },  # ticks are 10 ms
+            "prompt_length_mismatches": mismatched,
+        }  # against rendering here in full
 
-    async def shared_input(self, rng: random.Random, words: int, repeats: int) -> dict[str, Any]:
+    async def shared_input(
+        self, rng: random.Random, words: int, repeats: int
+    ) -> dict[str, Any]:
         runs = [await self.shared_input_once(rng, words) for _ in range(repeats)]
         result = {key: median(run[key] for run in runs) for key in runs[0]}
         result["repeats"] = repeats
@@ -168,68 +241,119 @@ class Bench:
 
     async def shared_input_once(self, rng: random.Random, words: int) -> dict[str, Any]:
         n = len(QUESTIONS)
-        state_a, state_b = state_of(rng, words), state_of(rng, words)  # fresh states: both start uncached
+        state_a, state_b = (
+            state_of(rng, words),
+            state_of(rng, words),
+        )  # fresh states: both start uncached
         (t_one, body), api_one, _ = await self.metered(self.decide(state_a, QUESTIONS))
         usage = body["usage"]
         singles, single_in, single_cached, api_singles = [], 0, 0, 0.0
         for question in QUESTIONS:
-            (elapsed, single), api, _ = await self.metered(self.decide(state_b, [question]))
+            (elapsed, single), api, _ = await self.metered(
+                self.decide(state_b, [question])
+            )
             singles.append(elapsed)
             api_singles += api
             single_in += single["usage"]["input_tokens"]
             single_cached += single["usage"]["input_tokens_details"]["cached_tokens"]
         # Where the time goes: the same questions again on state_b, now cached, all in one request.
         t_cached_batch, _ = await self.decide(state_b, QUESTIONS[1:])
-        first, later, shared_later = singles[0], sum(singles[1:]) / (n - 1), t_cached_batch / (n - 1)
-        return {"state_tokens": usage["input_tokens"] // n, "questions": n,
-                "one_request_s_per_decision": t_one / n,
-                "single_requests_s_per_decision": sum(singles) / n,
-                "ratio": sum(singles) / t_one,
-                "one_request_cached_share": usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"],
-                "single_requests_cached_share": single_cached / single_in,
-                "api_cpu_ms_per_decision_one_request": 1000 * api_one / n,
-                "api_cpu_ms_per_decision_single_requests": 1000 * api_singles / n,
-                "first_prefill_s": first, "cached_question_own_request_s": later,
-                "cached_question_in_shared_request_s": shared_later,
-                "ratio_ceiling": (first + (n - 1) * later) / (first + (n - 1) * shared_later)}  # fmt: skip
+        first, later, shared_later = (
+            singles[0],
+            sum(singles[1:]) / (n - 1),
+            t_cached_batch / (n - 1),
+        )
+        return {
+            "state_tokens": usage["input_tokens"] // n,
+            "questions": n,
+            "one_request_s_per_decision": t_one / n,
+            "single_requests_s_per_decision": sum(singles) / n,
+            "ratio": sum(singles) / t_one,
+            "one_request_cached_share": usage["input_tokens_details"]["cached_tokens"]
+            / usage["input_tokens"],
+            "single_requests_cached_share": single_cached / single_in,
+            "api_cpu_ms_per_decision_one_request": 1000 * api_one / n,
+            "api_cpu_ms_per_decision_single_requests": 1000 * api_singles / n,
+            "first_prefill_s": first,
+            "cached_question_own_request_s": later,
+            "cached_question_in_shared_request_s": shared_later,
+            "ratio_ceiling": (first + (n - 1) * later)
+            / (first + (n - 1) * shared_later),
+        }
 
-    async def reads(self, rng: random.Random, words: int, rounds: int) -> dict[str, Any]:
+    async def reads(
+        self, rng: random.Random, words: int, rounds: int
+    ) -> dict[str, Any]:
         """Each way of reading (READS) on fresh states, interleaved; seconds and prompt tokens per decision."""
         seconds: dict[str, list[float]] = {row: [] for row in READS}
         tokens = dict.fromkeys(READS, 0)
         modes: dict[str, set[str]] = {row: set() for row in READS}
-        await self.decide(state_of(rng, 50), QUESTIONS, READS["content-free, cached"])  # the cache warmed
+        await self.decide(
+            state_of(rng, 50), QUESTIONS, READS["content-free, cached"]
+        )  # the cache warmed
         for round_ in range(rounds):
             order = list(READS)
             rng.shuffle(order)
             for row in order:
                 # A cold row asks questions worded for this round only: their neutral reads are new.
-                questions = [f"{q} (round {round_})" for q in QUESTIONS] if row.endswith("cold") else QUESTIONS
-                elapsed, body = await self.decide(state_of(rng, words), questions, READS[row])
+                questions = (
+                    [f"{q} (round {round_})" for q in QUESTIONS]
+                    if row.endswith("cold")
+                    else QUESTIONS
+                )
+                elapsed, body = await self.decide(
+                    state_of(rng, words), questions, READS[row]
+                )
                 seconds[row].append(elapsed / len(questions))
-                tokens[row] += body["usage"]["input_tokens"] - body["usage"]["input_tokens_details"]["cached_tokens"]
-                modes[row] |= {a["extra"]["audit"].get("prior", {}).get("mode", "off") for a in body["answers"]}
+                tokens[row] += (
+                    body["usage"]["input_tokens"]
+                    - body["usage"]["input_tokens_details"]["cached_tokens"]
+                )
+                modes[row] |= {
+                    a["extra"]["audit"].get("prior", {}).get("mode", "off")
+                    for a in body["answers"]
+                }
         base = median(seconds["off"])
-        return {row: {"s_per_decision": median(v), "ratio": median(v) / base, "modes": sorted(modes[row]),
-                      "computed_tokens_per_decision": tokens[row] / (rounds * len(QUESTIONS))}
-                for row, v in seconds.items()} | {"rounds": rounds, "words": words}  # fmt: skip
+        return {
+            row: {
+                "s_per_decision": median(v),
+                "ratio": median(v) / base,
+                "modes": sorted(modes[row]),
+                "computed_tokens_per_decision": tokens[row] / (rounds * len(QUESTIONS)),
+            }
+            for row, v in seconds.items()
+        } | {"rounds": rounds, "words": words}
 
-    async def adapter(self, rng: random.Random, adapter: str, rounds: int) -> dict[str, Any]:
+    async def adapter(
+        self, rng: random.Random, adapter: str, rounds: int
+    ) -> dict[str, Any]:
         """Seconds per decision through ``adapter`` and through the base model, interleaved, fresh states."""
         rows = {}
-        for name, questions, words, count in (("one question", QUESTIONS[:1], 150, rounds),
-                                              ("16 questions, one request", QUESTIONS, 800, max(rounds // 4, 3))):  # fmt: skip
+        for name, questions, words, count in (
+            ("one question", QUESTIONS[:1], 150, rounds),
+            ("16 questions, one request", QUESTIONS, 800, max(rounds // 4, 3)),
+        ):
             seconds: dict[str, list[float]] = {"base": [], "adapter": []}
             for i in range(count):
                 for side in ("base", "adapter") if i % 2 == 0 else ("adapter", "base"):
-                    elapsed, _ = await self.decide(state_of(rng, words), questions,
-                                                   model=adapter if side == "adapter" else None)  # fmt: skip
+                    elapsed, _ = await self.decide(
+                        state_of(rng, words),
+                        questions,
+                        model=adapter if side == "adapter" else None,
+                    )
                     seconds[side].append(elapsed / len(questions))
             base, through = median(seconds["base"]), median(seconds["adapter"])
-            rows[name] = {"rounds": count, "base_s": base, "adapter_s": through, "ratio": through / base}
+            rows[name] = {
+                "rounds": count,
+                "base_s": base,
+                "adapter_s": through,
+                "ratio": through / base,
+            }
         return rows
 
-    async def concurrency(self, rng: random.Random, in_flight: int, total: int) -> dict[str, Any]:
+    async def concurrency(
+        self, rng: random.Random, in_flight: int, total: int
+    ) -> dict[str, Any]:
         states = [state_of(rng, 150) for _ in range(total)]
         queue: asyncio.Queue[str] = asyncio.Queue()
         for s in states:
@@ -241,28 +365,57 @@ class Bench:
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(in_flight)))
-        return {"in_flight": in_flight, "decisions": total, "per_second": total / (time.perf_counter() - started)}
+        return {
+            "in_flight": in_flight,
+            "decisions": total,
+            "per_second": total / (time.perf_counter() - started),
+        }
 
     async def board(self, rng: random.Random, rounds: int) -> dict[str, Any]:
-        times = [(await self.decide(state_of(rng, 120), [QUESTIONS[2]]))[0] for _ in range(rounds)]
+        times = [
+            (await self.decide(state_of(rng, 120), [QUESTIONS[2]]))[0]
+            for _ in range(rounds)
+        ]
         p50, p95 = pct(times, 0.5), pct(times, 0.95)
-        return {"rounds": rounds, "p50_s": p50, "p95_s": p95, "speed_score": (speed_score(p50) + speed_score(p95)) / 2}
+        return {
+            "rounds": rounds,
+            "p50_s": p50,
+            "p95_s": p95,
+            "speed_score": (speed_score(p50) + speed_score(p95)) / 2,
+        }
 
 
-async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server_pid: int | None,
-                  reads: str = "", adapter: str | None = None) -> dict[str, Any]:  # fmt: skip
+async def measure(
+    url: str,
+    model: str,
+    tokenizer_path: str,
+    quick: bool,
+    server_pid: int | None,
+    reads: str = "",
+    adapter: str | None = None,
+) -> dict[str, Any]:
     """Every phase; ``reads``: "" without the reads phase, "also" with it, "only" for it alone; with
     ``adapter``, the adapter phase alone."""
     from transformers import AutoTokenizer
 
     bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path), server_pid)
     rng = random.Random(0)
-    await bench.decide("warm-up", [QUESTIONS[0]])  # first-request costs are not what we measure
+    await bench.decide(
+        "warm-up", [QUESTIONS[0]]
+    )  # first-request costs are not what we measure
     results: dict[str, Any] = {}
     if adapter is not None:
-        probe = {"model": adapter, "input": "warm-up", "questions": [{"type": "predicate", "instructions": "?"}]}
-        while (response := await bench.client.post("/v1/decisions", json=probe)).status_code == 503:
-            if "retry-after" not in response.headers:  # its own startup check refused it
+        probe = {
+            "model": adapter,
+            "input": "warm-up",
+            "questions": [{"type": "predicate", "instructions": "?"}],
+        }
+        while (
+            response := await bench.client.post("/v1/decisions", json=probe)
+        ).status_code == 503:
+            if (
+                "retry-after" not in response.headers
+            ):  # its own startup check refused it
                 raise SystemExit(f"the adapter serves no decisions: {response.text}")
             await asyncio.sleep(1)
         results["adapter"] = await bench.adapter(rng, adapter, 8 if quick else 24)
@@ -274,15 +427,20 @@ async def measure(url: str, model: str, tokenizer_path: str, quick: bool, server
         await bench.client.aclose()
         return results
     results["overhead"] = await bench.overhead(rng, 10 if quick else 40)
-    results["shared_input"] = [await bench.shared_input(rng, words, 1 if quick else 3) for words in (800, 3400)]
-    results["concurrency"] = [await bench.concurrency(rng, n, 8 if quick else 24) for n in (1, 4, 8)]
+    results["shared_input"] = [
+        await bench.shared_input(rng, words, 1 if quick else 3) for words in (800, 3400)
+    ]
+    results["concurrency"] = [
+        await bench.concurrency(rng, n, 8 if quick else 24) for n in (1, 4, 8)
+    ]
     results["board"] = await bench.board(rng, 10 if quick else 30)
     await bench.client.aclose()
     return results
 
 
-async def calibration_cost(url: str, model: str, tokenizer_path: str, calibration_dir: str,
-                           rounds: int = 8) -> dict[str, Any]:  # fmt: skip
+async def calibration_cost(
+    url: str, model: str, tokenizer_path: str, calibration_dir: str, rounds: int = 8
+) -> dict[str, Any]:
     """What the startup calibration just made cost, in units that travel between machines: its seconds
     (from its saved record), the engine reads the server made before its first answer (the startup
     self-check's few and the calibration's; vllm:decision_engine_read_latency_seconds, phase startup), and
@@ -291,42 +449,66 @@ async def calibration_cost(url: str, model: str, tokenizer_path: str, calibratio
     from transformers import AutoTokenizer
 
     record = next(
-        (r for f in sorted(Path(calibration_dir).glob("calibration-*.json")) if "seconds" in (r := json.loads(f.read_text()))),
+        (
+            r
+            for f in sorted(Path(calibration_dir).glob("calibration-*.json"))
+            if "seconds" in (r := json.loads(f.read_text()))
+        ),
         None,
-    )  # fmt: skip
-    if record is None:  # it failed (T = 1.0): the startup line still says how long it took
+    )
+    if (
+        record is None
+    ):  # it failed (T = 1.0): the startup line still says how long it took
         return {"failed": "no successful calibration saved in " + calibration_dir}
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     reads = sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
-        if line.startswith("vllm:decision_engine_read_latency_seconds_count{") and 'phase="startup"' in line
+        if line.startswith("vllm:decision_engine_read_latency_seconds_count{")
+        and 'phase="startup"' in line
     )
     bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path))
     rng = random.Random(1)
-    plain = [(await bench.bare_read(state_of(rng, 20), QUESTIONS[i % len(QUESTIONS)]))[0] for i in range(rounds)]
+    plain = [
+        (await bench.bare_read(state_of(rng, 20), QUESTIONS[i % len(QUESTIONS)]))[0]
+        for i in range(rounds)
+    ]
     await bench.client.aclose()
     seconds, plain_s = float(record["seconds"]), pct(plain, 0.5)
-    return {"calibration_s": seconds, "questions": record["questions"]["used"], "startup_engine_reads": int(reads),
-            "plain_read_p50_s": plain_s, "seconds_per_read": seconds / max(reads, 1),
-            "in_plain_reads": seconds / plain_s}  # fmt: skip
+    return {
+        "calibration_s": seconds,
+        "questions": record["questions"]["used"],
+        "startup_engine_reads": int(reads),
+        "plain_read_p50_s": plain_s,
+        "seconds_per_read": seconds / max(reads, 1),
+        "in_plain_reads": seconds / plain_s,
+    }
 
 
 def reads_table(reads: dict[str, Any]) -> str:
-    lines = [f"16 questions over a fresh ~{reads['words']}-word state, {reads['rounds']} rounds (median per decision):",
-             "| read | s per decision | ratio to off | prompt tokens computed per decision | corrections applied |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"16 questions over a fresh ~{reads['words']}-word state, {reads['rounds']} rounds (median per decision):",
+        "| read | s per decision | ratio to off | prompt tokens computed per decision | corrections applied |",
+        "|---|---|---|---|---|",
+    ]
     for row in READS:
         r = reads[row]
-        lines.append(f"| {row} | {r['s_per_decision']:.3f} | {r['ratio']:.2f} | "
-                     f"{r['computed_tokens_per_decision']:.0f} | {', '.join(r['modes'])} |")  # fmt: skip
+        lines.append(
+            f"| {row} | {r['s_per_decision']:.3f} | {r['ratio']:.2f} | "
+            f"{r['computed_tokens_per_decision']:.0f} | {', '.join(r['modes'])} |"
+        )
     return "\n".join(lines)
 
 
 def adapter_table(rows: dict[str, Any]) -> str:
-    lines = ["| decisions | base model, s per decision (p50) | through the adapter | ratio |", "|---|---|---|---|"]
-    lines += [f"| {name} ({r['rounds']} rounds) | {r['base_s']:.3f} | {r['adapter_s']:.3f} | {r['ratio']:.2f} |"
-              for name, r in rows.items()]  # fmt: skip
+    lines = [
+        "| decisions | base model, s per decision (p50) | through the adapter | ratio |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} ({r['rounds']} rounds) | {r['base_s']:.3f} | {r['adapter_s']:.3f} | {r['ratio']:.2f} |"
+        for name, r in rows.items()
+    ]
     return "\n".join(lines)
 
 
@@ -336,30 +518,45 @@ def table(results: dict[str, Any]) -> str:
     if "overhead" not in results:
         return reads_table(results["reads"])
     o = results["overhead"]
-    lines = ["| measure | ours | baseline | ratio |", "|---|---|---|---|",
-             f"| one question, p50 (s) | {o['decision_p50_s']:.3f} | {o['bare_p50_s']:.3f} /v1/completions | {o['ratio_p50']:.2f} |",
-             f"| one question, p95 (s) | {o['decision_p95_s']:.3f} | {o['bare_p95_s']:.3f} /v1/completions | {o['ratio_p95']:.2f} |"]  # fmt: skip
-    lines.append(f"| one question: prompt tokens equal to rendering in full here | "
-                 f"{o['rounds'] - o['prompt_length_mismatches']}/{o['rounds']} | | |")  # fmt: skip
+    lines = [
+        "| measure | ours | baseline | ratio |",
+        "|---|---|---|---|",
+        f"| one question, p50 (s) | {o['decision_p50_s']:.3f} | {o['bare_p50_s']:.3f} /v1/completions | {o['ratio_p50']:.2f} |",
+        f"| one question, p95 (s) | {o['decision_p95_s']:.3f} | {o['bare_p95_s']:.3f} /v1/completions | {o['ratio_p95']:.2f} |",
+    ]
+    lines.append(
+        f"| one question: prompt tokens equal to rendering in full here | "
+        f"{o['rounds'] - o['prompt_length_mismatches']}/{o['rounds']} | | |"
+    )
     c = o["cpu_ms_per_request"]
     if c["ours_api"] or c["bare_api"]:
         lines += [
-            f"| one question: API-server CPU ms per request | {c['ours_api']:.1f} | {c['bare_api']:.1f} | "
-            f"{c['ours_api'] / max(c['bare_api'], 1e-9):.2f} |",
-            f"| one question: engine CPU ms per request | {c['ours_engine']:.0f} | {c['bare_engine']:.0f} | "
-            f"{c['ours_engine'] / max(c['bare_engine'], 1e-9):.2f} |",
+            (
+                f"| one question: API-server CPU ms per request | {c['ours_api']:.1f} | {c['bare_api']:.1f} | "
+                f"{c['ours_api'] / max(c['bare_api'], 1e-9):.2f} |"
+            ),
+            (
+                f"| one question: engine CPU ms per request | {c['ours_engine']:.0f} | {c['bare_engine']:.0f} | "
+                f"{c['ours_engine'] / max(c['bare_engine'], 1e-9):.2f} |"
+            ),
         ]
     for s in results["shared_input"]:
         size = f"16 questions, ~{s['state_tokens']}-token prompt"
         lines += [
-            f"| {size}: s per decision | {s['one_request_s_per_decision']:.3f} "
-            f"(one request, {s['one_request_cached_share']:.0%} cached) | {s['single_requests_s_per_decision']:.3f} "
-            f"(16 requests, {s['single_requests_cached_share']:.0%} cached) | {s['ratio']:.1f}x cheaper |",
-            f"| {size}: API-server CPU ms per decision | {s['api_cpu_ms_per_decision_one_request']:.1f} | "
-            f"{s['api_cpu_ms_per_decision_single_requests']:.1f} | |",
-            f"| {size}: where the time goes (s) | first prefill {s['first_prefill_s']:.3f}; a cached question "
-            f"{s['cached_question_in_shared_request_s']:.3f} sharing a request | "
-            f"{s['cached_question_own_request_s']:.3f} as its own request | ceiling {s['ratio_ceiling']:.1f}x |",
+            (
+                f"| {size}: s per decision | {s['one_request_s_per_decision']:.3f} "
+                f"(one request, {s['one_request_cached_share']:.0%} cached) | {s['single_requests_s_per_decision']:.3f} "
+                f"(16 requests, {s['single_requests_cached_share']:.0%} cached) | {s['ratio']:.1f}x cheaper |"
+            ),
+            (
+                f"| {size}: API-server CPU ms per decision | {s['api_cpu_ms_per_decision_one_request']:.1f} | "
+                f"{s['api_cpu_ms_per_decision_single_requests']:.1f} | |"
+            ),
+            (
+                f"| {size}: where the time goes (s) | first prefill {s['first_prefill_s']:.3f}; a cached question "
+                f"{s['cached_question_in_shared_request_s']:.3f} sharing a request | "
+                f"{s['cached_question_own_request_s']:.3f} as its own request | ceiling {s['ratio_ceiling']:.1f}x |"
+            ),
         ]
     base = results["concurrency"][0]["per_second"]
     for c in results["concurrency"]:
@@ -372,13 +569,17 @@ def table(results: dict[str, Any]) -> str:
     )
     if "startup" in results:
         st = results["startup"]
-        lines.append(f"| startup: /health to first decision (s) | {st['with_saved_calibration_s']:.1f} with a saved calibration "
-                     f"| {st['calibrating_s']:.1f} calibrating | |")  # fmt: skip
+        lines.append(
+            f"| startup: /health to first decision (s) | {st['with_saved_calibration_s']:.1f} with a saved calibration "
+            f"| {st['calibrating_s']:.1f} calibrating | |"
+        )
         if "calibration_s" in st.get("calibration", {}):
             c = st["calibration"]
-            lines.append(f"| startup calibration: {c['questions']} questions, {c['startup_engine_reads']} engine reads before "
-                         f"the first answer | {c['calibration_s']:.0f} s ({c['seconds_per_read'] * 1000:.0f} ms a read) | "
-                         f"plain read p50 {c['plain_read_p50_s'] * 1000:.0f} ms | {c['in_plain_reads']:.0f} plain reads |")  # fmt: skip
+            lines.append(
+                f"| startup calibration: {c['questions']} questions, {c['startup_engine_reads']} engine reads before "
+                f"the first answer | {c['calibration_s']:.0f} s ({c['seconds_per_read'] * 1000:.0f} ms a read) | "
+                f"plain read p50 {c['plain_read_p50_s'] * 1000:.0f} ms | {c['in_plain_reads']:.0f} plain reads |"
+            )
     if "reads" in results:
         lines += ["", reads_table(results["reads"])]
     return "\n".join(lines)
@@ -391,27 +592,69 @@ def adapter_phase(args: argparse.Namespace) -> dict[str, Any]:
     port = 8190
     with tempfile.TemporaryDirectory() as folder:
         adapter = build(Path(args.model), Path(folder) / "adapter")
-        lora = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={adapter}"]
+        lora = [
+            "--enable-lora",
+            "--max-lora-rank",
+            "8",
+            "--lora-modules",
+            f"adapter={adapter}",
+        ]
         # Cost only: no calibration, and no self-check refusal (a random adapter wrecks the answers).
-        env = {"VLLM_TYPED_DECISIONS_TEMPERATURE": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0"}
-        process = serve(args.model, port, folder, Path(folder) / "serve.log", env, args.dtype, lora)
+        env = {
+            "VLLM_TYPED_DECISIONS_TEMPERATURE": "1",
+            "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+        }
+        process = serve(
+            args.model, port, folder, Path(folder) / "serve.log", env, args.dtype, lora
+        )
         try:
             startup_seconds(f"http://127.0.0.1:{port}", process)
-            return asyncio.run(measure(f"http://127.0.0.1:{port}", args.model, args.model, args.quick, process.pid,
-                                       adapter="adapter"))  # fmt: skip
+            return asyncio.run(
+                measure(
+                    f"http://127.0.0.1:{port}",
+                    args.model,
+                    args.model,
+                    args.quick,
+                    process.pid,
+                    adapter="adapter",
+                )
+            )
         finally:
             stop(process)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_server_arguments(parser, "the CPU columns")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a result)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds (a smoke run, not a result)"
+    )
     parser.add_argument("--json", default="bench-results.json")
-    parser.add_argument("--bulk-lines", type=int, default=0, help="add the bulk phase with this many batch lines")
-    parser.add_argument("--reads", action="store_const", const="also", default="", help="add the reads phase")
-    parser.add_argument("--only-reads", dest="reads", action="store_const", const="only", help="the reads phase alone")
-    parser.add_argument("--adapter", action="store_true", help="the adapter phase alone (own server)")
+    parser.add_argument(
+        "--bulk-lines",
+        type=int,
+        default=0,
+        help="add the bulk phase with this many batch lines",
+    )
+    parser.add_argument(
+        "--reads",
+        action="store_const",
+        const="also",
+        default="",
+        help="add the reads phase",
+    )
+    parser.add_argument(
+        "--only-reads",
+        dest="reads",
+        action="store_const",
+        const="only",
+        help="the reads phase alone",
+    )
+    parser.add_argument(
+        "--adapter", action="store_true", help="the adapter phase alone (own server)"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {"model": args.model, "date": time.strftime("%Y-%m-%d")}
     if args.adapter:
@@ -419,19 +662,31 @@ def main() -> int:
     elif args.port:
         url = f"http://127.0.0.1:{args.port}"
         served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        results.update(asyncio.run(measure(url, served, args.model, args.quick, args.server_pid, args.reads)))
+        results.update(
+            asyncio.run(
+                measure(
+                    url, served, args.model, args.quick, args.server_pid, args.reads
+                )
+            )
+        )
     else:
         port = 8190
         url = f"http://127.0.0.1:{port}"
         with tempfile.TemporaryDirectory() as calibration_dir:
             logs = Path(calibration_dir)
-            process = serve(args.model, port, calibration_dir, logs / "first.log", dtype=args.dtype)
+            process = serve(
+                args.model, port, calibration_dir, logs / "first.log", dtype=args.dtype
+            )
             try:
                 calibrating = startup_seconds(url, process)
-                cost = asyncio.run(calibration_cost(url, "m", args.model, calibration_dir))
+                cost = asyncio.run(
+                    calibration_cost(url, "m", args.model, calibration_dir)
+                )
             finally:
                 stop(process)
-            process = serve(args.model, port, calibration_dir, logs / "second.log", dtype=args.dtype)
+            process = serve(
+                args.model, port, calibration_dir, logs / "second.log", dtype=args.dtype
+            )
             try:
                 saved = startup_seconds(url, process)
                 results["startup"] = {
@@ -439,7 +694,18 @@ def main() -> int:
                     "with_saved_calibration_s": saved,
                     "calibration": cost,
                 }
-                results.update(asyncio.run(measure(url, args.model, args.model, args.quick, process.pid, args.reads)))
+                results.update(
+                    asyncio.run(
+                        measure(
+                            url,
+                            args.model,
+                            args.model,
+                            args.quick,
+                            process.pid,
+                            args.reads,
+                        )
+                    )
+                )
             finally:
                 stop(process)
     if args.bulk_lines and not args.port:

@@ -17,22 +17,57 @@ import sys
 
 import httpx
 
-ITEMS = ["apple", "river", "candle", "violin", "harbor", "falcon", "meadow", "copper", "lantern", "glacier",
-         "saddle", "orchid", "compass", "tunnel", "marble", "thistle", "beacon", "walnut", "anchor", "prism"]  # fmt: skip
+ITEMS = [
+    "apple",
+    "river",
+    "candle",
+    "violin",
+    "harbor",
+    "falcon",
+    "meadow",
+    "copper",
+    "lantern",
+    "glacier",
+    "saddle",
+    "orchid",
+    "compass",
+    "tunnel",
+    "marble",
+    "thistle",
+    "beacon",
+    "walnut",
+    "anchor",
+    "prism",
+]
 
 
 def question(size: int, rng: random.Random) -> tuple[str, dict, str]:
     names = [f"{rng.choice(ITEMS)}-{i}" for i in range(size)]
     answer = rng.randrange(size)
     state = f"Inventory note: the only item that shipped today was {names[answer]}. Everything else is on hold."
-    return state, {"type": "choice", "instructions": "Which item shipped today?",
-                   "choices": [{"value": name} for name in names]}, names[answer]  # fmt: skip
+    return (
+        state,
+        {
+            "type": "choice",
+            "instructions": "Which item shipped today?",
+            "choices": [{"value": name} for name in names],
+        },
+        names[answer],
+    )
 
 
-def ask(client: httpx.Client, state: str, q: dict, readout: str) -> tuple[float, str, int]:
-    model = client.get("/v1/models").json()["data"][0]["id"]  # the name the server serves its model under
-    body = {"model": model, "input": state, "questions": [q],
-            "extra": {"detail": "full", "backend_options": {"readout": readout}}}  # fmt: skip
+def ask(
+    client: httpx.Client, state: str, q: dict, readout: str
+) -> tuple[float, str, int]:
+    model = client.get("/v1/models").json()["data"][0][
+        "id"
+    ]  # the name the server serves its model under
+    body = {
+        "model": model,
+        "input": state,
+        "questions": [q],
+        "extra": {"detail": "full", "backend_options": {"readout": readout}},
+    }
     response = client.post("/v1/decisions", json=body)
     response.raise_for_status()
     answer = response.json()["answers"][0]
@@ -62,7 +97,11 @@ def main() -> int:
             for _ in range(args.questions):
                 state, q, expected = question(size, rng)
                 # Alternate which readout goes first, so neither always gets the warmer prefix cache.
-                order = ["wide-direct", "two-stage"] if len(wide) % 2 == 0 else ["two-stage", "wide-direct"]
+                order = (
+                    ["wide-direct", "two-stage"]
+                    if len(wide) % 2 == 0
+                    else ["two-stage", "wide-direct"]
+                )
                 results = {readout: ask(client, state, q, readout) for readout in order}
                 wide.append(results["wide-direct"][0])
                 two.append(results["two-stage"][0])

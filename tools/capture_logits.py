@@ -20,7 +20,9 @@ from vllm.entrypoints.generate.decisions.calibration import question_file
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("questions")
     parser.add_argument("out")
     parser.add_argument("--port", type=int, default=8000)
@@ -29,22 +31,44 @@ def main() -> int:
     questions = question_file.load(args.questions)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     answered = 0
-    with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=300, headers=headers) as client, \
-            open(args.out, "w", encoding="utf-8") as out:  # fmt: skip
+    with (
+        httpx.Client(
+            base_url=f"http://127.0.0.1:{args.port}", timeout=300, headers=headers
+        ) as client,
+        open(args.out, "w", encoding="utf-8") as out,
+    ):
         for item in questions.questions:
-            body = {"state": item.state, "questions": {"q": item.raw}, "extra": {"detail": "full"}}
+            body = {
+                "state": item.state,
+                "questions": {"q": item.raw},
+                "extra": {"detail": "full"},
+            }
             response = client.post("/v1/systemone", json=body)
             if response.status_code != 200:
-                print(f"{item.id}: {response.status_code} {response.text[:200]}", file=sys.stderr)
+                print(
+                    f"{item.id}: {response.status_code} {response.text[:200]}",
+                    file=sys.stderr,
+                )
                 continue
-            logits = response.json()["answers"]["q"]["extra"]["backend"]["option_logits"]
+            logits = response.json()["answers"]["q"]["extra"]["backend"][
+                "option_logits"
+            ]
             scores = [float("-inf") if v is None else v for v in logits.values()]
             out.write(
-                json.dumps({"id": item.id, "group": item.group, "correct": item.correct, "scores": scores}) + "\n"
+                json.dumps(
+                    {
+                        "id": item.id,
+                        "group": item.group,
+                        "correct": item.correct,
+                        "scores": scores,
+                    }
+                )
+                + "\n"
             )
             answered += 1
     print(
-        f"captured {answered}/{len(questions.questions)} questions from {questions.name} to {args.out}", file=sys.stderr
+        f"captured {answered}/{len(questions.questions)} questions from {questions.name} to {args.out}",
+        file=sys.stderr,
     )
     return 0
 

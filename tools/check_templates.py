@@ -28,10 +28,25 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 from tests.templates.families import BY_NAME, FAMILIES, Family  # noqa: E402
-from tests.templates.matrix import ENGINE_ENV, engine_checks, prompt_checks, renderer_host  # noqa: E402
+from tests.templates.matrix import (  # noqa: E402
+    ENGINE_ENV,
+    engine_checks,
+    prompt_checks,
+    renderer_host,
+)
 
-COLUMNS = ["family", "architecture", "tokenizer", "instructions", "open ending closed with", "letters",
-           "pairs", "state once", "in the suite", "engine: start + both wires"]  # fmt: skip
+COLUMNS = [
+    "family",
+    "architecture",
+    "tokenizer",
+    "instructions",
+    "open ending closed with",
+    "letters",
+    "pairs",
+    "state once",
+    "in the suite",
+    "engine: start + both wires",
+]
 SUITE = {"serve": "prompt + vllm serve", "tokenizer": "prompt"}
 
 
@@ -52,8 +67,13 @@ def prompt_row(family: Family) -> dict[str, str]:
 
 def engine_cell(family: Family) -> str:
     """One family on an engine, in a child process (each engine holds its memory until its process ends)."""
-    done = subprocess.run([sys.executable, __file__, "--engine-child", family.name], capture_output=True, text=True,
-                          env={**os.environ, **ENGINE_ENV}, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, __file__, "--engine-child", family.name],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENGINE_ENV},
+        timeout=600,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         return f"failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:100]}"
@@ -63,31 +83,52 @@ def engine_cell(family: Family) -> str:
 
 def engine_child(name: str) -> None:
     found = asyncio.run(engine_checks(BY_NAME[name]))
-    print(json.dumps({"openai": found.openai[0], "jev": found.jev[0], "startup": found.startup}))
+    print(
+        json.dumps(
+            {"openai": found.openai[0], "jev": found.jev[0], "startup": found.startup}
+        )
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("families", nargs="*", help="family names (default: all)")
-    parser.add_argument("--engine", action="store_true", help="also start each on an in-process engine")
+    parser.add_argument(
+        "--engine", action="store_true", help="also start each on an in-process engine"
+    )
     parser.add_argument("--engine-child", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.engine_child:
         engine_child(options.engine_child)
         return 0
-    families = [BY_NAME[name] for name in options.families] if options.families else list(FAMILIES)
+    families = (
+        [BY_NAME[name] for name in options.families]
+        if options.families
+        else list(FAMILIES)
+    )
     columns = COLUMNS if options.engine else COLUMNS[:-1]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for family in families:
         try:
             row = prompt_row(family)
-        except Exception as exc:  # a family that can't load or render is a finding, not a crash
-            row = {"family": family.title, "architecture": f"error: {type(exc).__name__}: {exc}"[:160]}
+        except (
+            Exception
+        ) as exc:  # a family that can't load or render is a finding, not a crash
+            row = {
+                "family": family.title,
+                "architecture": f"error: {type(exc).__name__}: {exc}"[:160],
+            }
         if options.engine:
             row["engine: start + both wires"] = engine_cell(family)
-        print("| " + " | ".join(row.get(c, "").replace("|", "\\|").replace("\n", "\\n") for c in columns) + " |",
-              flush=True)  # fmt: skip
+        print(
+            "| "
+            + " | ".join(
+                row.get(c, "").replace("|", "\\|").replace("\n", "\\n") for c in columns
+            )
+            + " |",
+            flush=True,
+        )
     return 0
 
 

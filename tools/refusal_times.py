@@ -40,12 +40,22 @@ def words(chars: int) -> str:
 
 def bodies() -> list[tuple[str, str, Any]]:
     """(what, path, body) for each class of hostile body, at the default limits."""
-    noul = {"type": "noul", "instructions": nested(500), "criteria": {"true": nested(500)}}
+    noul = {
+        "type": "noul",
+        "instructions": nested(500),
+        "criteria": {"true": nested(500)},
+    }
     return [
         (
             "Jev, 16 questions of nested JSON",
             "/v1/systemone",
-            {"state": "x", "questions": {**{f"q{i}": noul for i in range(16)}, "last": {"type": "no-such-type"}}},
+            {
+                "state": "x",
+                "questions": {
+                    **{f"q{i}": noul for i in range(16)},
+                    "last": {"type": "no-such-type"},
+                },
+            },
         ),
         (
             "OpenAI, 60 input_json parts",
@@ -53,13 +63,24 @@ def bodies() -> list[tuple[str, str, Any]]:
             {
                 "model": "m",
                 "questions": [{"type": "predicate", "instructions": "?"}],
-                "input": [{"role": "user", "content": [{"type": "input_json", "data": nested(240)}] * 60}],
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_json", "data": nested(240)}] * 60,
+                    }
+                ],
             },
         ),
         (
             "Jev, 24 questions of 150 K characters",
             "/v1/systemone",
-            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": words(150_000)} for i in range(24)}},
+            {
+                "state": "x",
+                "questions": {
+                    f"q{i}": {"type": "noul", "instructions": words(150_000)}
+                    for i in range(24)
+                },
+            },
         ),
         (
             "OpenAI, 24 questions of 150 K characters",
@@ -67,7 +88,10 @@ def bodies() -> list[tuple[str, str, Any]]:
             {
                 "model": "m",
                 "input": "x",
-                "questions": [{"type": "predicate", "instructions": words(150_000)} for _ in range(24)],
+                "questions": [
+                    {"type": "predicate", "instructions": words(150_000)}
+                    for _ in range(24)
+                ],
             },
         ),
         # The most a request can ask to be tokenized: 64 questions filling MAX_REQUEST_CHARS, each prompt
@@ -75,7 +99,13 @@ def bodies() -> list[tuple[str, str, Any]]:
         (
             "Jev, the largest request that is tokenized (64 questions of 62 K characters)",
             "/v1/systemone",
-            {"state": "x", "questions": {f"q{i}": {"type": "noul", "instructions": words(62_000)} for i in range(64)}},
+            {
+                "state": "x",
+                "questions": {
+                    f"q{i}": {"type": "noul", "instructions": words(62_000)}
+                    for i in range(64)
+                },
+            },
         ),
         (
             "Jev, a body just under MAX_BODY_BYTES (16 x 2 values of 1 M characters)",
@@ -83,7 +113,11 @@ def bodies() -> list[tuple[str, str, Any]]:
             {
                 "state": "x",
                 "questions": {
-                    f"q{i}": {"type": "noul", "instructions": words(999_000), "criteria": {"true": words(999_000)}}
+                    f"q{i}": {
+                        "type": "noul",
+                        "instructions": words(999_000),
+                        "criteria": {"true": words(999_000)},
+                    }
                     for i in range(16)
                 },
             },
@@ -91,14 +125,24 @@ def bodies() -> list[tuple[str, str, Any]]:
     ]
 
 
-def measure(url: str, path: str, body: bytes, copies: int) -> tuple[list[tuple[int, float, str]], list[float]]:
+def measure(
+    url: str, path: str, body: bytes, copies: int
+) -> tuple[list[tuple[int, float, str]], list[float]]:
     refusals: list[tuple[int, float, str]] = []
 
     def send() -> None:
         with httpx.Client(base_url=url, timeout=600) as client:
             started = time.perf_counter()
-            response = client.post(path, content=body, headers={"content-type": "application/json"})
-            refusals.append((response.status_code, time.perf_counter() - started, response.text[:160]))
+            response = client.post(
+                path, content=body, headers={"content-type": "application/json"}
+            )
+            refusals.append(
+                (
+                    response.status_code,
+                    time.perf_counter() - started,
+                    response.text[:160],
+                )
+            )
 
     senders = [threading.Thread(target=send) for _ in range(copies)]
     health: list[float] = []
@@ -117,17 +161,28 @@ def measure(url: str, path: str, body: bytes, copies: int) -> tuple[list[tuple[i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_server_arguments(parser, "nothing here")
-    parser.add_argument("--copies", type=int, default=1, help="copies of each body sent at once")
+    parser.add_argument(
+        "--copies", type=int, default=1, help="copies of each body sent at once"
+    )
     args = parser.parse_args()
-    with target(args, port=8193, env={"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (url, _):
+    with target(args, port=8193, env={"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (
+        url,
+        _,
+    ):
         for what, path, value in bodies():
             body = json.dumps(value, separators=(",", ":")).encode()
             refusals, health = measure(url, path, body, args.copies)
-            statuses = ", ".join(f"{status} in {seconds:.2f} s" for status, seconds, _ in sorted(refusals))
+            statuses = ", ".join(
+                f"{status} in {seconds:.2f} s"
+                for status, seconds, _ in sorted(refusals)
+            )
             polls = "no poll"
             if health:
                 polls = f"median {statistics.median(health) * 1000:.0f} ms, worst {max(health) * 1000:.0f} ms"
-            print(f"{what}: {len(body) / 1024:,.0f} KiB; {statuses}; /health x{len(health)}: {polls}", flush=True)
+            print(
+                f"{what}: {len(body) / 1024:,.0f} KiB; {statuses}; /health x{len(health)}: {polls}",
+                flush=True,
+            )
             print(f"  {refusals[0][2]}", flush=True)
 
 

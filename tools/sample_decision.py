@@ -23,7 +23,11 @@ SAMPLE = {
     "model": "",  # the served model's name, from GET /v1/models
     "input": "Ticket: My payouts have been failing for 3 days and I need the money today.",
     "questions": [
-        {"type": "predicate", "name": "is_urgent", "instructions": "Does this ticket convey urgency?"},
+        {
+            "type": "predicate",
+            "name": "is_urgent",
+            "instructions": "Does this ticket convey urgency?",
+        },
         {
             "type": "choice",
             "name": "department",
@@ -62,15 +66,25 @@ def retry_after(response: httpx.Response | None) -> float:
 
 def served_model(port: int) -> str:
     """The first model the server lists (its served model name)."""
-    return str(httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"])
+    return str(
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0][
+            "id"
+        ]
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--wait", type=float, default=0, help="seconds to wait for the server")
-    parser.add_argument("--server-pid", type=int, help="stop waiting if this process exits")
-    parser.add_argument("--model", help="the model to ask (default: the first GET /v1/models lists)")
+    parser.add_argument(
+        "--wait", type=float, default=0, help="seconds to wait for the server"
+    )
+    parser.add_argument(
+        "--server-pid", type=int, help="stop waiting if this process exits"
+    )
+    parser.add_argument(
+        "--model", help="the model to ask (default: the first GET /v1/models lists)"
+    )
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}/v1/decisions"
     deadline = time.monotonic() + args.wait
@@ -96,7 +110,10 @@ def main() -> int:
             return 1
         left = deadline - time.monotonic()
         if left <= 0:
-            print(f"no decision answer from {url} within {args.wait:.0f} s", file=sys.stderr)
+            print(
+                f"no decision answer from {url} within {args.wait:.0f} s",
+                file=sys.stderr,
+            )
             return 1
         pause = min(retry_after(response), left)
         while pause > 0:  # in steps, so a server that exits is noticed soon

@@ -17,56 +17,123 @@ from pathlib import Path
 import httpx
 import psutil
 
-DEFAULT_MODEL = os.path.expanduser("~/.cache/vllm-decisions/models/smollm2-135m-instruct")
+DEFAULT_MODEL = os.path.expanduser(
+    "~/.cache/vllm-decisions/models/smollm2-135m-instruct"
+)
 
 
-def add_server_arguments(parser: argparse.ArgumentParser, pid_for: str, dtype: str | None = None) -> None:
+def add_server_arguments(
+    parser: argparse.ArgumentParser, pid_for: str, dtype: str | None = None
+) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--dtype", default=dtype or cpu_dtype(), help="the started server's dtype (%(default)s)")
-    parser.add_argument("--port", type=int, help="target a running server instead of starting one")
-    parser.add_argument("--server-pid", type=int, help=f"with --port: the API server's PID, for {pid_for}")
+    parser.add_argument(
+        "--dtype",
+        default=dtype or cpu_dtype(),
+        help="the started server's dtype (%(default)s)",
+    )
+    parser.add_argument(
+        "--port", type=int, help="target a running server instead of starting one"
+    )
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        help=f"with --port: the API server's PID, for {pid_for}",
+    )
 
 
 def cpu_dtype() -> str:
     """bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX), float32 elsewhere: on an
     AVX2-only CPU vLLM's bf16 matmuls are emulated, about five times slower (tools/serve.sh decides alike)."""
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    flags = (
+        Path("/proc/cpuinfo").read_text().split()
+        if Path("/proc/cpuinfo").exists()
+        else []
+    )
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 
 def engine_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measured vLLM process: decisions on, offline, a 2 GiB KV cache unless set."""
-    return {**os.environ, "VLLM_ENABLE_TYPED_DECISIONS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
-            **(env or {})}  # fmt: skip
+    return {
+        **os.environ,
+        "VLLM_ENABLE_TYPED_DECISIONS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "TORCH_COMPILE_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+        **(env or {}),
+    }
 
 
 def engine_args(dtype: str | None = None) -> list[str]:
     """The engine arguments every measured vLLM process (serve and run-batch) shares; the tools' requests
     name the model "m", the name it is served under."""
-    return ["--served-model-name", "m", "--max-model-len", "8192", "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
-            "--dtype", dtype or cpu_dtype()]  # fmt: skip
+    return [
+        "--served-model-name",
+        "m",
+        "--max-model-len",
+        "8192",
+        "--enable-prefix-caching",
+        "--enforce-eager",
+        "--block-size",
+        "32",
+        "--dtype",
+        dtype or cpu_dtype(),
+    ]
 
 
-def serve(model: str, port: int, calibration_dir: str, log: Path, env: dict[str, str] | None = None,
-          dtype: str | None = None, args: list[str] | None = None) -> subprocess.Popen:  # fmt: skip
-    env = engine_env({"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir, **(env or {})})
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-               *engine_args(dtype), *(args or [])]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+def serve(
+    model: str,
+    port: int,
+    calibration_dir: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    dtype: str | None = None,
+    args: list[str] | None = None,
+) -> subprocess.Popen:
+    env = engine_env(
+        {"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": calibration_dir, **(env or {})}
+    )
+    command = [
+        str(Path(sys.executable).parent / "vllm"),
+        "serve",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *engine_args(dtype),
+        *(args or []),
+    ]
+    return subprocess.Popen(
+        command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
 
 
 def startup_seconds(url: str, process: subprocess.Popen) -> float:
     """Seconds from /health answering to the first answered decision."""
-    probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]}
+    probe = {
+        "model": "m",
+        "input": "x",
+        "questions": [{"type": "predicate", "instructions": "?"}],
+    }
     health_at = None
     while True:
         if process.poll() is not None:
             raise RuntimeError("vllm serve exited during startup")
         try:
-            if health_at is None and httpx.get(f"{url}/health", timeout=5).status_code == 200:
+            if (
+                health_at is None
+                and httpx.get(f"{url}/health", timeout=5).status_code == 200
+            ):
                 health_at = time.perf_counter()
-            if health_at is not None and httpx.post(f"{url}/v1/decisions", json=probe, timeout=60).status_code == 200:
+            if (
+                health_at is not None
+                and httpx.post(
+                    f"{url}/v1/decisions", json=probe, timeout=60
+                ).status_code
+                == 200
+            ):
                 return time.perf_counter() - health_at
         except httpx.TransportError:
             pass
@@ -81,7 +148,9 @@ def stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def api_and_engine(pid: int | None, measure: Callable[[psutil.Process], float]) -> tuple[float, float]:
+def api_and_engine(
+    pid: int | None, measure: Callable[[psutil.Process], float]
+) -> tuple[float, float]:
     """``measure`` of the API-server process, and summed over the engine processes it started
     (0, 0 when no PID is known)."""
     if not pid:
@@ -95,7 +164,9 @@ def api_and_engine(pid: int | None, measure: Callable[[psutil.Process], float]) 
 
 
 @contextmanager
-def target(args: argparse.Namespace, port: int, env: dict[str, str] | None = None) -> Iterator[tuple[str, int | None]]:
+def target(
+    args: argparse.Namespace, port: int, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int | None]]:
     """(url, API-server PID) of the server ``--port`` names, or of one started here (with ``env``
     added to its environment) and stopped after."""
     if args.port:
@@ -103,7 +174,9 @@ def target(args: argparse.Namespace, port: int, env: dict[str, str] | None = Non
         return
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
-        process = serve(args.model, port, folder, Path(folder) / "serve.log", env, args.dtype)
+        process = serve(
+            args.model, port, folder, Path(folder) / "serve.log", env, args.dtype
+        )
         try:
             startup_seconds(url, process)
             yield url, process.pid

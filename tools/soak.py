@@ -30,7 +30,20 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from serving import add_server_arguments, api_and_engine, target  # noqa: E402
 
-WORDS = ["ticket", "payout", "refund", "invoice", "login", "outage", "delay", "customer", "order", "shipment", "contract", "renewal"]  # fmt: skip
+WORDS = [
+    "ticket",
+    "payout",
+    "refund",
+    "invoice",
+    "login",
+    "outage",
+    "delay",
+    "customer",
+    "order",
+    "shipment",
+    "contract",
+    "renewal",
+]
 PATHS = ("/v1/decisions", "/v1/systemone", "/api/alpha/decisions")
 
 
@@ -44,8 +57,12 @@ class Case:
 @dataclass
 class Tally:
     served: Counter = field(default_factory=Counter)  # by status
-    errors: list[str] = field(default_factory=list)  # unexpected outcomes, first few kept in full
-    memory_mib: list[tuple[float, float, float]] = field(default_factory=list)  # (seconds, API MiB, engine MiB)
+    errors: list[str] = field(
+        default_factory=list
+    )  # unexpected outcomes, first few kept in full
+    memory_mib: list[tuple[float, float, float]] = field(
+        default_factory=list
+    )  # (seconds, API MiB, engine MiB)
 
     def fail(self, case: Case, why: str) -> None:
         if len(self.errors) < 20:
@@ -62,22 +79,42 @@ def question(rng: random.Random, jev: bool, index: int) -> tuple[str, dict[str, 
     kind = rng.choice(("yes/no", "choice", "score"))
     name = f"q{index}"
     if kind == "yes/no":
-        return name, {"type": "noul" if jev else "predicate", "instructions": f"Is it about {rng.choice(WORDS)}?"}
+        return name, {
+            "type": "noul" if jev else "predicate",
+            "instructions": f"Is it about {rng.choice(WORDS)}?",
+        }
     if kind == "choice":
-        values = [f"{w} {i}" for i, w in enumerate(rng.sample(WORDS * 4, rng.choice((2, 5, 12, 40))))]
+        values = [
+            f"{w} {i}"
+            for i, w in enumerate(rng.sample(WORDS * 4, rng.choice((2, 5, 12, 40))))
+        ]
         if jev:
-            return name, {"type": "choice", "instructions": "Which fits?", "criteria": dict.fromkeys(values)}
-        return name, {"type": "choice", "instructions": "Which fits?", "choices": [{"value": v} for v in values]}
+            return name, {
+                "type": "choice",
+                "instructions": "Which fits?",
+                "criteria": dict.fromkeys(values),
+            }
+        return name, {
+            "type": "choice",
+            "instructions": "Which fits?",
+            "choices": [{"value": v} for v in values],
+        }
     levels = [f"level {i}" for i in range(rng.randint(3, 10))]
     if jev:
         return name, {"type": "score", "instructions": "How much?", "criteria": levels}
-    return name, {"type": "score", "instructions": "How much?", "levels": [{"label": label} for label in levels]}
+    return name, {
+        "type": "score",
+        "instructions": "How much?",
+        "levels": [{"label": label} for label in levels],
+    }
 
 
 def spoil(rng: random.Random, body: dict[str, Any], jev: bool) -> dict[str, Any]:
     """One mistake a client might make."""
     key = "questions"
-    mistake = rng.choice(("wrong type", "missing questions", "unknown type", "unknown field", "too many"))
+    mistake = rng.choice(
+        ("wrong type", "missing questions", "unknown type", "unknown field", "too many")
+    )
     if mistake == "wrong type":
         body[key] = "not questions"
     elif mistake == "missing questions":
@@ -88,8 +125,11 @@ def spoil(rng: random.Random, body: dict[str, Any], jev: bool) -> dict[str, Any]
         body["extra"] = {"temperature_of_the_sun": 5778}
     else:
         count = 1000
-        body[key] = ({f"q{i}": {"type": "noul", "instructions": "?"} for i in range(count)} if jev
-                     else [{"type": "predicate", "instructions": "?"}] * count)  # fmt: skip
+        body[key] = (
+            {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(count)}
+            if jev
+            else [{"type": "predicate", "instructions": "?"}] * count
+        )
     return body
 
 
@@ -100,8 +140,10 @@ def case(rng: random.Random) -> Case:
     named = [question(rng, jev, i) for i in range(count)]
     text = state(rng)
     if jev:
-        body: dict[str, Any] = {"state": {"note": text, "tags": WORDS[:3]} if rng.random() < 0.2 else text,
-                                "questions": dict(named)}  # fmt: skip
+        body: dict[str, Any] = {
+            "state": {"note": text, "tags": WORDS[:3]} if rng.random() < 0.2 else text,
+            "questions": dict(named),
+        }
     else:
         body = {"model": "m", "input": text, "questions": [q for _, q in named]}
     valid = rng.random() >= 0.1
@@ -133,13 +175,21 @@ def well_formed(path: str, request: dict[str, Any], body: dict[str, Any]) -> Non
         from openai.types import Decision
 
         # OpenAI's types know its own answer types; a plugin question type's answer is checked below only.
-        openai_answers = [a for a in body["answers"] if a["type"] in ("predicate", "choice", "score", "refusal")]
+        openai_answers = [
+            a
+            for a in body["answers"]
+            if a["type"] in ("predicate", "choice", "score", "refusal")
+        ]
         Decision.model_validate({**body, "answers": openai_answers})
         assert len(body["answers"]) == len(request["questions"])
         for answer in body["answers"]:
             listed = answer.get("probabilities", [])
             # OpenAI's types list {value, probability}; a plugin type's answer keys them by option key.
-            sums_to_one(list(listed.values()) if isinstance(listed, dict) else [p["probability"] for p in listed])
+            sums_to_one(
+                list(listed.values())
+                if isinstance(listed, dict)
+                else [p["probability"] for p in listed]
+            )
     else:
         answered = set(body["answers"]) | set(body.get("partial_failures", {}))
         assert answered == set(request["questions"])
@@ -148,7 +198,9 @@ def well_formed(path: str, request: dict[str, Any], body: dict[str, Any]) -> Non
 
 
 def sums_to_one(probabilities: list[float]) -> None:
-    assert not probabilities or math.isclose(sum(probabilities), 1.0, abs_tol=1e-6), probabilities
+    assert not probabilities or math.isclose(sum(probabilities), 1.0, abs_tol=1e-6), (
+        probabilities
+    )
 
 
 def rss_mib(pid: int | None) -> tuple[float, float]:
@@ -161,14 +213,27 @@ def bare(c: Case, model: str) -> Case:
     body = c.body if isinstance(c.body, dict) else {}
     text = body.get("input") or body.get("state") or ""
     questions = body.get("questions")
-    first = (list(questions.values()) if isinstance(questions, dict) else questions or [{}])[0]
+    first = (
+        list(questions.values()) if isinstance(questions, dict) else questions or [{}]
+    )[0]
     question = first.get("instructions", "") if isinstance(first, dict) else ""
     prompt = f"{json.dumps(text) if not isinstance(text, str) else text}\n\nQuestion: {question}\nAnswer:"
-    return Case("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1, "logprobs": 5}, True)
+    return Case(
+        "/v1/completions",
+        {"model": model, "prompt": prompt, "max_tokens": 1, "logprobs": 5},
+        True,
+    )
 
 
-async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server_pid: int | None = None,
-               sample_every: float = 10.0, baseline: bool = False) -> Tally:  # fmt: skip
+async def soak(
+    url: str,
+    seconds: float,
+    concurrency: int,
+    seed: int = 0,
+    server_pid: int | None = None,
+    sample_every: float = 10.0,
+    baseline: bool = False,
+) -> Tally:
     """Run the soak against ``url``; returns what was served and anything unexpected. ``baseline``
     sends the same inputs to vLLM's own /v1/completions instead (one plain prompt each), to compare
     the server's memory curve with and without the decision path."""
@@ -178,7 +243,9 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server
     deadline = started + seconds
 
     async def worker(client: httpx.AsyncClient) -> None:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"] if baseline else ""
+        model = (
+            (await client.get("/v1/models")).json()["data"][0]["id"] if baseline else ""
+        )
         while time.monotonic() < deadline:
             c = case(rng)
             c = bare(c, model) if baseline else c
@@ -202,26 +269,38 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int = 0, server
 def report(tally: Tally, seconds: float, concurrency: int) -> str:
     total = sum(v for k, v in tally.served.items() if k != "unexpected")
     memory = tally.memory_mib
-    lines = [f"soak: {seconds:.0f} s at concurrency {concurrency}: {total} requests, statuses "
-             + ", ".join(f"{k}: {v}" for k, v in sorted(tally.served.items(), key=str)),
-             f"unexpected outcomes: {tally.served['unexpected']}"]  # fmt: skip
+    lines = [
+        f"soak: {seconds:.0f} s at concurrency {concurrency}: {total} requests, statuses "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(tally.served.items(), key=str)),
+        f"unexpected outcomes: {tally.served['unexpected']}",
+    ]
     lines += [f"  {error}" for error in tally.errors]
     if memory and memory[-1][1]:
-        curve = ", ".join(f"{t:.0f}s {api:.0f}+{engine:.0f}" for t, api, engine in memory)
+        curve = ", ".join(
+            f"{t:.0f}s {api:.0f}+{engine:.0f}" for t, api, engine in memory
+        )
         lines.append(f"server memory (MiB RSS, API server + engine processes): {curve}")
     return "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_server_arguments(parser, "the memory curve")
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--baseline", action="store_true", help="the same inputs through vLLM's /v1/completions")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="the same inputs through vLLM's /v1/completions",
+    )
     args = parser.parse_args()
     with target(args, port=8192) as (url, pid):
-        tally = asyncio.run(soak(url, args.seconds, args.concurrency, args.seed, pid, 30, args.baseline))
+        tally = asyncio.run(
+            soak(url, args.seconds, args.concurrency, args.seed, pid, 30, args.baseline)
+        )
     print(report(tally, args.seconds, args.concurrency))
     return 1 if tally.served["unexpected"] else 0
 

@@ -15,10 +15,24 @@ import argparse
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "overlay/vllm/entrypoints/generate/decisions"
+PACKAGE = (
+    Path(__file__).resolve().parent.parent
+    / "overlay/vllm/entrypoints/generate/decisions"
+)
 NAME = "vllm.entrypoints.generate.decisions"
-MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "ContextVar", "deque", "WeakValueDictionary"}
-REGISTRIES = {"Registry"}  # the package's own classes whose instances change after import
+MUTABLE_CALLS = {
+    "dict",
+    "list",
+    "set",
+    "defaultdict",
+    "OrderedDict",
+    "ContextVar",
+    "deque",
+    "WeakValueDictionary",
+}
+REGISTRIES = {
+    "Registry"
+}  # the package's own classes whose instances change after import
 
 
 def module_name(path: Path) -> str:
@@ -28,7 +42,9 @@ def module_name(path: Path) -> str:
     return ".".join([NAME, *parts])
 
 
-def resolve(current: str, is_package: bool, node: ast.ImportFrom, modules: set[str]) -> list[str]:
+def resolve(
+    current: str, is_package: bool, node: ast.ImportFrom, modules: set[str]
+) -> list[str]:
     """The modules ``node`` imports: each name that is a module itself (``from . import laya_prompts``),
     else the module the names come from."""
     if node.level == 0:
@@ -37,7 +53,11 @@ def resolve(current: str, is_package: bool, node: ast.ImportFrom, modules: set[s
         parts = current.split(".")
         keep = len(parts) - node.level + (1 if is_package else 0)
         base = ".".join(parts[:keep] + ([node.module] if node.module else []))
-    submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+    submodules = [
+        f"{base}.{alias.name}"
+        for alias in node.names
+        if f"{base}.{alias.name}" in modules
+    ]
     return submodules if len(submodules) == len(node.names) else [base, *submodules]
 
 
@@ -46,7 +66,9 @@ def under_type_checking(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+                lines.update(
+                    range(child.lineno, (child.end_lineno or child.lineno) + 1)
+                )
     return lines
 
 
@@ -117,30 +139,51 @@ def mutable_state() -> tuple[list[str], list[str]]:
             if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
                 continue
             value = node.value
-            mutable = isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp)
+            mutable = isinstance(
+                value,
+                ast.Dict
+                | ast.List
+                | ast.Set
+                | ast.DictComp
+                | ast.ListComp
+                | ast.SetComp,
+            )
             if isinstance(value, ast.Call):
                 callee = ast.unparse(value.func).split(".")
-                mutable = callee[-1] in MUTABLE_CALLS or any(part in REGISTRIES for part in callee)
+                mutable = callee[-1] in MUTABLE_CALLS or any(
+                    part in REGISTRIES for part in callee
+                )
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = [ast.unparse(t) for t in targets]
             if not mutable or names == ["__all__"]:
                 continue
-            constant = all(n.isupper() for n in names) and not isinstance(value, ast.Call)
+            constant = all(n.isupper() for n in names) and not isinstance(
+                value, ast.Call
+            )
             where = f"{path.relative_to(PACKAGE)}:{node.lineno} {', '.join(names)}"
             (tables if constant else found).append(where)
     return found, tables
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runtime", action="store_true", help="leave out imports under TYPE_CHECKING")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runtime", action="store_true", help="leave out imports under TYPE_CHECKING"
+    )
     args = parser.parse_args()
     edges, lines = graph(args.runtime)
     print(f"modules: {len(lines)}, lines: {sum(lines.values())}")
     found = cycles(edges)
-    print(f"import cycles: {len(found)}" + "".join(f"\n  {len(c)} modules: {', '.join(c)}" for c in found))
+    print(
+        f"import cycles: {len(found)}"
+        + "".join(f"\n  {len(c)} modules: {', '.join(c)}" for c in found)
+    )
     state, tables = mutable_state()
-    print(f"module-level mutable state: {len(state)}" + "".join(f"\n  {s}" for s in state))
+    print(
+        f"module-level mutable state: {len(state)}" + "".join(f"\n  {s}" for s in state)
+    )
     print(f"constant tables (capitals, never written): {len(tables)}")
 
 

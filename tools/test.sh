@@ -19,6 +19,8 @@ plugin "$VENV_032"
 export DECISIONS_VENV_032=$VENV_032
 PYTHON=$PY bash "$ROOT/tools/env/vllm_sources.sh" 0.33.0 >/dev/null
 echo "== ruff"; "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check .
+# Formatting is ruff's, as in vLLM: no file opts out of it.
+if git grep -nE '#[[:space:]]*fmt:[[:space:]]*(skip|off)' -- '*.py'; then echo "formatter opt-outs above" >&2; exit 1; fi
 echo "== mypy"; "$VENV/bin/mypy"
 # Two workers (pytest-xdist), each test file on one of them and the files that share a session server on
 # the same one; each worker's engines get cores of their own (tests/conftest.py).

@@ -14,13 +14,21 @@ class TokenizerOnlyHost(BackendHost):
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.served_model, self.max_model_len, self.architectures = "none", 1 << 20, ()
-        self.max_logprobs, self.max_logprob_token_ids, self.logprobs_mode = 20, 128, "raw_logprobs"
+        self.max_logprobs, self.max_logprob_token_ids, self.logprobs_mode = (
+            20,
+            128,
+            "raw_logprobs",
+        )
 
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         try:
-            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)
+            rendered = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, enable_thinking=False
+            )
         except TypeError:
-            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            rendered = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True
+            )
         return list(rendered if isinstance(rendered, list) else rendered["input_ids"])
 
     def encode(self, text: str) -> list[int]:
@@ -34,9 +42,15 @@ class TokenizerOnlyHost(BackendHost):
         return frozenset(self.tokenizer.all_special_ids) | frozenset(added)
 
     async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+        self,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        request_id: str,
+        fp32: bool = False,
     ) -> TokenRead:
         raise NotImplementedError("no model here")
 
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
+    async def read_top_logprobs(
+        self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False
+    ) -> TokenRead:
         raise NotImplementedError("no model here")

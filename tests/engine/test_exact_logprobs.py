@@ -31,8 +31,14 @@ TICKETS = (
     "Refund please, the item arrived broken.",
 )
 QUESTIONS = (
-    ("Which team should handle this?", ("billing", "technical", "account", "sales", "shipping", "other")),
-    ("How frustrated is the customer?", ("Calm", "Mildly annoyed", "Frustrated", "Angry", "Furious")),
+    (
+        "Which team should handle this?",
+        ("billing", "technical", "account", "sales", "shipping", "other"),
+    ),
+    (
+        "How frustrated is the customer?",
+        ("Calm", "Mildly annoyed", "Frustrated", "Angry", "Furious"),
+    ),
     ("Is this urgent?", ("Yes", "No")),
 )
 LETTERS = "ABCDEF"
@@ -41,8 +47,12 @@ WINDOW = 20
 
 def question_body(instructions: str, options: tuple[str, ...]) -> str:
     lines = [f"Question: {instructions}", "", "Options:"]
-    lines += [f"{letter}. {option}" for letter, option in zip(LETTERS, options, strict=False)]
-    return "\n".join([*lines, "", f"Answer with one letter (A-{LETTERS[len(options) - 1]})."])
+    lines += [
+        f"{letter}. {option}" for letter, option in zip(LETTERS, options, strict=False)
+    ]
+    return "\n".join(
+        [*lines, "", f"Answer with one letter (A-{LETTERS[len(options) - 1]})."]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,24 +64,44 @@ def job() -> dict:
     for ticket in TICKETS:
         for instructions, options in QUESTIONS:
             messages = chat(ticket, question_body(instructions, options))
-            prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+            prompts.append(
+                tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, return_dict=False
+                )
+            )
             counts.append(len(options))
-    labels = [tokenizer.encode(letter, add_special_tokens=False)[0] for letter in LETTERS]
+    labels = [
+        tokenizer.encode(letter, add_special_tokens=False)[0] for letter in LETTERS
+    ]
     return {"prompts": prompts, "labels": labels, "counts": counts}
 
 
 def probe(job: dict, dtype: str, head_dtype: str, folder: Path) -> Callable[[], dict]:
     """Start one engine in its own process (vLLM keeps a process-wide configuration); the returned
     function waits for its reads."""
-    command = [sys.executable, str(PROBE), str(model_path("smollm2-135m-instruct")), dtype, head_dtype, str(WINDOW)]
+    command = [
+        sys.executable,
+        str(PROBE),
+        str(model_path("smollm2-135m-instruct")),
+        dtype,
+        head_dtype,
+        str(WINDOW),
+    ]
     name = f"{dtype}-{head_dtype}"
-    (folder / f"{name}.in").write_text(json.dumps({"prompts": job["prompts"], "labels": job["labels"]}))
-    with (folder / f"{name}.in").open() as stdin, (folder / f"{name}.out").open("w") as out, \
-            (folder / f"{name}.log").open("w") as log:  # fmt: skip
+    (folder / f"{name}.in").write_text(
+        json.dumps({"prompts": job["prompts"], "labels": job["labels"]})
+    )
+    with (
+        (folder / f"{name}.in").open() as stdin,
+        (folder / f"{name}.out").open("w") as out,
+        (folder / f"{name}.log").open("w") as log,
+    ):
         process = subprocess.Popen(command, stdin=stdin, stdout=out, stderr=log)
 
     def reads() -> dict:
-        assert process.wait(timeout=900) == 0, (folder / f"{name}.log").read_text()[-3000:]
+        assert process.wait(timeout=900) == 0, (folder / f"{name}.log").read_text()[
+            -3000:
+        ]
         return json.loads((folder / f"{name}.out").read_text().strip().splitlines()[-1])
 
     return reads
@@ -90,7 +120,10 @@ def runs(job, tmp_path_factory) -> dict[str, dict]:
 
 
 def option_logits(job: dict, reads: list[dict[str, float]]) -> list[list[float]]:
-    return [[read[str(t)] for t in job["labels"][:count]] for read, count in zip(reads, job["counts"], strict=True)]
+    return [
+        [read[str(t)] for t in job["labels"][:count]]
+        for read, count in zip(reads, job["counts"], strict=True)
+    ]
 
 
 def differences(rows: list[list[float]]) -> list[float]:
@@ -122,20 +155,28 @@ def test_fp32_reads_leave_the_bf16_grid_and_track_a_full_fp32_run(job, runs):
     assert top_ties(bf16) > 0
     assert top_ties(exact) == 0 and top_ties(full) == 0
     # The recomputed rows are vLLM's own fp32 LM head, up to the order of a sum.
-    gaps = [abs(a - b) for a, b in zip(differences(exact), differences(head), strict=True)]
+    gaps = [
+        abs(a - b) for a, b in zip(differences(exact), differences(head), strict=True)
+    ]
     assert max(gaps) < 1e-4
     # Against a run of the whole model in fp32: closer than bf16 logits, and the same top options.
-    drift_bf16 = statistics.mean(abs(a - b) for a, b in zip(differences(bf16), differences(full), strict=True))
-    drift_exact = statistics.mean(abs(a - b) for a, b in zip(differences(exact), differences(full), strict=True))
+    drift_bf16 = statistics.mean(
+        abs(a - b) for a, b in zip(differences(bf16), differences(full), strict=True)
+    )
+    drift_exact = statistics.mean(
+        abs(a - b) for a, b in zip(differences(exact), differences(full), strict=True)
+    )
     # Top options are compared where the full fp32 run decides them by more than the bf16 body drifts: a
     # near tie there (seen: 0.0125 against a drift of 0.055, on an AVX-512 BF16 CPU) is a coin flip for
     # any run whose body computes in bf16, fp32 head or not.
     decisive = [i for i, row in enumerate(full) if margin(row) > drift_bf16]
     agree_bf16 = sum(top(bf16[i]) == top(full[i]) for i in decisive)
     agree_exact = sum(top(exact[i]) == top(full[i]) for i in decisive)
-    print(f"\nvs full fp32 over {len(full)} questions: mean |diff| bf16 {drift_bf16:.4f}, fp32 reads "
-          f"{drift_exact:.4f}; top option agrees, of {len(decisive)} decided by more than the bf16 drift: "
-          f"bf16 {agree_bf16}, fp32 reads {agree_exact}")  # fmt: skip
+    print(
+        f"\nvs full fp32 over {len(full)} questions: mean |diff| bf16 {drift_bf16:.4f}, fp32 reads "
+        f"{drift_exact:.4f}; top option agrees, of {len(decisive)} decided by more than the bf16 drift: "
+        f"bf16 {agree_bf16}, fp32 reads {agree_exact}"
+    )
     assert len(decisive) >= len(full) // 2
     assert drift_exact < drift_bf16 and agree_exact >= agree_bf16
 

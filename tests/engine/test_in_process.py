@@ -16,21 +16,50 @@ EXAMPLE = Path(__file__).parents[2] / "tools" / "decide_in_process.py"
 
 
 def test_the_documented_example_decides_in_process():
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))},
-           "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
-           "VLLM_TYPED_DECISIONS_BACKEND": "logit", "VLLM_TYPED_DECISIONS_CALIBRATION": "off",
-           "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
-    result = subprocess.run([sys.executable, str(EXAMPLE), str(model_path("tiny-qwen2-random")), "--dtype", "float32"],
-                            env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))
+        },
+        "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+        "VLLM_TYPED_DECISIONS_BACKEND": "logit",
+        "VLLM_TYPED_DECISIONS_CALIBRATION": "off",
+        "HF_HUB_OFFLINE": "1",
+        "TORCH_COMPILE_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            str(model_path("tiny-qwen2-random")),
+            "--dtype",
+            "float32",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    printed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    printed = [
+        json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")
+    ]
     (openai,), (jev,), (refused,), *many = (list(p.values()) for p in printed)
     status, body = openai
     assert status == 200 and 0 < body["answers"][0]["probability"] < 1
     assert body["answers"][0]["extra"]["backend"]["name"] == "logit"
     status, body = jev
-    assert status == 200 and set(body["answers"]["team"]["probabilities"]) == {"billing", "tech"}
+    assert status == 200 and set(body["answers"]["team"]["probabilities"]) == {
+        "billing",
+        "tech",
+    }
     status, body = refused
-    assert status == 400 and body["error"]["type"] == "BadRequestError" and "questions" in body["error"]["message"]
+    assert (
+        status == 400
+        and body["error"]["type"] == "BadRequestError"
+        and "questions" in body["error"]["message"]
+    )
     assert [m[0][0] for m in many] == [200, 200, 200]
     assert all(0 < m[0][1] < 1 for m in many)

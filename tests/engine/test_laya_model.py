@@ -22,7 +22,14 @@ ACT_SIZE = 3
 
 def build(tokenizer, state: str, qtype: str, options: list[str]) -> list[int]:
     ids, _ = laya_prompts.build_prompt(
-        tokenizer, state, qtype, "Is this about money?", options, max_len=512, head_max_len=192, option_max_tokens=48
+        tokenizer,
+        state,
+        qtype,
+        "Is this about money?",
+        options,
+        max_len=512,
+        head_max_len=192,
+        option_max_tokens=48,
     )
     return ids
 
@@ -32,28 +39,46 @@ def prompts() -> dict[str, list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path("tiny-laya"))
-    noul = build(tokenizer, "the bill was paid twice", "noul", ["false: no", "true: yes"])
+    noul = build(
+        tokenizer, "the bill was paid twice", "noul", ["false: no", "true: yes"]
+    )
     unknown_type = list(noul)
     unknown_type[1] = tokenizer.encode("the", add_special_tokens=False)[0]
     head = tokenizer.encode("noul question: x", add_special_tokens=False)
     return {
         "noul": noul,
-        "choice": build(tokenizer, "send it back", "choice", ["a: one", "b: two", "c", "d: four", "e"]),
+        "choice": build(
+            tokenizer,
+            "send it back",
+            "choice",
+            ["a: one", "b: two", "c", "d: four", "e"],
+        ),
         "one option": build(tokenizer, "the bill", "choice", ["only: the one"]),
         "past the window": build(
             tokenizer,
             " ".join(["the bill was paid twice and then"] * 8),
             "score",
             ["level 0: low", "level 1: mid", "level 2: high"],
-        ),  # fmt: skip
-        "no marker": [tokenizer.cls_token_id, *head, tokenizer.sep_token_id, *head, tokenizer.sep_token_id],
+        ),
+        "no marker": [
+            tokenizer.cls_token_id,
+            *head,
+            tokenizer.sep_token_id,
+            *head,
+            tokenizer.sep_token_id,
+        ],
         "unknown type": unknown_type,
     }
 
 
 def probe(prompts: dict[str, list[int]], dtype: str) -> dict:
-    result = subprocess.run([sys.executable, str(PROBE), str(model_path("tiny-laya")), dtype],
-                            input=json.dumps(list(prompts.values())), capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(PROBE), str(model_path("tiny-laya")), dtype],
+        input=json.dumps(list(prompts.values())),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     answer["outputs"] = dict(zip(prompts, answer["outputs"], strict=True))
@@ -91,7 +116,12 @@ def test_nothing_to_decide_is_nan_not_a_score(fp32, prompts):
 
 
 def test_bf16_encoder_runs_an_fp32_head_close_to_the_reference(bf16, prompts):
-    assert (bf16["encoder_dtype"], bf16["head_dtype"]) == ("torch.bfloat16", "torch.float32")
+    assert (bf16["encoder_dtype"], bf16["head_dtype"]) == (
+        "torch.bfloat16",
+        "torch.float32",
+    )
     for name in ("noul", "choice", "one option", "past the window"):
         expected = reference_outputs(model_path("tiny-laya"), prompts[name])
-        assert bf16["outputs"][name] == pytest.approx(expected, abs=0.05, rel=0.05), name
+        assert bf16["outputs"][name] == pytest.approx(expected, abs=0.05, rel=0.05), (
+            name
+        )

@@ -24,7 +24,9 @@ def patched_tree(tmp_path: Path) -> Path:
 
     site = tmp_path / "site"
     site.mkdir()
-    subprocess.run(["cp", "-rs", str(Path(vllm.__file__).parent), str(site / "vllm")], check=True)
+    subprocess.run(
+        ["cp", "-rs", str(Path(vllm.__file__).parent), str(site / "vllm")], check=True
+    )
     for line in CANVAS_PATCH.read_text().splitlines():
         if line.startswith("+++ b/") and (site / line[6:]).is_symlink():
             target = site / line[6:]
@@ -33,11 +35,20 @@ def patched_tree(tmp_path: Path) -> Path:
             shutil.copy(real, target)
     patch = ["patch", "-p1", "-s", "-f", "--fuzz=0"]
     if (
-        subprocess.run([*patch, "-R", "--dry-run"], cwd=site, stdin=CANVAS_PATCH.open(), capture_output=True).returncode
+        subprocess.run(
+            [*patch, "-R", "--dry-run"],
+            cwd=site,
+            stdin=CANVAS_PATCH.open(),
+            capture_output=True,
+        ).returncode
         == 0
     ):
-        subprocess.run([*patch, "-R", "-E"], cwd=site, stdin=CANVAS_PATCH.open(), check=True)
-    applied = subprocess.run(patch, cwd=site, stdin=CANVAS_PATCH.open(), capture_output=True, text=True)
+        subprocess.run(
+            [*patch, "-R", "-E"], cwd=site, stdin=CANVAS_PATCH.open(), check=True
+        )
+    applied = subprocess.run(
+        patch, cwd=site, stdin=CANVAS_PATCH.open(), capture_output=True, text=True
+    )
     assert applied.returncode == 0, applied.stdout + applied.stderr
     return site
 
@@ -45,18 +56,42 @@ def patched_tree(tmp_path: Path) -> Path:
 def test_the_canvas_patch_applies_imports_and_its_cpu_parts_work(tmp_path):
     site = patched_tree(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(site), "TORCH_COMPILE_DISABLE": "1"}
-    imports = ("vllm.v1.sample.canvas_read", "vllm.sampling_params", "vllm.v1.engine.input_processor",
-               "vllm.v1.core.sched.scheduler", "vllm.v1.core.sched.async_scheduler",
-               "vllm.model_executor.models.diffusion_gemma")  # fmt: skip
+    imports = (
+        "vllm.v1.sample.canvas_read",
+        "vllm.sampling_params",
+        "vllm.v1.engine.input_processor",
+        "vllm.v1.core.sched.scheduler",
+        "vllm.v1.core.sched.async_scheduler",
+        "vllm.model_executor.models.diffusion_gemma",
+    )
     code = "import importlib, sys\nfor m in sys.argv[1:]: print(importlib.import_module(m).__file__)"
-    imported = subprocess.run([sys.executable, "-c", code, *imports], env=env, capture_output=True, text=True,
-                              cwd=tmp_path, timeout=300)  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-c", code, *imports],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert imported.returncode == 0, imported.stderr[-3000:]
-    files = [line for line in imported.stdout.splitlines() if line.endswith(".py")]  # vLLM logs to stdout too
-    assert len(files) == len(imports) and all(f.startswith(str(site)) for f in files), imported.stdout
-    probe = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True, cwd=tmp_path,
-                           timeout=300)  # fmt: skip
+    files = [
+        line for line in imported.stdout.splitlines() if line.endswith(".py")
+    ]  # vLLM logs to stdout too
+    assert len(files) == len(imports) and all(f.startswith(str(site)) for f in files), (
+        imported.stdout
+    )
+    probe = subprocess.run(
+        [sys.executable, str(PROBE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert probe.returncode == 0, probe.stdout + probe.stderr[-3000:]
     assert [line for line in probe.stdout.splitlines() if line.startswith("ok ")] == [
-        "ok arguments", "ok limits", "ok read_maths", "ok denoise_step",
-    ]  # fmt: skip
+        "ok arguments",
+        "ok limits",
+        "ok read_maths",
+        "ok denoise_step",
+    ]

@@ -17,8 +17,14 @@ from pathlib import Path
 from ..conftest import OVERLAY
 
 OWN_PACKAGE = "vllm.entrypoints.generate.decisions"
-COMPARISONS = {ast.GtE: operator.ge, ast.Gt: operator.gt, ast.Lt: operator.lt, ast.LtE: operator.le,
-               ast.Eq: operator.eq, ast.NotEq: operator.ne}  # fmt: skip
+COMPARISONS = {
+    ast.GtE: operator.ge,
+    ast.Gt: operator.gt,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
 
 
 @dataclass(frozen=True)
@@ -33,22 +39,33 @@ def release_flags(release: tuple[int, int]) -> dict[str, bool]:
     tree = ast.parse((OVERLAY / "vllm_versions.py").read_text())
     flags = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             value = _release_test(node.value, release, {})
             if value is not None:
                 flags[node.targets[0].id] = value
     return flags
 
 
-def _release_test(test: ast.expr, release: tuple[int, int], flags: dict[str, bool]) -> bool | None:
+def _release_test(
+    test: ast.expr, release: tuple[int, int], flags: dict[str, bool]
+) -> bool | None:
     """The value of a version switch for ``release``; None when ``test`` is not one."""
     if isinstance(test, ast.Name) and test.id in flags:
         return flags[test.id]
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = _release_test(test.operand, release, flags)
         return None if inner is None else not inner
-    if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "VLLM_RELEASE"
-            and len(test.ops) == 1 and type(test.ops[0]) in COMPARISONS):  # fmt: skip
+    if (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "VLLM_RELEASE"
+        and len(test.ops) == 1
+        and type(test.ops[0]) in COMPARISONS
+    ):
         bound = ast.literal_eval(test.comparators[0])
         return bool(COMPARISONS[type(test.ops[0])](release, tuple(bound)))
     return None
@@ -63,14 +80,27 @@ def overlay_imports(release: tuple[int, int]) -> list[Import]:
 
         def visit(nodes: list[ast.stmt], where: Path = where) -> None:
             for node in nodes:
-                if isinstance(node, ast.If) and (taken := _release_test(node.test, release, flags)) is not None:
+                if (
+                    isinstance(node, ast.If)
+                    and (taken := _release_test(node.test, release, flags)) is not None
+                ):
                     visit(node.body if taken else node.orelse)
                 elif isinstance(node, ast.Import):
-                    found.extend(Import(f"{where}:{node.lineno}", a.name, None) for a in node.names if _vllm(a.name))
+                    found.extend(
+                        Import(f"{where}:{node.lineno}", a.name, None)
+                        for a in node.names
+                        if _vllm(a.name)
+                    )
                 elif isinstance(node, ast.ImportFrom):
                     if node.level == 0 and node.module and _vllm(node.module):
-                        found.extend(Import(f"{where}:{node.lineno}", node.module, None if a.name == "*" else a.name)
-                                     for a in node.names)  # fmt: skip
+                        found.extend(
+                            Import(
+                                f"{where}:{node.lineno}",
+                                node.module,
+                                None if a.name == "*" else a.name,
+                            )
+                            for a in node.names
+                        )
                 else:
                     for child in ast.iter_child_nodes(node):
                         if isinstance(child, ast.stmt):
@@ -105,7 +135,12 @@ def top_level_names(path: Path) -> tuple[set[str], bool]:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 names.add(node.name)
             elif isinstance(node, ast.Assign):
-                names.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+                names.update(
+                    n.id
+                    for t in node.targets
+                    for n in ast.walk(t)
+                    if isinstance(n, ast.Name)
+                )
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
             elif isinstance(node, ast.Import | ast.ImportFrom):
@@ -127,7 +162,10 @@ def unresolved(imports: list[Import], root: Path) -> list[str]:
         if path is None:
             missing.append(f"{imp.where}: no module {imp.module}")
             continue
-        if imp.name is None or module_file(root, f"{imp.module}.{imp.name}") is not None:
+        if (
+            imp.name is None
+            or module_file(root, f"{imp.module}.{imp.name}") is not None
+        ):
             continue
         names, lazy = top_level_names(path)
         if imp.name not in names and not lazy:

@@ -44,21 +44,53 @@ def free_port() -> int:
 class VllmServer:
     """A ``vllm serve`` child process on CPU, stopped by its own PID."""
 
-    def __init__(self, model: Path, log: Path, env: dict[str, str], *args: str, dtype: str = DTYPE) -> None:
+    def __init__(
+        self,
+        model: Path,
+        log: Path,
+        env: dict[str, str],
+        *args: str,
+        dtype: str = DTYPE,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         # The name requests give the model, and /v1/models lists.
-        self.model = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else SERVED_NAME
-        named = () if "--served-model-name" in args else ("--served-model-name", SERVED_NAME)
+        self.model = (
+            args[args.index("--served-model-name") + 1]
+            if "--served-model-name" in args
+            else SERVED_NAME
+        )
+        named = (
+            ()
+            if "--served-model-name" in args
+            else ("--served-model-name", SERVED_NAME)
+        )
         command = [
-            str(Path(sys.executable).parent / "vllm"), "serve", str(model), *named,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", dtype, "--enforce-eager", "--block-size", "32",
-            "--max-model-len", str(CONTEXT.get(model.name, SHORT_CONTEXT)), "--enable-prefix-caching", *args,
-        ]  # fmt: skip
+            str(Path(sys.executable).parent / "vllm"),
+            "serve",
+            str(model),
+            *named,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            dtype,
+            "--enforce-eager",
+            "--block-size",
+            "32",
+            "--max-model-len",
+            str(CONTEXT.get(model.name, SHORT_CONTEXT)),
+            "--enable-prefix-caching",
+            *args,
+        ]
         full_env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))
+            },
             "HF_HUB_OFFLINE": "1",
             "TORCH_COMPILE_DISABLE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -68,13 +100,17 @@ class VllmServer:
             **env,
         }
         self.handle = log.open("w")
-        self.process = subprocess.Popen(command, env=full_env, stdout=self.handle, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command, env=full_env, stdout=self.handle, stderr=subprocess.STDOUT
+        )
 
     def wait(self, ready: callable) -> None:  # type: ignore[valid-type]
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {self.process.returncode}:\n{self.tail()}")
+                pytest.fail(
+                    f"vllm serve exited with {self.process.returncode}:\n{self.tail()}"
+                )
             try:
                 if ready(self):
                     return
@@ -99,8 +135,13 @@ class VllmServer:
 
 
 @contextmanager
-def running(model: str, log: Path, env: dict[str, str], *args: str,
-            ready: Callable[[VllmServer], bool] | None = None) -> Iterator[VllmServer]:  # fmt: skip
+def running(
+    model: str,
+    log: Path,
+    env: dict[str, str],
+    *args: str,
+    ready: Callable[[VllmServer], bool] | None = None,
+) -> Iterator[VllmServer]:
     """A ``vllm serve`` of one of the built models, ready (by default: answering a decision), stopped after."""
     instance = VllmServer(model_path(model), log, env, *args)
     try:
@@ -112,20 +153,37 @@ def running(model: str, log: Path, env: dict[str, str], *args: str,
 
 def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -> bool:
     """Poll a decision request, not /health: decisions answer 503 until their startup work is done."""
-    probe = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]}
-    return httpx.post(f"{server.url}/v1/decisions", json=probe, headers=headers, timeout=30).status_code == 200
+    probe = {
+        "model": "m",
+        "input": "x",
+        "questions": [{"type": "predicate", "instructions": "x?"}],
+    }
+    return (
+        httpx.post(
+            f"{server.url}/v1/decisions", json=probe, headers=headers, timeout=30
+        ).status_code
+        == 200
+    )
 
 
 def all_workers_ready(server: VllmServer, workers: int = 2) -> bool:
     """Every API-server process (``--api-server-count``) has finished its decision startup work."""
-    ready = re.findall(r"\((ApiServer_\d+) pid=\d+\) INFO .*decisions ready:", server.log.read_text(errors="replace"))
+    ready = re.findall(
+        r"\((ApiServer_\d+) pid=\d+\) INFO .*decisions ready:",
+        server.log.read_text(errors="replace"),
+    )
     return set(ready) == {f"ApiServer_{i}" for i in range(workers)}
 
 
 def workers_serving(server: VllmServer, path: str) -> set[str]:
     """The API-server processes whose access log shows a 200 for ``path``."""
     log = server.log.read_text(errors="replace")
-    return set(re.findall(rf"\((ApiServer_\d+) pid=\d+\) INFO: .*\"POST {re.escape(path)} HTTP/1.1\" 200", log))
+    return set(
+        re.findall(
+            rf"\((ApiServer_\d+) pid=\d+\) INFO: .*\"POST {re.escape(path)} HTTP/1.1\" 200",
+            log,
+        )
+    )
 
 
 def answered(server: VllmServer, path: str, body: dict) -> dict:
@@ -147,7 +205,9 @@ def server(tmp_path_factory) -> VllmServer:
         "VLLM_TYPED_DECISIONS_MAX_LEVELS": "10",
     }
     log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
-    with running("smollm2-135m-instruct", log, env, "--fail-on-environ-validation") as instance:
+    with running(
+        "smollm2-135m-instruct", log, env, "--fail-on-environ-validation"
+    ) as instance:
         yield instance
 
 
@@ -169,9 +229,13 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
     # The example plugin claims Qwen2 models; naming logit here also tests selection by variable.
     # One of the example package's plugins fails to load here (test_faults.py): the server serves on.
     # One read per question (debias off): test_load.py counts reads against the engine's queue.
-    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
-           "VLLM_TYPED_DECISIONS_BACKEND": "logit", "DECISIONS_TEST_PLUGIN_BROKEN": "1",
-           "VLLM_TYPED_DECISIONS_DEBIAS": "off"}  # fmt: skip
+    env = {
+        "VLLM_ENABLE_TYPED_DECISIONS": "1",
+        "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+        "VLLM_TYPED_DECISIONS_BACKEND": "logit",
+        "DECISIONS_TEST_PLUGIN_BROKEN": "1",
+        "VLLM_TYPED_DECISIONS_DEBIAS": "off",
+    }
     with running(
         "tiny-qwen2-random",
         log,
@@ -184,6 +248,8 @@ def tiny_qwen_server(tmp_path_factory) -> VllmServer:
         # vLLM's request log and load tracking, which the decision routes take part in (test_vllm_handling.py).
         "--enable-log-requests",
         "--enable-server-load-tracking",
-        ready=lambda s: decisions_ready(s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}),
+        ready=lambda s: decisions_ready(
+            s, {"Authorization": f"Bearer {TINY_QWEN_KEY}"}
+        ),
     ) as instance:
         yield instance

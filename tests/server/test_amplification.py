@@ -26,7 +26,11 @@ HOSTILE = [
                 "state": "x",
                 "questions": {
                     **{
-                        f"q{i}": {"type": "noul", "instructions": nested(500), "criteria": {"true": nested(500)}}
+                        f"q{i}": {
+                            "type": "noul",
+                            "instructions": nested(500),
+                            "criteria": {"true": nested(500)},
+                        }
                         for i in range(QUESTIONS - 1)
                     },
                     "last": {"type": "no-such-type"},
@@ -43,7 +47,13 @@ HOSTILE = [
                 "model": "m",
                 "questions": [{"type": "predicate", "instructions": "?"}],
                 "input": [
-                    {"role": "user", "content": [{"type": "input_json", "data": nested(240)} for _ in range(60)]}
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_json", "data": nested(240)}
+                            for _ in range(60)
+                        ],
+                    }
                 ],
             }
         ),
@@ -62,7 +72,10 @@ HOSTILE = [
             {
                 "model": "m",
                 "input": "x",
-                "questions": [{"type": "predicate", "instructions": SENTENCE * 3500} for _ in range(QUESTIONS)],
+                "questions": [
+                    {"type": "predicate", "instructions": SENTENCE * 3500}
+                    for _ in range(QUESTIONS)
+                ],
             }
         ),
         400,
@@ -73,7 +86,10 @@ HOSTILE = [
         json_bytes(
             {
                 "state": "x",
-                "questions": {f"q{i}": {"type": "noul", "instructions": SENTENCE * 3500} for i in range(QUESTIONS)},
+                "questions": {
+                    f"q{i}": {"type": "noul", "instructions": SENTENCE * 3500}
+                    for i in range(QUESTIONS)
+                },
             }
         ),
         422,
@@ -99,17 +115,24 @@ def test_hostile_bodies_are_refused_while_health_answers_within_100_ms(server):
     def send(index: int, path: str, body: bytes) -> None:
         with httpx.Client(base_url=server.url, timeout=300) as client:
             started = time.perf_counter()
-            response = client.post(path, content=body, headers={"content-type": "application/json"})
+            response = client.post(
+                path, content=body, headers={"content-type": "application/json"}
+            )
             results[index] = (
                 response.status_code,
                 refusal_message(path, response.json()),
                 time.perf_counter() - started,
             )
 
-    senders = [threading.Thread(target=send, args=(i, path, body)) for i, (path, body, _, _) in enumerate(HOSTILE * 2)]
+    senders = [
+        threading.Thread(target=send, args=(i, path, body))
+        for i, (path, body, _, _) in enumerate(HOSTILE * 2)
+    ]
     health: list[float] = []
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        assert client.get("/health").status_code == 200  # the connection is open before the hostile bodies
+        assert (
+            client.get("/health").status_code == 200
+        )  # the connection is open before the hostile bodies
         for sender in senders:
             sender.start()
         while any(sender.is_alive() for sender in senders):
@@ -132,16 +155,25 @@ def test_hostile_bodies_are_refused_while_health_answers_within_100_ms(server):
     # other processes (2 cores shared by the engine and other test servers); unbounded work on the event
     # loop stalled it for seconds (issue 38), and a 4 M character render on it alone takes ~0.4 s.
     ordered = sorted(health)
-    assert ordered[len(ordered) * 9 // 10] < 0.1 and statistics.median(health) < 0.1, ordered[-5:]
+    assert ordered[len(ordered) * 9 // 10] < 0.1 and statistics.median(health) < 0.1, (
+        ordered[-5:]
+    )
     assert ordered[-1] < 0.35, ordered[-5:]
 
 
 @pytest.mark.parametrize("path", ["/v1/systemone", "/v1/decisions"])
 def test_a_valid_request_after_the_hostile_ones_is_answered(server, path):
     body = (
-        {"state": {"ticket": nested(3)}, "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}}}
+        {
+            "state": {"ticket": nested(3)},
+            "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}},
+        }
         if path == "/v1/systemone"
-        else {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "Is it urgent?"}]}
+        else {
+            "model": "m",
+            "input": "x",
+            "questions": [{"type": "predicate", "instructions": "Is it urgent?"}],
+        }
     )
     response = httpx.post(f"{server.url}{path}", json=body, timeout=120)
     assert response.status_code == 200, response.text

@@ -27,9 +27,19 @@ def keyed_server(tiny_qwen_server):
 
 
 BODIES = {
-    "/v1/decisions": {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]},
-    "/v1/systemone": {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
-    "/api/alpha/decisions": {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+    "/v1/decisions": {
+        "model": "m",
+        "input": "x",
+        "questions": [{"type": "predicate", "instructions": "?"}],
+    },
+    "/v1/systemone": {
+        "state": "x",
+        "questions": {"q": {"type": "noul", "instructions": "?"}},
+    },
+    "/api/alpha/decisions": {
+        "state": "x",
+        "questions": {"q": {"type": "noul", "instructions": "?"}},
+    },
 }
 
 
@@ -37,9 +47,13 @@ BODIES = {
 def test_key_required_on_every_decision_path(keyed_server, path):
     url = keyed_server.url + path
     assert httpx.post(url, json=BODIES[path], timeout=60).status_code == 401
-    wrong = httpx.post(url, json=BODIES[path], headers={"Authorization": "Bearer nope"}, timeout=60)
+    wrong = httpx.post(
+        url, json=BODIES[path], headers={"Authorization": "Bearer nope"}, timeout=60
+    )
     assert wrong.status_code == 401
-    right = httpx.post(url, json=BODIES[path], headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    right = httpx.post(
+        url, json=BODIES[path], headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
     assert right.status_code == 200, right.text
     # A bad body without the key says nothing about the body: the key is checked first.
     assert httpx.post(url, content=b"{not json", timeout=60).status_code == 401
@@ -47,17 +61,24 @@ def test_key_required_on_every_decision_path(keyed_server, path):
 
 def test_sdks_send_the_key(keyed_server):
     oai = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=KEY, max_retries=0)
-    assert oai.decisions.create(model="m", input="x", questions=[{"type": "predicate", "instructions": "?"}]).answers
+    assert oai.decisions.create(
+        model="m", input="x", questions=[{"type": "predicate", "instructions": "?"}]
+    ).answers
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key="bad", max_retries=0).decisions.create(
+        openai.OpenAI(
+            base_url=f"{keyed_server.url}/v1", api_key="bad", max_retries=0
+        ).decisions.create(
             model="m", input="x", questions=[{"type": "predicate", "instructions": "?"}]
         )
     ts = typesafe_sdk.TypeSafeClient(api_key=KEY, base_url=keyed_server.url)
-    assert ts.system_one("x", {"q": typesafe_sdk.Noul(instructions="?")}).answers["q"].noul >= 0
+    assert (
+        ts.system_one("x", {"q": typesafe_sdk.Noul(instructions="?")}).answers["q"].noul
+        >= 0
+    )
     with pytest.raises(typesafe_sdk.TypeSafeAuthenticationError):
-        typesafe_sdk.TypeSafeClient(api_key="bad", base_url=keyed_server.url).system_one(
-            "x", {"q": typesafe_sdk.Noul(instructions="?")}
-        )
+        typesafe_sdk.TypeSafeClient(
+            api_key="bad", base_url=keyed_server.url
+        ).system_one("x", {"q": typesafe_sdk.Noul(instructions="?")})
 
 
 def test_systemone_is_ours_with_the_same_probabilities_as_decisions(keyed_server):
@@ -65,18 +86,41 @@ def test_systemone_is_ours_with_the_same_probabilities_as_decisions(keyed_server
     ``create_structured_decision``), and one question read alike on both wires."""
     paths = httpx.get(f"{keyed_server.url}/openapi.json", timeout=30).json()["paths"]
     for path in BODIES:
-        assert list(paths[path]) == ["post"] and "structured_decision" not in paths[path]["post"]["operationId"]
+        assert (
+            list(paths[path]) == ["post"]
+            and "structured_decision" not in paths[path]["post"]["operationId"]
+        )
     keyed = {"Authorization": f"Bearer {KEY}"}
     question = "Does the customer ask for a refund?"
     state = "I was charged twice for my order and want my money back."
-    openai_answer = httpx.post(f"{keyed_server.url}/v1/decisions", headers=keyed, timeout=60, json={
-        "model": "m", "input": state, "questions": [{"type": "predicate", "instructions": question}]})  # fmt: skip
-    jev_answer = httpx.post(f"{keyed_server.url}/v1/systemone", headers=keyed, timeout=60, json={
-        "state": state, "questions": {"refund": {"type": "noul", "instructions": question}}})  # fmt: skip
-    assert openai_answer.status_code == jev_answer.status_code == 200, (openai_answer.text, jev_answer.text)
+    openai_answer = httpx.post(
+        f"{keyed_server.url}/v1/decisions",
+        headers=keyed,
+        timeout=60,
+        json={
+            "model": "m",
+            "input": state,
+            "questions": [{"type": "predicate", "instructions": question}],
+        },
+    )
+    jev_answer = httpx.post(
+        f"{keyed_server.url}/v1/systemone",
+        headers=keyed,
+        timeout=60,
+        json={
+            "state": state,
+            "questions": {"refund": {"type": "noul", "instructions": question}},
+        },
+    )
+    assert openai_answer.status_code == jev_answer.status_code == 200, (
+        openai_answer.text,
+        jev_answer.text,
+    )
     assert "x-decision-latency-ms" in jev_answer.headers
     probability = openai_answer.json()["answers"][0]["probability"]
-    assert probability == pytest.approx(jev_answer.json()["answers"]["refund"]["noul"], abs=1e-6)
+    assert probability == pytest.approx(
+        jev_answer.json()["answers"]["refund"]["noul"], abs=1e-6
+    )
 
 
 def raw_request(url: str, method: str, target: str, body: bytes) -> tuple[int, bytes]:
@@ -97,7 +141,9 @@ def raw_request(url: str, method: str, target: str, body: bytes) -> tuple[int, b
 
 
 @pytest.mark.parametrize("path", list(BODIES))
-def test_no_spelling_of_a_decision_path_answers_without_the_key_over_raw_http(keyed_server, path):
+def test_no_spelling_of_a_decision_path_answers_without_the_key_over_raw_http(
+    keyed_server, path
+):
     """Trailing newline or CR (%0A, %0D), slashes, case, query strings, every method: refused, never
     answered (``POST /api/alpha/decisions%0A`` once was)."""
     body = json.dumps(BODIES[path]).encode()

@@ -22,38 +22,93 @@ from .conftest import TINY_QWEN_KEY
 
 MODEL = model_path("tiny-qwen2-random")
 # As the tiny server is configured (conftest.tiny_qwen_server), so the answers compare.
-ENV = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
-       "VLLM_TYPED_DECISIONS_BACKEND": "logit", "VLLM_TYPED_DECISIONS_DEBIAS": "off",
-       "VLLM_TYPED_DECISIONS_CALIBRATION": "off", "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1",
-       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
+ENV = {
+    "VLLM_ENABLE_TYPED_DECISIONS": "1",
+    "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+    "VLLM_TYPED_DECISIONS_BACKEND": "logit",
+    "VLLM_TYPED_DECISIONS_DEBIAS": "off",
+    "VLLM_TYPED_DECISIONS_CALIBRATION": "off",
+    "HF_HUB_OFFLINE": "1",
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
 # BULK_TEST_LINES=10000 repeats the checks at the size docs/bulk.md reports.
 LINES = int(os.environ.get("BULK_TEST_LINES", "400"))
 
 
 def openai_body(i: int) -> dict:
-    return {"model": "m", "input": f"Ticket {i % 40}: the payout to account {i % 40} is late.",
-            "questions": [{"type": "predicate", "instructions": f"Is question {i % 3} urgent?"},
-                          {"type": "choice", "instructions": "Which team?",
-                           "choices": [{"value": "billing"}, {"value": "tech"}, {"value": "sales"}]}]}  # fmt: skip
+    return {
+        "model": "m",
+        "input": f"Ticket {i % 40}: the payout to account {i % 40} is late.",
+        "questions": [
+            {"type": "predicate", "instructions": f"Is question {i % 3} urgent?"},
+            {
+                "type": "choice",
+                "instructions": "Which team?",
+                "choices": [
+                    {"value": "billing"},
+                    {"value": "tech"},
+                    {"value": "sales"},
+                ],
+            },
+        ],
+    }
 
 
 def jev_body(i: int) -> dict:
-    return {"state": f"Ticket {i % 40}: the payout to account {i % 40} is late.",
-            "questions": {"urgent": {"type": "noul", "instructions": f"Is question {i % 3} urgent?"}}}  # fmt: skip
+    return {
+        "state": f"Ticket {i % 40}: the payout to account {i % 40} is late.",
+        "questions": {
+            "urgent": {"type": "noul", "instructions": f"Is question {i % 3} urgent?"}
+        },
+    }
 
 
 def batch_lines() -> list[str]:
     lines = []
     for i in range(LINES):
-        url, body = ("/v1/decisions", openai_body(i)) if i % 2 else ("/v1/systemone", jev_body(i))
+        url, body = (
+            ("/v1/decisions", openai_body(i))
+            if i % 2
+            else ("/v1/systemone", jev_body(i))
+        )
         if i == 7:
-            body = {"model": "m", "input": "x", "questions": []}  # refused: at least one question
+            body = {
+                "model": "m",
+                "input": "x",
+                "questions": [],
+            }  # refused: at least one question
         if i == 11:
-            url, body = "/api/alpha/decisions", {"state": "x", "questions": {"q": {"type": "noul", "instruction": "?"}}}
-        lines.append(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": url, "body": body}))
+            url, body = (
+                "/api/alpha/decisions",
+                {
+                    "state": "x",
+                    "questions": {"q": {"type": "noul", "instruction": "?"}},
+                },
+            )
+        lines.append(
+            json.dumps(
+                {"custom_id": f"line-{i}", "method": "POST", "url": url, "body": body}
+            )
+        )
     lines.insert(20, "{this is not json")
-    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    lines.insert(30, json.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat}))
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }
+    lines.insert(
+        30,
+        json.dumps(
+            {
+                "custom_id": "chat",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": chat,
+            }
+        ),
+    )
     # Hostile lines, at the end so the lines above keep their numbers: a T whose scaled scores overflowed
     # (answered null), on both wires, and a number of more digits than int() converts (ended the run).
     lines.append(
@@ -62,7 +117,10 @@ def batch_lines() -> list[str]:
                 "custom_id": "tiny-t",
                 "method": "POST",
                 "url": "/v1/decisions",
-                "body": {**openai_body(1), "extra": {"calibration_temperature": 5e-324}},
+                "body": {
+                    **openai_body(1),
+                    "extra": {"calibration_temperature": 5e-324},
+                },
             }
         )
     )
@@ -77,14 +135,23 @@ def batch_lines() -> list[str]:
         )
     )
     lines.append(
-        '{"custom_id": "huge", "method": "POST", "url": "/v1/decisions", "body": {"seed": ' + "9" * 5000 + "}}"
+        '{"custom_id": "huge", "method": "POST", "url": "/v1/decisions", "body": {"seed": '
+        + "9" * 5000
+        + "}}"
     )
     return lines
 
 
 # A line that is not UTF-8 (it ended the run): the batch file's last line.
 NOT_UTF8 = (
-    json.dumps({"custom_id": "latin-1", "method": "POST", "url": "/v1/decisions", "body": openai_body(3)})
+    json.dumps(
+        {
+            "custom_id": "latin-1",
+            "method": "POST",
+            "url": "/v1/decisions",
+            "body": openai_body(3),
+        }
+    )
     .encode()
     .replace(b"late", b"l\xe4te")
 )
@@ -99,20 +166,47 @@ def batch_file(path: Path) -> Path:
     return path
 
 
-def run_batch(source: Path, target: Path, in_flight: int = 64, replicas: int = 1) -> subprocess.Popen:
-    command = [str(Path(sys.executable).parent / "vllm"), "run-batch", "-i", str(source), "-o", str(target),
-               "--model", str(MODEL), "--served-model-name", "m", "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
-               "--enable-prefix-caching", "--data-parallel-size", str(replicas)]  # fmt: skip
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")}, **ENV,
-           "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight), **engine_binding(replicas)}  # fmt: skip
+def run_batch(
+    source: Path, target: Path, in_flight: int = 64, replicas: int = 1
+) -> subprocess.Popen:
+    command = [
+        str(Path(sys.executable).parent / "vllm"),
+        "run-batch",
+        "-i",
+        str(source),
+        "-o",
+        str(target),
+        "--model",
+        str(MODEL),
+        "--served-model-name",
+        "m",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--enable-prefix-caching",
+        "--data-parallel-size",
+        str(replicas),
+    ]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")},
+        **ENV,
+        "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight),
+        **engine_binding(replicas),
+    }
     log = target.with_suffix(".log").open("a")
     # Its own process group, so a kill reaches the engine processes too.
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def finished(process: subprocess.Popen, log: Path) -> None:
     """The run ended having answered every line, some with an error (the input has bad lines)."""
-    assert process.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(errors="replace")[-3000:]
+    assert process.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(
+        errors="replace"
+    )[-3000:]
 
 
 def records(path: Path) -> list[dict]:
@@ -132,7 +226,11 @@ def probabilities(record: dict) -> list[float]:
     body = record["response"]["body"]
     if "answers" not in body:
         return []
-    answers = body["answers"].values() if isinstance(body["answers"], dict) else body["answers"]
+    answers = (
+        body["answers"].values()
+        if isinstance(body["answers"], dict)
+        else body["answers"]
+    )
     found = []
     for answer in answers:
         if "probability" in answer:
@@ -160,26 +258,61 @@ def test_every_line_is_answered_or_refused_in_place(reference):
     answered = by_line(target)
     total = len(source.read_bytes().splitlines())
     assert sorted(answered) == list(range(1, total + 1))
-    status = {r["custom_id"]: (r["response"] or {}).get("status_code") for r in answered.values()}
-    assert status["line-7"] == 400 and status["line-11"] == 422 and status["chat"] == 200
+    status = {
+        r["custom_id"]: (r["response"] or {}).get("status_code")
+        for r in answered.values()
+    }
+    assert (
+        status["line-7"] == 400 and status["line-11"] == 422 and status["chat"] == 200
+    )
     assert sum(s == 200 for s in status.values()) == LINES - 2 + 1
     bad = answered[21]  # the line that isn't JSON
-    assert bad["custom_id"] is None and bad["response"] is None and bad["error"]["code"] == "invalid_line"
+    assert (
+        bad["custom_id"] is None
+        and bad["response"] is None
+        and bad["error"]["code"] == "invalid_line"
+    )
     refused = answered[8]["response"]["body"]
-    assert "questions" in refused["error"]["message"] and refused["error"]["type"] == "BadRequestError"
-    assert answered[12]["response"]["body"]["detail"][0]["loc"] == ["body", "questions", "q", "instruction"]
+    assert (
+        "questions" in refused["error"]["message"]
+        and refused["error"]["type"] == "BadRequestError"
+    )
+    assert answered[12]["response"]["body"]["detail"][0]["loc"] == [
+        "body",
+        "questions",
+        "q",
+        "instruction",
+    ]
     assert answered[31]["response"]["body"]["object"] == "chat.completion"
     # The hostile lines: each answered in place, none with a null where a number belongs.
     tiny, tiny_jev, huge, latin = (answered[total - i] for i in (3, 2, 1, 0))
     assert tiny["custom_id"] == "tiny-t" and tiny["response"]["status_code"] == 400
-    assert "VLLM_TYPED_DECISIONS_MIN_TEMPERATURE" in tiny["response"]["body"]["error"]["message"]
-    assert tiny_jev["custom_id"] == "tiny-t-jev" and tiny_jev["response"]["status_code"] == 422
-    assert huge["error"]["code"] == "invalid_line" and "4300 digits" in huge["error"]["message"]
-    assert latin["error"]["code"] == "invalid_line" and "not valid UTF-8" in latin["error"]["message"]
-    failed = sum(r["error"] is not None or r["response"]["status_code"] != 200 for r in answered.values())
+    assert (
+        "VLLM_TYPED_DECISIONS_MIN_TEMPERATURE"
+        in tiny["response"]["body"]["error"]["message"]
+    )
+    assert (
+        tiny_jev["custom_id"] == "tiny-t-jev"
+        and tiny_jev["response"]["status_code"] == 422
+    )
+    assert (
+        huge["error"]["code"] == "invalid_line"
+        and "4300 digits" in huge["error"]["message"]
+    )
+    assert (
+        latin["error"]["code"] == "invalid_line"
+        and "not valid UTF-8" in latin["error"]["message"]
+    )
+    failed = sum(
+        r["error"] is not None or r["response"]["status_code"] != 200
+        for r in answered.values()
+    )
     assert failed == 3 + HOSTILE
     log = target.with_suffix(".log").read_text(errors="replace")
-    assert f"({failed} failed, 0 already answered)" in log and f"{failed} of {total} lines in" in log
+    assert (
+        f"({failed} failed, 0 already answered)" in log
+        and f"{failed} of {total} lines in" in log
+    )
 
 
 def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
@@ -189,35 +322,64 @@ def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
     process = run_batch(source, target, in_flight=1)
     deadline = time.monotonic() + 300
     while not target.exists() or len(target.read_text().splitlines()) < LINES // 6:
-        assert process.poll() is None, target.with_suffix(".log").read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "the batch wrote too few lines to kill it mid-run"
+        assert process.poll() is None, target.with_suffix(".log").read_text(
+            errors="replace"
+        )[-3000:]
+        assert time.monotonic() < deadline, (
+            "the batch wrote too few lines to kill it mid-run"
+        )
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     written = len(target.read_text().splitlines())
-    assert written < len(source.read_bytes().splitlines()), "the run had finished before the kill"
+    assert written < len(source.read_bytes().splitlines()), (
+        "the run had finished before the kill"
+    )
     finished(run_batch(source, target), target.with_suffix(".log"))
     log = target.with_suffix(".log").read_text(errors="replace")
-    assert f"{written} lines of" in log or f"{written - 1} lines of" in log, "the rerun did not resume"
+    assert f"{written} lines of" in log or f"{written - 1} lines of" in log, (
+        "the rerun did not resume"
+    )
     resumed, reference_lines = by_line(target), by_line(expected)
     assert sorted(resumed) == sorted(reference_lines)
     for line, record in reference_lines.items():
         again = resumed[line]
         assert again["custom_id"] == record["custom_id"]
-        assert (again["response"] or {}).get("status_code") == (record["response"] or {}).get("status_code")
-        if record["response"] and record["response"]["status_code"] == 200 and record["custom_id"] != "chat":
-            assert probabilities(again) == pytest.approx(probabilities(record), abs=2e-3), line
+        assert (again["response"] or {}).get("status_code") == (
+            record["response"] or {}
+        ).get("status_code")
+        if (
+            record["response"]
+            and record["response"]["status_code"] == 200
+            and record["custom_id"] != "chat"
+        ):
+            assert probabilities(again) == pytest.approx(
+                probabilities(record), abs=2e-3
+            ), line
 
 
 @pytest.mark.vllm032
 def test_answers_equal_the_servers(reference, tiny_qwen_server):
     _, target = reference
     for record in list(by_line(target).values())[:40]:
-        if not str(record["custom_id"]).startswith("line-") or record["response"]["status_code"] != 200:
+        if (
+            not str(record["custom_id"]).startswith("line-")
+            or record["response"]["status_code"] != 200
+        ):
             continue
         i = int(record["custom_id"].split("-")[1])
-        path, body = ("/v1/decisions", openai_body(i)) if i % 2 else ("/v1/systemone", jev_body(i))
-        served = httpx.post(tiny_qwen_server.url + path, json=body, timeout=60,
-                            headers={"Authorization": f"Bearer {TINY_QWEN_KEY}"})  # fmt: skip
+        path, body = (
+            ("/v1/decisions", openai_body(i))
+            if i % 2
+            else ("/v1/systemone", jev_body(i))
+        )
+        served = httpx.post(
+            tiny_qwen_server.url + path,
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {TINY_QWEN_KEY}"},
+        )
         assert served.status_code == 200, served.text
-        assert probabilities({"response": {"body": served.json()}}) == pytest.approx(probabilities(record), abs=2e-3)
+        assert probabilities({"response": {"body": served.json()}}) == pytest.approx(
+            probabilities(record), abs=2e-3
+        )

@@ -18,39 +18,58 @@ from ..conftest import model_path
 from .conftest import VllmServer, all_workers_ready, answered, workers_serving
 from .test_metrics import Samples, decision_samples, total
 
-QUESTION = {"model": "m", "input": "The sky is blue.", "questions": [{"type": "predicate", "instructions": "Blue?"}]}
+QUESTION = {
+    "model": "m",
+    "input": "The sky is blue.",
+    "questions": [{"type": "predicate", "instructions": "Blue?"}],
+}
 
 
 def bundled_lines(count: int) -> list[str]:
     """The last ``count`` questions of the bundled set. (SmolLM2-135M is near chance on the set's first
     questions, which puts the fitted T at the range's edge: a failure by design, tested below.)"""
-    text = resources.files("vllm.entrypoints.generate.decisions.calibration").joinpath("bundled.jsonl").read_text()
+    text = (
+        resources.files("vllm.entrypoints.generate.decisions.calibration")
+        .joinpath("bundled.jsonl")
+        .read_text()
+    )
     return text.splitlines()[-count:]
 
 
-def start(tmp_path, name: str, question_file, saved_dir, workers: int = 1,
-          **env: str) -> tuple[VllmServer, list[httpx.Response]]:  # fmt: skip
+def start(
+    tmp_path, name: str, question_file, saved_dir, workers: int = 1, **env: str
+) -> tuple[VllmServer, list[httpx.Response]]:
     """Start a server and poll a decision until every worker is ready; returns the 503s seen on the way."""
     # One read per question (debias off): calibration reading as requests do (rotate) is a unit test.
-    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_CALIBRATION": str(question_file),
-           "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir), "VLLM_TYPED_DECISIONS_DEBIAS": "off",
-           **env}  # fmt: skip
+    env = {
+        "VLLM_ENABLE_TYPED_DECISIONS": "1",
+        "VLLM_TYPED_DECISIONS_CALIBRATION": str(question_file),
+        "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(saved_dir),
+        "VLLM_TYPED_DECISIONS_DEBIAS": "off",
+        **env,
+    }
     args = ("--api-server-count", str(workers)) if workers > 1 else ()
-    server = VllmServer(model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env, *args)
+    server = VllmServer(
+        model_path("smollm2-135m-instruct"), tmp_path / f"{name}.log", env, *args
+    )
     starting: list[httpx.Response] = []
 
     def ready(s: VllmServer) -> bool:
         response = httpx.post(f"{s.url}/v1/decisions", json=QUESTION, timeout=30)
         if response.status_code == 503:
             starting.append(response)
-        return response.status_code == 200 and (workers == 1 or all_workers_ready(s, workers))
+        return response.status_code == 200 and (
+            workers == 1 or all_workers_ready(s, workers)
+        )
 
     server.wait(ready)
     return server, starting
 
 
 def audit(server: VllmServer, **extra) -> dict:
-    response = httpx.post(f"{server.url}/v1/decisions", json={**QUESTION, "extra": extra}, timeout=60)
+    response = httpx.post(
+        f"{server.url}/v1/decisions", json={**QUESTION, "extra": extra}, timeout=60
+    )
     assert response.status_code == 200, response.text
     return response.json()["answers"][0]["extra"]["audit"]
 
@@ -83,11 +102,16 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         noul = record["by_type"]["noul"]
         assert answer["temperature_source"] == "calibrated"
         assert answer["temperature_scope"] == ("server" if noul["fallback"] else "noul")
-        assert answer["calibration_temperature"] == pytest.approx(noul["applied_temperature"])
+        assert answer["calibration_temperature"] == pytest.approx(
+            noul["applied_temperature"]
+        )
         assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 150
         assert "decision calibration: T=" in first.log.read_text()
         overridden = audit(first, calibration_temperature=3.0)
-        assert (overridden["calibration_temperature"], overridden["temperature_source"]) == (3.0, "request")
+        assert (
+            overridden["calibration_temperature"],
+            overridden["temperature_source"],
+        ) == (3.0, "request")
         assert overridden["temperature_scope"] == "request"
     finally:
         first.stop()
@@ -95,9 +119,16 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     again, _ = start(tmp_path, "again", questions, saved_dir, workers=2)
     try:
         log = again.log.read_text()
-        assert log.count("loaded from a saved result)") == 2 and "decision calibration saved to" not in log
-        assert audit(again)["calibration_temperature"] == pytest.approx(noul["applied_temperature"])
-        assert log.count("decision calibration (choice): ") == 2, "every type's fit is loaded too"
+        assert (
+            log.count("loaded from a saved result)") == 2
+            and "decision calibration saved to" not in log
+        )
+        assert audit(again)["calibration_temperature"] == pytest.approx(
+            noul["applied_temperature"]
+        )
+        assert log.count("decision calibration (choice): ") == 2, (
+            "every type's fit is loaded too"
+        )
     finally:
         again.stop()
 
@@ -115,9 +146,17 @@ def honest_key(key: dict) -> None:
 
     assert re.fullmatch(r"[0-9a-f]{64}", key["model_files_sha256"]), key
     assert re.fullmatch(r"[0-9a-f]{64}", key["chat_template_sha256"])
-    assert key["chat_template_kwargs"]["add_generation_prompt"] is True and key["tokenizer"] == key["model_path"]
-    assert key["vllm_version"] == vllm.__version__ and key["render_version"] == RENDER_VERSION
-    assert key["min_option_mass"] == 0.5 and isinstance(key["reads"]["fp32_reads"], bool)
+    assert (
+        key["chat_template_kwargs"]["add_generation_prompt"] is True
+        and key["tokenizer"] == key["model_path"]
+    )
+    assert (
+        key["vllm_version"] == vllm.__version__
+        and key["render_version"] == RENDER_VERSION
+    )
+    assert key["min_option_mass"] == 0.5 and isinstance(
+        key["reads"]["fp32_reads"], bool
+    )
 
 
 def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None:
@@ -125,14 +164,26 @@ def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None
     with a Retry-After of 5 to 15 s; the log says when calibration starts, what it reads, and its progress.
     (The message's forms, and a waiting process's, are unit tests: tests/unit/test_readiness.py.)"""
     messages = [r.json()["error"]["message"] for r in starting]
-    assert all(5 <= int(r.headers["retry-after"]) <= 15 for r in starting), [r.headers for r in starting]
+    assert all(5 <= int(r.headers["retry-after"]) <= 15 for r in starting), [
+        r.headers for r in starting
+    ]
     waiting = r"waiting for another API-server process's (?P=step)"
     step = rf"(?P<step>self-check|calibration)(, {waiting}|, \d+ of 300 reads, .+)?"
-    assert all(re.fullmatch(rf"decisions are starting(: {step})?; retry shortly", m) for m in messages), messages
-    assert any(m.startswith("decisions are starting: calibration") for m in messages), messages
+    assert all(
+        re.fullmatch(rf"decisions are starting(: {step})?; retry shortly", m)
+        for m in messages
+    ), messages
+    assert any(m.startswith("decisions are starting: calibration") for m in messages), (
+        messages
+    )
     log = server.log.read_text(errors="replace")
-    assert log.count("decision calibration: reading 150 questions in 2 label layouts (letters, words), 300 reads "
-                     "in all; time left unknown until the first 8 reads") == 1, "one process calibrates"  # fmt: skip
+    assert (
+        log.count(
+            "decision calibration: reading 150 questions in 2 label layouts (letters, words), 300 reads "
+            "in all; time left unknown until the first 8 reads"
+        )
+        == 1
+    ), "one process calibrates"
     assert re.search(r"decision calibration: 8 of 300 reads, about \d+ s left", log)
 
 
@@ -141,22 +192,41 @@ def per_type_fits(server: VllmServer, record: dict) -> None:
     type's reads: both label layouts measured with every prior correction (VLLM_TYPED_DECISIONS_PRIOR
     auto, the default), the 37 choice questions too few to choose by (read in letters, no correction)."""
     log = server.log.read_text(errors="replace")
-    assert record["key"]["scheme"] == "per-type-prior-v2" and record["key"]["prior"] == "auto"
+    assert (
+        record["key"]["scheme"] == "per-type-prior-v2"
+        and record["key"]["prior"] == "auto"
+    )
     assert set(record["reads"]) == {"noul", "score"}
     for name, reads in record["reads"].items():
-        assert set(reads["by_layout"]) == {"letters", "words"} and reads["layout"] in reads["by_layout"]
+        assert (
+            set(reads["by_layout"]) == {"letters", "words"}
+            and reads["layout"] in reads["by_layout"]
+        )
         for layout, choice in reads["by_layout"].items():
-            assert set(choice["candidates"]) == {"off", "content-free", "fitted", "content-free+fitted"}
-            assert choice["mode"] in choice["candidates"] and f"decision reads ({name}, {layout}): " in log
+            assert set(choice["candidates"]) == {
+                "off",
+                "content-free",
+                "fitted",
+                "content-free+fitted",
+            }
+            assert (
+                choice["mode"] in choice["candidates"]
+                and f"decision reads ({name}, {layout}): " in log
+            )
         assert f"decision reads ({name}): {reads['layout']} labels kept" in log
     assert set(record["by_type"]) == {"noul", "choice", "score"}
     for name, fit in record["by_type"].items():
         assert fit["used"] > 0 and f"decision calibration ({name}): " in log
         if fit["fallback"] is None:
-            assert fit["applied_temperature"] == (fit["temperature"] if fit["kept"] else 1.0)
+            assert fit["applied_temperature"] == (
+                fit["temperature"] if fit["kept"] else 1.0
+            )
         else:
             assert fit["applied_temperature"] == record["applied_temperature"]
-            assert f"decision calibration ({name}): {fit['fallback']}, server-wide T applies" in log
+            assert (
+                f"decision calibration ({name}): {fit['fallback']}, server-wide T applies"
+                in log
+            )
 
 
 def metrics_of_both_workers(server: VllmServer, before: Samples, record: dict) -> None:
@@ -167,38 +237,67 @@ def metrics_of_both_workers(server: VllmServer, before: Samples, record: dict) -
     for path in ("/v1/decisions", "/v1/systemone"):
         ok = {"endpoint": path, "outcome": "ok"}
         assert total(after, requests, **ok) - total(before, requests, **ok) == 12, path
-    temperature, source = "vllm:decision_calibration_temperature", "vllm:decision_calibration_temperature_source"
-    assert total(after, temperature, scope="server") == pytest.approx(record["applied_temperature"])
+    temperature, source = (
+        "vllm:decision_calibration_temperature",
+        "vllm:decision_calibration_temperature_source",
+    )
+    assert total(after, temperature, scope="server") == pytest.approx(
+        record["applied_temperature"]
+    )
     assert total(after, source, scope="server", source="calibrated") == 1
     for name, fit in record["by_type"].items():
         if fit["fallback"] is None:  # a fit of its own
-            assert total(after, temperature, scope=name) == pytest.approx(fit["applied_temperature"]), name
+            assert total(after, temperature, scope=name) == pytest.approx(
+                fit["applied_temperature"]
+            ), name
         else:
-            assert not any(n == temperature and ("scope", name) in labels for n, labels in after), name
+            assert not any(
+                n == temperature and ("scope", name) in labels for n, labels in after
+            ), name
 
 
 def shared_startup_work(server: VllmServer, saved_dir) -> None:
     """One of the two API-server processes calibrated and ran the startup check; the other took both."""
     log = server.log.read_text(errors="replace")
     assert log.count("decision calibration saved to") == 1
-    assert len(re.findall(r"decision calibration: T=\S+ .*, \d+ s\)", log)) == 1  # measured once
+    assert (
+        len(re.findall(r"decision calibration: T=\S+ .*, \d+ s\)", log)) == 1
+    )  # measured once
     assert log.count("loaded from a saved result)") == 1
-    assert log.count("decision startup check: adopting the result of another API-server process") == 1
+    assert (
+        log.count(
+            "decision startup check: adopting the result of another API-server process"
+        )
+        == 1
+    )
     assert log.count("decision prompt: instructions in a system message") == 2
     assert len(list(saved_dir.glob("calibration-*.json"))) == 1
 
 
 def both_workers_answer_alike(server: VllmServer) -> None:
-    jev = {"state": QUESTION["input"], "questions": {"blue": {"type": "noul", "instructions": "Blue?"}}}
+    jev = {
+        "state": QUESTION["input"],
+        "questions": {"blue": {"type": "noul", "instructions": "Blue?"}},
+    }
     probabilities = set()
-    for _ in range(12):  # a new connection each time: the kernel spreads them over both workers
-        probabilities.add(answered(server, "/v1/decisions", QUESTION)["answers"][0]["probability"])
+    for _ in range(
+        12
+    ):  # a new connection each time: the kernel spreads them over both workers
+        probabilities.add(
+            answered(server, "/v1/decisions", QUESTION)["answers"][0]["probability"]
+        )
         answered(server, "/v1/systemone", jev)
     both = {"ApiServer_0", "ApiServer_1"}
-    assert workers_serving(server, "/v1/decisions") == workers_serving(server, "/v1/systemone") == both
+    assert (
+        workers_serving(server, "/v1/decisions")
+        == workers_serving(server, "/v1/systemone")
+        == both
+    )
     # One engine answers for both; a read over cached prefix blocks may differ from a fresh one by a little
     # (docs/wire-formats.md, What the numbers mean), so alike means within that.
-    assert max(probabilities) - min(probabilities) < 0.05, f"the workers answered differently: {probabilities}"
+    assert max(probabilities) - min(probabilities) < 0.05, (
+        f"the workers answered differently: {probabilities}"
+    )
 
 
 def test_a_failure_gives_the_default_temperature_and_a_warning(tmp_path, saved_dir):
@@ -212,7 +311,10 @@ def test_a_failure_gives_the_default_temperature_and_a_warning(tmp_path, saved_d
             time.sleep(0.5)
         assert warning in server.log.read_text()
         answer = audit(server)
-        assert (answer["calibration_temperature"], answer["temperature_source"]) == (1.0, "default")
+        assert (answer["calibration_temperature"], answer["temperature_source"]) == (
+            1.0,
+            "default",
+        )
         assert answer["temperature_scope"] == "server"
     finally:
         server.stop()

@@ -22,31 +22,63 @@ def finished(server: VllmServer) -> tuple[float, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
 
     def total(name: str) -> float:
-        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
+        return sum(
+            float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M)
+        )
 
     return total("vllm:request_success_total"), total("vllm:prompt_tokens_total")
 
 
 def fresh_state(words: int) -> str:
-    return f"{uuid.uuid4().hex} " + "the ticket mentions a delayed payout " * (words // 6)
+    return f"{uuid.uuid4().hex} " + "the ticket mentions a delayed payout " * (
+        words // 6
+    )
 
 
 def openai_body(questions: int, words: int, debias: str = "rotate") -> dict:
-    return {"model": "m", "input": fresh_state(words), "extra": {"debias": debias},
-            "questions": [{"type": "predicate", "instructions": f"Question {i}?"} for i in range(questions)]}  # fmt: skip
+    return {
+        "model": "m",
+        "input": fresh_state(words),
+        "extra": {"debias": debias},
+        "questions": [
+            {"type": "predicate", "instructions": f"Question {i}?"}
+            for i in range(questions)
+        ],
+    }
 
 
 def two_stage_body(path: str) -> dict:
     choices = [f"team {i}" for i in range(20)]
     if path == "/v1/decisions":
-        return {"model": "m", "input": fresh_state(150), "extra": {"backend_options": {"readout": "two-stage"}, "debias": "off"},
-                "questions": [{"type": "choice", "instructions": "Which team?", "choices": [{"value": c} for c in choices]}]}  # fmt: skip
-    return {"state": fresh_state(150), "extra": {"backend_options": {"readout": "two-stage"}, "debias": "off"},
-            "questions": {"team": {"type": "choice", "instructions": "Which team?", "criteria": dict.fromkeys(choices)}}}  # fmt: skip
+        return {
+            "model": "m",
+            "input": fresh_state(150),
+            "extra": {"backend_options": {"readout": "two-stage"}, "debias": "off"},
+            "questions": [
+                {
+                    "type": "choice",
+                    "instructions": "Which team?",
+                    "choices": [{"value": c} for c in choices],
+                }
+            ],
+        }
+    return {
+        "state": fresh_state(150),
+        "extra": {"backend_options": {"readout": "two-stage"}, "debias": "off"},
+        "questions": {
+            "team": {
+                "type": "choice",
+                "instructions": "Which team?",
+                "criteria": dict.fromkeys(choices),
+            }
+        },
+    }
 
 
 def disconnect(server: VllmServer, path: str, body: dict) -> None:
-    with pytest.raises(httpx.TimeoutException):  # the request must still be running when we leave
+    with pytest.raises(
+        httpx.TimeoutException
+    ):  # the request must still be running when we leave
         httpx.post(server.url + path, json=body, timeout=0.3)
 
 
@@ -83,9 +115,13 @@ def test_a_disconnect_leaves_no_engine_work(server, case, whole_request):
     disconnect(server, path, body())
     time.sleep(0.5)
     at_disconnect = finished(server)
-    time.sleep(max(6.0, 1.5 * whole_request[case][0]))  # longer than the whole request takes here
+    time.sleep(
+        max(6.0, 1.5 * whole_request[case][0])
+    )  # longer than the whole request takes here
     later = finished(server)
-    assert later == at_disconnect, f"engine work went on after the client left: {at_disconnect} -> {later}"
+    assert later == at_disconnect, (
+        f"engine work went on after the client left: {at_disconnect} -> {later}"
+    )
     assert later[0] - before[0] < reads
 
 

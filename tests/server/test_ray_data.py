@@ -22,7 +22,16 @@ from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
 
 from ..conftest import ROOT
 from .conftest import TINY_QWEN_KEY
-from .test_bulk import ENV, FAILED_LINES_EXIT, MODEL, batch_file, by_line, jev_body, openai_body, probabilities
+from .test_bulk import (
+    ENV,
+    FAILED_LINES_EXIT,
+    MODEL,
+    batch_file,
+    by_line,
+    jev_body,
+    openai_body,
+    probabilities,
+)
 
 # Several engines at once (tools/test.sh runs these files in a pass of their own: beside the other tests'
 # servers a 24 GiB machine ran out of memory).
@@ -30,8 +39,13 @@ pytestmark = pytest.mark.many_engines
 
 TOOL = ROOT / "tools" / "ray_decide.py"
 # The engine as the test servers run it (conftest.VllmServer), the tiny model's context.
-ENGINE = {"dtype": "float32", "enforce_eager": True, "block_size": 32, "max_model_len": 2048,
-          "enable_prefix_caching": True}  # fmt: skip
+ENGINE = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "block_size": 32,
+    "max_model_len": 2048,
+    "enable_prefix_caching": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +54,16 @@ def cluster(monkeypatch_module):
     is off: it counts the whole machine's memory as the cluster's, and on a machine shared with the
     other tests' servers it killed this cluster's actors to free memory they weren't using."""
     monkeypatch_module.setenv("RAY_memory_monitor_refresh_ms", "0")
-    context = ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
-                       runtime_env={"env_vars": {k: v for k, v in ENV.items() if k.startswith(("HF_", "TORCH_"))}})  # fmt: skip
+    context = ray.init(
+        num_cpus=2,
+        object_store_memory=256 * 2**20,
+        include_dashboard=False,
+        runtime_env={
+            "env_vars": {
+                k: v for k, v in ENV.items() if k.startswith(("HF_", "TORCH_"))
+            }
+        },
+    )
     try:
         yield context.address_info["gcs_address"]
     finally:
@@ -63,13 +85,36 @@ def map_workers() -> list[psutil.Process]:
     return found
 
 
-def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(cluster, tiny_qwen_server, tmp_path):
-    source, target, log = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ray_decide.log"
+def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
+    cluster, tiny_qwen_server, tmp_path
+):
+    source, target, log = (
+        tmp_path / "in.jsonl",
+        tmp_path / "out.jsonl",
+        tmp_path / "ray_decide.log",
+    )
     total = len(batch_file(source).read_bytes().splitlines())
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")}, **ENV}
-    command = [sys.executable, str(TOOL), "--model", str(MODEL), "-i", str(source), "-o", str(target),
-               "--address", cluster, "--actors", "1", "--batch-size", "8",
-               *(f"--engine-arg={key}={json.dumps(value)}" for key, value in ENGINE.items())]  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")},
+        **ENV,
+    }
+    command = [
+        sys.executable,
+        str(TOOL),
+        "--model",
+        str(MODEL),
+        "-i",
+        str(source),
+        "-o",
+        str(target),
+        "--address",
+        cluster,
+        "--actors",
+        "1",
+        "--batch-size",
+        "8",
+        *(f"--engine-arg={key}={json.dumps(value)}" for key, value in ENGINE.items()),
+    ]
     with log.open("w") as out:
         tool = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -79,23 +124,37 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(cluster, tiny_qwe
             assert time.monotonic() < deadline, "no line answered in 600 s"
             time.sleep(0.1)
         (actor,) = map_workers()
-        actor.send_signal(signal.SIGKILL)  # the actor dies mid-dataset, its engine with it
+        actor.send_signal(
+            signal.SIGKILL
+        )  # the actor dies mid-dataset, its engine with it
         at_kill = target.read_text().count("\n")
         # Every line answered, some with an error: run-batch's exit status for that.
-        assert tool.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(errors="replace")[-3000:]
+        assert tool.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(
+            errors="replace"
+        )[-3000:]
     finally:
         if tool.poll() is None:
             tool.kill()
     assert at_kill < total  # the kill came while lines were still to be answered
 
-    answered = by_line(target)  # each line once: a retried batch's lines are not written twice
+    answered = by_line(
+        target
+    )  # each line once: a retried batch's lines are not written twice
     assert sorted(answered) == list(range(1, total + 1))
     by_custom_id = {record["custom_id"]: record for record in answered.values()}
-    assert answered[21]["error"]["code"] == "invalid_line" and answered[21]["response"] is None
+    assert (
+        answered[21]["error"]["code"] == "invalid_line"
+        and answered[21]["response"] is None
+    )
     assert by_custom_id["chat"]["error"]["code"] == "unsupported_url"
     refused = by_custom_id["line-7"]["response"]
-    assert refused["status_code"] == 400 and refused["body"]["error"]["type"] == "BadRequestError"
-    assert by_custom_id["line-11"]["response"]["status_code"] == 422  # /api/alpha/decisions, Jev's error shape
+    assert (
+        refused["status_code"] == 400
+        and refused["body"]["error"]["type"] == "BadRequestError"
+    )
+    assert (
+        by_custom_id["line-11"]["response"]["status_code"] == 422
+    )  # /api/alpha/decisions, Jev's error shape
     assert "detail" in by_custom_id["line-11"]["response"]["body"]
     # The hostile lines, answered in place (a bad row never fails its batch).
     assert by_custom_id["tiny-t"]["response"]["status_code"] == 400
@@ -104,19 +163,35 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(cluster, tiny_qwe
     assert "not valid UTF-8" in answered[total]["error"]["message"]
     assert "lines in the output failed" in log.read_text(errors="replace")
     for i in range(12, 32):  # the server's answers, both wires
-        path, body = ("/v1/decisions", openai_body(i)) if i % 2 else ("/v1/systemone", jev_body(i))
-        served = httpx.post(tiny_qwen_server.url + path, json=body, timeout=60,
-                            headers={"Authorization": f"Bearer {TINY_QWEN_KEY}"})  # fmt: skip
+        path, body = (
+            ("/v1/decisions", openai_body(i))
+            if i % 2
+            else ("/v1/systemone", jev_body(i))
+        )
+        served = httpx.post(
+            tiny_qwen_server.url + path,
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {TINY_QWEN_KEY}"},
+        )
         record = by_custom_id[f"line-{i}"]
-        assert record["response"]["status_code"] == served.status_code == 200, served.text
-        assert probabilities(record) == pytest.approx(probabilities({"response": {"body": served.json()}}), abs=2e-3)
+        assert record["response"]["status_code"] == served.status_code == 200, (
+            served.text
+        )
+        assert probabilities(record) == pytest.approx(
+            probabilities({"response": {"body": served.json()}}), abs=2e-3
+        )
 
 
 def last_questions(count: int) -> str:
     """The last ``count`` questions of the bundled calibration set (test_calibration.py's choice)."""
     from importlib import resources
 
-    text = resources.files("vllm.entrypoints.generate.decisions.calibration").joinpath("bundled.jsonl").read_text()
+    text = (
+        resources.files("vllm.entrypoints.generate.decisions.calibration")
+        .joinpath("bundled.jsonl")
+        .read_text()
+    )
     return "\n".join(text.splitlines()[-count:]) + "\n"
 
 
@@ -124,15 +199,33 @@ def test_the_actors_of_a_stage_check_and_calibrate_once(cluster, tmp_path):
     questions = tmp_path / "questions.jsonl"
     questions.write_text(last_questions(50))
     settings = {**ENV, "VLLM_TYPED_DECISIONS_CALIBRATION": str(questions)}
-    bodies = [{"body": json.dumps(openai_body(i)), "url": "/v1/decisions"} for i in range(6)]
-    bodies += [{"body": json.dumps(jev_body(i)), "url": "/v1/systemone"} for i in range(6)]
-    bodies.insert(5, {"body": '{"model": "m", "input": ', "url": "/v1/decisions"})  # not JSON: refused in place
-    stage = decisions_stage(str(MODEL), ENGINE, served_model="m", concurrency=2, batch_size=2,
-                            runtime_env={"env_vars": settings},
-                            # each actor its own calibration folder, as on a node of its own
-                            actor_env=[{"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / f"node-{k}")} for k in range(2)])  # fmt: skip
+    bodies = [
+        {"body": json.dumps(openai_body(i)), "url": "/v1/decisions"} for i in range(6)
+    ]
+    bodies += [
+        {"body": json.dumps(jev_body(i)), "url": "/v1/systemone"} for i in range(6)
+    ]
+    bodies.insert(
+        5, {"body": '{"model": "m", "input": ', "url": "/v1/decisions"}
+    )  # not JSON: refused in place
+    stage = decisions_stage(
+        str(MODEL),
+        ENGINE,
+        served_model="m",
+        concurrency=2,
+        batch_size=2,
+        runtime_env={"env_vars": settings},
+        # each actor its own calibration folder, as on a node of its own
+        actor_env=[
+            {"VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / f"node-{k}")}
+            for k in range(2)
+        ],
+    )
     context = ray.data.DataContext.get_current()
-    waited, context.wait_for_min_actors_s = context.wait_for_min_actors_s, 600  # both actors started, then rows
+    waited, context.wait_for_min_actors_s = (
+        context.wait_for_min_actors_s,
+        600,
+    )  # both actors started, then rows
     try:
         rows = ray.data.from_items(bodies).map_batches(**stage).take_all()
     finally:
@@ -144,9 +237,15 @@ def test_the_actors_of_a_stage_check_and_calibrate_once(cluster, tmp_path):
     report = ray.get(stage["fn_constructor_kwargs"]["board"].report.remote())
     assert report["actors_started"] == 2
     made = sorted(name.split("-")[0] for name in report["made"])
-    assert made == ["calibration", "startup"] and set(report["made"].values()) == {1}  # each made once
-    saved = [path.read_text() for path in sorted(tmp_path.glob("node-*/calibration-*.json"))]
-    assert len(saved) == 2 and saved[0] == saved[1]  # the one record, in each actor's own folder
+    assert made == ["calibration", "startup"] and set(report["made"].values()) == {
+        1
+    }  # each made once
+    saved = [
+        path.read_text() for path in sorted(tmp_path.glob("node-*/calibration-*.json"))
+    ]
+    assert (
+        len(saved) == 2 and saved[0] == saved[1]
+    )  # the one record, in each actor's own folder
     # The tiny model's answers are noise, so its fit may fail: then both actors apply the default T.
     source = "default" if "failed" in json.loads(saved[0]) else "calibrated"
     for row in rows:

@@ -13,7 +13,12 @@ from transformers import AutoTokenizer
 
 from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer
 from vllm.entrypoints.generate.decisions.prompting.prompt import messages
-from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    NOUL,
+    ChoiceQuestion,
+    NoulQuestion,
+)
 
 from ..conftest import model_path
 
@@ -27,12 +32,24 @@ STATES = [
     "Order 66125 shipped 2026-11-30T09:45:00Z; refund 12.50 EUR!!! ...",
 ]
 QUESTIONS = [
-    ({"type": "predicate", "instructions": "Is this urgent?"}, NOUL.compile(NoulQuestion(instructions="Is this urgent?"))),
     (
-        {"type": "choice", "instructions": "Which team?", "choices": [{"value": v} for v in ("billing", "tech", "sales")]},
-        CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": None, "tech": None, "sales": None})),
+        {"type": "predicate", "instructions": "Is this urgent?"},
+        NOUL.compile(NoulQuestion(instructions="Is this urgent?")),
     ),
-]  # fmt: skip
+    (
+        {
+            "type": "choice",
+            "instructions": "Which team?",
+            "choices": [{"value": v} for v in ("billing", "tech", "sales")],
+        },
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": None, "tech": None, "sales": None},
+            )
+        ),
+    ),
+]
 
 
 def test_startup_check_switched_it_on(server):
@@ -42,24 +59,44 @@ def test_startup_check_switched_it_on(server):
 @pytest.mark.parametrize("state", STATES, ids=range(len(STATES)))
 def test_shared_rendering_matches_full_rendering(client, state):
     # One read per question in the head's own dtype (debias off, precision model), as /v1/completions reads.
-    body = {"model": "m", "input": state, "extra": {"backend_options": {"logprobs": "exact", "precision": "model"},
-                                                     "debias": "off"},
-            "questions": [wire for wire, _ in QUESTIONS]}  # fmt: skip
+    body = {
+        "model": "m",
+        "input": state,
+        "extra": {
+            "backend_options": {"logprobs": "exact", "precision": "model"},
+            "debias": "off",
+        },
+        "questions": [wire for wire, _ in QUESTIONS],
+    }
     # Asked twice: the second time every full block of each prompt comes from the prefix cache, as it
     # will for the bare reads below. (On this CPU in bfloat16 a read computed afresh and one over cached
     # blocks differ by a few hundredths in log-probability, so only like is compared with like.)
     assert client.post("/v1/decisions", json=body).status_code == 200
     response = client.post("/v1/decisions", json=body)
     assert response.status_code == 200, response.text
-    host = TokenizerOnlyHost(AutoTokenizer.from_pretrained(model_path("smollm2-135m-instruct")))
+    host = TokenizerOnlyHost(
+        AutoTokenizer.from_pretrained(model_path("smollm2-135m-instruct"))
+    )
     placer = AnswerSlotPlacer(host)
-    for answer, (_, compiled) in zip(response.json()["answers"], QUESTIONS, strict=True):
+    for answer, (_, compiled) in zip(
+        response.json()["answers"], QUESTIONS, strict=True
+    ):
         labels = [chr(ord("A") + i) for i in range(len(compiled.options))]
-        slot = placer.place(asyncio.run(host.render_chat(messages(state, compiled, labels))), labels)
+        slot = placer.place(
+            asyncio.run(host.render_chat(messages(state, compiled, labels))), labels
+        )
         assert answer["extra"]["audit"]["input_tokens"] == len(slot.prompt_ids)
-        bare = client.post("/v1/completions", json={
-            "model": client.get("/v1/models").json()["data"][0]["id"], "prompt": slot.prompt_ids, "max_tokens": 1,
-            "logprobs": 1, "logprob_token_ids": slot.label_ids, "return_tokens_as_token_ids": True})  # fmt: skip
+        bare = client.post(
+            "/v1/completions",
+            json={
+                "model": client.get("/v1/models").json()["data"][0]["id"],
+                "prompt": slot.prompt_ids,
+                "max_tokens": 1,
+                "logprobs": 1,
+                "logprob_token_ids": slot.label_ids,
+                "return_tokens_as_token_ids": True,
+            },
+        )
         assert bare.status_code == 200, bare.text
         read = bare.json()["choices"][0]["logprobs"]["top_logprobs"][0]
         expected = [read[f"token_id:{t}"] for t in slot.label_ids]

@@ -33,11 +33,20 @@ ON_VLLM_030 = vllm.__version__.startswith("0.30.")
 if not ON_VLLM_030:
     SERVED = {"gemma2": SERVED["gemma2"]}
 pytestmark = pytest.mark.vllm032
-TEAM = {"type": "choice", "instructions": "Which team?",
-        "choices": [{"value": v} for v in ("billing", "tech", "sales", "shipping", "account", "other")]}  # fmt: skip
+TEAM = {
+    "type": "choice",
+    "instructions": "Which team?",
+    "choices": [
+        {"value": v}
+        for v in ("billing", "tech", "sales", "shipping", "account", "other")
+    ],
+}
 # The first self-check probe as a request: its prompt is the one pinned for each family.
-PROBE = {"input": "The sky is blue and the sun is shining.", "extra": {"debias": "off"},
-         "questions": [{"type": "predicate", "instructions": "Is the sun shining?"}]}  # fmt: skip
+PROBE = {
+    "input": "The sky is blue and the sun is shining.",
+    "extra": {"debias": "off"},
+    "questions": [{"type": "predicate", "instructions": "Is the sun shining?"}],
+}
 
 
 def base_model(folder: Path) -> Path:
@@ -52,21 +61,32 @@ def base_model(folder: Path) -> Path:
 
 
 def startup_refused(server: VllmServer) -> bool:
-    return "decisions unavailable on this server" in server.log.read_text(errors="replace")
+    return "decisions unavailable on this server" in server.log.read_text(
+        errors="replace"
+    )
 
 
 @pytest.fixture(scope="module")
 def family_servers(tmp_path_factory):
-    env = {"VLLM_ENABLE_TYPED_DECISIONS": "1", "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
-           "VLLM_TYPED_DECISIONS_BACKEND": "logit"}  # fmt: skip
+    env = {
+        "VLLM_ENABLE_TYPED_DECISIONS": "1",
+        "VLLM_TYPED_DECISIONS_MIN_OPTION_MASS": "0",
+        "VLLM_TYPED_DECISIONS_BACKEND": "logit",
+    }
     folder = tmp_path_factory.mktemp("templates")
     servers: dict[str, VllmServer] = {}
     try:
         for name in SERVED:
             mode = BY_NAME[name].tokenizer_mode
             # bfloat16, as these models are served: GPT-OSS's attention sinks on CPU take nothing else.
-            servers[name] = VllmServer(family_path(BY_NAME[name]), folder / f"{name}.log", env,
-                                       "--tokenizer-mode", mode, dtype="bfloat16")  # fmt: skip
+            servers[name] = VllmServer(
+                family_path(BY_NAME[name]),
+                folder / f"{name}.log",
+                env,
+                "--tokenizer-mode",
+                mode,
+                dtype="bfloat16",
+            )
         if ON_VLLM_030:
             servers["base"] = VllmServer(base_model(folder), folder / "base.log", env)
         for name, server in servers.items():
@@ -89,22 +109,55 @@ def test_the_startup_log_says_how_the_decision_prompt_works(family_servers, name
 def test_both_wires_answer_the_same_question_alike(family_servers, name):
     url = family_servers[name].url
     criteria = {"billing": None, "tech": None, "sales": None}
-    openai = httpx.post(f"{url}/v1/decisions", timeout=120, json={
-        "model": name, "input": "Card charged twice!", "extra": {"debias": "off"},
-        "questions": [{"type": "choice", "instructions": "Which team?",
-                       "choices": [{"value": value} for value in criteria]}]})  # fmt: skip
-    jev = httpx.post(f"{url}/v1/systemone", timeout=120, json={
-        "state": "Card charged twice!", "extra": {"debias": "off"},
-        "questions": {"team": {"type": "choice", "instructions": "Which team?", "criteria": criteria}}})  # fmt: skip
+    openai = httpx.post(
+        f"{url}/v1/decisions",
+        timeout=120,
+        json={
+            "model": name,
+            "input": "Card charged twice!",
+            "extra": {"debias": "off"},
+            "questions": [
+                {
+                    "type": "choice",
+                    "instructions": "Which team?",
+                    "choices": [{"value": value} for value in criteria],
+                }
+            ],
+        },
+    )
+    jev = httpx.post(
+        f"{url}/v1/systemone",
+        timeout=120,
+        json={
+            "state": "Card charged twice!",
+            "extra": {"debias": "off"},
+            "questions": {
+                "team": {
+                    "type": "choice",
+                    "instructions": "Which team?",
+                    "criteria": criteria,
+                }
+            },
+        },
+    )
     assert openai.status_code == 200 and jev.status_code == 200, (openai.text, jev.text)
-    by_openai = {c["value"]: c["probability"] for c in openai.json()["answers"][0]["probabilities"]}
-    assert by_openai == pytest.approx(jev.json()["answers"]["team"]["probabilities"], abs=1e-6)
+    by_openai = {
+        c["value"]: c["probability"]
+        for c in openai.json()["answers"][0]["probabilities"]
+    }
+    assert by_openai == pytest.approx(
+        jev.json()["answers"]["team"]["probabilities"], abs=1e-6
+    )
     assert sum(by_openai.values()) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("name", SERVED)
 def test_the_engine_reads_the_pinned_prompt(family_servers, name):
-    answer = httpx.post(f"{family_servers[name].url}/v1/decisions", json={"model": name, **PROBE}, timeout=120)
+    answer = httpx.post(
+        f"{family_servers[name].url}/v1/decisions",
+        json={"model": name, **PROBE},
+        timeout=120,
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["input_tokens"] == pinned_prompts()[name]["tokens"]
 
@@ -121,33 +174,62 @@ def test_reads_say_their_precision_under_the_bf16_model(family_servers, name):
     url = family_servers[name].url
     reads = {}
     for precision in ("float32", "model"):
-        body = {"model": name, "input": "Card charged twice!", "questions": [TEAM],
-                "extra": {"debias": "off", "backend_options": {"precision": precision}}}  # fmt: skip
+        body = {
+            "model": name,
+            "input": "Card charged twice!",
+            "questions": [TEAM],
+            "extra": {"debias": "off", "backend_options": {"precision": precision}},
+        }
         response = httpx.post(f"{url}/v1/decisions", json=body, timeout=120)
         assert response.status_code == 200, response.text
         answer = response.json()["answers"][0]["extra"]
         exact = precision == "float32" and FP32_READS[name]
-        assert answer["audit"]["logit_precision"] == ("float32" if exact else "bfloat16")
+        assert answer["audit"]["logit_precision"] == (
+            "float32" if exact else "bfloat16"
+        )
         reads[precision] = list(answer["backend"]["option_logits"].values())
     log = family_servers[name].log.read_text(errors="replace")
     if FP32_READS[name]:
-        assert reads["float32"] != reads["model"] and reads["float32"] == pytest.approx(reads["model"], abs=0.1)
-        assert "option log-probabilities in float32, recomputed from the bfloat16 model" in log
+        assert reads["float32"] != reads["model"] and reads["float32"] == pytest.approx(
+            reads["model"], abs=0.1
+        )
+        assert (
+            "option log-probabilities in float32, recomputed from the bfloat16 model"
+            in log
+        )
     else:
         assert reads["float32"] == reads["model"]
-        assert "option log-probabilities in bfloat16, the LM head's dtype: the engine returned" in log
+        assert (
+            "option log-probabilities in bfloat16, the LM head's dtype: the engine returned"
+            in log
+        )
 
 
-@pytest.mark.skipif(not ON_VLLM_030, reason="on vLLM 0.32 one family only (tools/test.sh)")
+@pytest.mark.skipif(
+    not ON_VLLM_030, reason="on vLLM 0.32 one family only (tools/test.sh)"
+)
 def test_a_model_without_a_chat_template_is_refused_with_what_to_pass(family_servers):
     server = family_servers["base"]
-    bodies = {"/v1/decisions": {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "x?"}]},
-              "/v1/systemone": {"state": "x", "questions": {"q": {"type": "noul", "instructions": "x?"}}}}  # fmt: skip
+    bodies = {
+        "/v1/decisions": {
+            "model": "m",
+            "input": "x",
+            "questions": [{"type": "predicate", "instructions": "x?"}],
+        },
+        "/v1/systemone": {
+            "state": "x",
+            "questions": {"q": {"type": "noul", "instructions": "x?"}},
+        },
+    }
     for path, body in bodies.items():
         refused = httpx.post(server.url + path, json=body, timeout=60)
         assert refused.status_code == 503, refused.text
         assert "--chat-template" in refused.text
-        assert "retry-after" not in refused.headers  # waiting won't help: the server needs a template
+        assert (
+            "retry-after" not in refused.headers
+        )  # waiting won't help: the server needs a template
     log = server.log.read_text(errors="replace")
     assert "--chat-template" in log and "Traceback" not in log
-    assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # vLLM itself serves on
+    assert (
+        httpx.get(server.url + "/health", timeout=10).status_code == 200
+    )  # vLLM itself serves on

@@ -44,8 +44,12 @@ class Family:
     # --engine starts every family on an engine.
     proven_by: str
     notes: str = ""
-    tokenizer_mode: str = "auto"  # vLLM's tokenizer_mode; "mistral" renders with mistral_common, no jinja
-    reasoning: tuple[str, str] | None = None  # the reasoning block's open/close tokens, where it has one
+    tokenizer_mode: str = (
+        "auto"  # vLLM's tokenizer_mode; "mistral" renders with mistral_common, no jinja
+    )
+    reasoning: tuple[str, str] | None = (
+        None  # the reasoning block's open/close tokens, where it has one
+    )
 
     @property
     def template_file(self) -> Path | None:
@@ -60,7 +64,12 @@ FAMILIES: tuple[Family, ...] = (
         title="Llama 3.1 / 3.2",
         architecture="LlamaForCausalLM",
         tokenizer="llama3",
-        special_tokens=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        special_tokens=(
+            "<|begin_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ),
         bos="<|begin_of_text|>",
         eos="<|eot_id|>",
         proven_by="tokenizer",
@@ -85,7 +94,12 @@ FAMILIES: tuple[Family, ...] = (
         title="DeepSeek-R1 distill (Qwen)",
         architecture="Qwen2ForCausalLM",
         tokenizer="qwen",
-        special_tokens=("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
+        special_tokens=(
+            "<｜begin▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<｜end▁of▁sentence｜>",
+        ),
         bos="<｜begin▁of▁sentence｜>",
         eos="<｜end▁of▁sentence｜>",
         proven_by="serve",
@@ -132,7 +146,13 @@ FAMILIES: tuple[Family, ...] = (
         title="Mistral (v7 tekken)",
         architecture="MistralForCausalLM",
         tokenizer="tekken",
-        special_tokens=("<s>", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[INST]", "[/INST]"),
+        special_tokens=(
+            "<s>",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+            "[INST]",
+            "[/INST]",
+        ),
         bos="<s>",
         eos="</s>",
         proven_by="tokenizer",
@@ -145,7 +165,14 @@ FAMILIES: tuple[Family, ...] = (
         title="GPT-OSS (harmony)",
         architecture="GptOssForCausalLM",
         tokenizer="o200k",
-        special_tokens=("<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>"),
+        special_tokens=(
+            "<|start|>",
+            "<|message|>",
+            "<|end|>",
+            "<|channel|>",
+            "<|return|>",
+            "<|call|>",
+        ),
         bos=None,
         eos="<|return|>",
         proven_by="serve",
@@ -183,7 +210,14 @@ FAMILIES: tuple[Family, ...] = (
         title="GLM-4-0414",
         architecture="Glm4ForCausalLM",
         tokenizer="local",
-        special_tokens=("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|endoftext|>"),
+        special_tokens=(
+            "[gMASK]",
+            "<sop>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|endoftext|>",
+        ),
         bos=None,
         eos="<|user|>",
         proven_by="tokenizer",

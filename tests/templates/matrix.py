@@ -16,30 +16,60 @@ from unittest import mock
 
 from vllm.entrypoints.generate.decisions.backends.logit.readouts import labelled_slot
 from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
-from vllm.entrypoints.generate.decisions.backends.logit.stencil import StencilPool, stencil_check
+from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
+    StencilPool,
+    stencil_check,
+)
 from vllm.entrypoints.generate.decisions.host import VllmHost
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer, supported_reasoning_blocks
-from vllm.entrypoints.generate.decisions.prompting.chat_template import takes_system_role
-from vllm.entrypoints.generate.decisions.prompting.labels import MARKERS, LabelCatalog, pair_candidates
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+    AnswerSlotPlacer,
+    supported_reasoning_blocks,
+)
+from vllm.entrypoints.generate.decisions.prompting.chat_template import (
+    takes_system_role,
+)
+from vllm.entrypoints.generate.decisions.prompting.labels import (
+    MARKERS,
+    LabelCatalog,
+    pair_candidates,
+)
 from vllm.entrypoints.generate.decisions.prompting.prompt import question_text
-from vllm.entrypoints.generate.decisions.questions import CHOICE, SCORE, ChoiceQuestion, ScoreQuestion
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    SCORE,
+    ChoiceQuestion,
+    ScoreQuestion,
+)
 
 from .families import Family
 
-MODELS = Path(os.environ.get("DECISIONS_MODELS", Path.home() / ".cache" / "vllm-decisions" / "models"))
+MODELS = Path(
+    os.environ.get(
+        "DECISIONS_MODELS", Path.home() / ".cache" / "vllm-decisions" / "models"
+    )
+)
 
 
 def family_path(family: Family) -> Path:
     """The family's tiny checkpoint, built by tools/env/setup.sh (one stamp for all families)."""
     if not (MODELS / "templates" / ".complete").exists():
-        raise FileNotFoundError(f"the template-matrix checkpoints are missing from {MODELS}: run tools/env/setup.sh")
+        raise FileNotFoundError(
+            f"the template-matrix checkpoints are missing from {MODELS}: run tools/env/setup.sh"
+        )
     return MODELS / "templates" / family.name
 
 
 def engine_args(family: Family, **more: Any) -> dict[str, Any]:
     """How every check loads the family's checkpoint (the template is the checkpoint's own)."""
-    return dict(model=str(family_path(family)), tokenizer_mode=family.tokenizer_mode, dtype="bfloat16",
-                enforce_eager=True, max_model_len=2048, block_size=32, **more)  # fmt: skip
+    return dict(
+        model=str(family_path(family)),
+        tokenizer_mode=family.tokenizer_mode,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=2048,
+        block_size=32,
+        **more,
+    )
 
 
 def renderer_host(family: Family) -> VllmHost:
@@ -53,13 +83,17 @@ def renderer_host(family: Family) -> VllmHost:
     # vocabulary); one caller here needs none of that, and rendering is the same without it.
     with mock.patch("vllm.renderers.hf.maybe_make_thread_pool"):
         renderer = renderer_from_config(config)
-    client = SimpleNamespace(model_config=config.model_config, vllm_config=config, renderer=renderer)
+    client = SimpleNamespace(
+        model_config=config.model_config, vllm_config=config, renderer=renderer
+    )
     return VllmHost(client, family.name)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class PromptChecks:
-    system_role: bool  # the instructions in a system message (else at the head of the user turn)
+    system_role: (
+        bool  # the instructions in a system message (else at the head of the user turn)
+    )
     closing: str  # what the answer slot appends to close the template's open ending
     markers: int  # of the 26 letters, single tokens at the answer slot
     pairs: int  # letter pairs (AA..ZZ) that are single tokens there: the wide-direct capacity beyond 26
@@ -76,10 +110,18 @@ class PromptChecks:
 
 # Questions whose words are single tokens on the real tokenizers of every family (not on a tiny local one).
 WORD_QUESTIONS = (
-    SCORE.compile(ScoreQuestion(instructions="How sure?", criteria=[f"level {i}" for i in range(9)])),
-    CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": None, "technical": None,
-                                                                        "sales": None})),
-)  # fmt: skip
+    SCORE.compile(
+        ScoreQuestion(
+            instructions="How sure?", criteria=[f"level {i}" for i in range(9)]
+        )
+    ),
+    CHOICE.compile(
+        ChoiceQuestion(
+            instructions="Which team?",
+            criteria={"billing": None, "technical": None, "sales": None},
+        )
+    ),
+)
 
 
 async def prompt_checks(host: VllmHost) -> PromptChecks:
@@ -90,11 +132,23 @@ async def prompt_checks(host: VllmHost) -> PromptChecks:
     labels = LabelCatalog(tuple(MARKERS), ()).labels(len(question.options))
     rendered = await prompts.prompt_ids(state, question_text(question, labels))
     slot = placer.place(rendered, labels)
-    words = await labelled_slot(prompts, placer, LabelCatalog(tuple(MARKERS), ()), state, question, words=True)
+    words = await labelled_slot(
+        prompts, placer, LabelCatalog(tuple(MARKERS), ()), state, question, words=True
+    )
     word_layouts = [words.layout]
     for other in WORD_QUESTIONS:
-        word_layouts.append((await labelled_slot(prompts, placer, LabelCatalog(tuple(MARKERS), ()), state, other,
-                                                 words=True)).layout)  # fmt: skip
+        word_layouts.append(
+            (
+                await labelled_slot(
+                    prompts,
+                    placer,
+                    LabelCatalog(tuple(MARKERS), ()),
+                    state,
+                    other,
+                    words=True,
+                )
+            ).layout
+        )
     return PromptChecks(
         system_role=system_role,
         closing=placer.closing(rendered),
@@ -123,21 +177,44 @@ async def engine_checks(family: Family) -> EngineChecks:
     (the startup check with VLLM_TYPED_DECISIONS_MIN_OPTION_MASS=0, since random weights show no mass; no
     calibration), then one question on each wire. Set the variables before vLLM reads them."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.generate.decisions.backends.logit.backend import describe_prompt
+    from vllm.entrypoints.generate.decisions.backends.logit.backend import (
+        describe_prompt,
+    )
     from vllm.entrypoints.generate.decisions.bulk import Decisions
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(family, enable_prefix_caching=True)))
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(**engine_args(family, enable_prefix_caching=True))
+    )
     try:
         decisions = await Decisions.start(engine, served_model=family.name)
         facts = decisions.service.backend.facts  # type: ignore[attr-defined]
-        openai = await decisions.decide({"model": family.name, "input": "Refund not received after 10 days.",
-                                         "questions": [{"type": "predicate", "instructions": "Is it urgent?"}]})  # fmt: skip
-        jev = await decisions.decide({"state": "Card charged twice!", "questions": {"team": {
-            "type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "tech": None}}}},
-            url="/v1/systemone")  # fmt: skip
-        return EngineChecks(describe_prompt(facts), facts.option_mass, (openai.status, openai.body),
-                            (jev.status, jev.body))  # fmt: skip
+        openai = await decisions.decide(
+            {
+                "model": family.name,
+                "input": "Refund not received after 10 days.",
+                "questions": [{"type": "predicate", "instructions": "Is it urgent?"}],
+            }
+        )
+        jev = await decisions.decide(
+            {
+                "state": "Card charged twice!",
+                "questions": {
+                    "team": {
+                        "type": "choice",
+                        "instructions": "Which team?",
+                        "criteria": {"billing": None, "tech": None},
+                    }
+                },
+            },
+            url="/v1/systemone",
+        )
+        return EngineChecks(
+            describe_prompt(facts),
+            facts.option_mass,
+            (openai.status, openai.body),
+            (jev.status, jev.body),
+        )
     finally:
         engine.shutdown()
 

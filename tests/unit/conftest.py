@@ -14,7 +14,10 @@ def smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(model_path("smollm2-135m-instruct"))
 
 
-@pytest.fixture(scope="session", params=["smollm2-135m-instruct", "tiny-qwen2-random", "tiny-llama-localtok"])
+@pytest.fixture(
+    scope="session",
+    params=["smollm2-135m-instruct", "tiny-qwen2-random", "tiny-llama-localtok"],
+)
 def any_tokenizer(request):
     from transformers import AutoTokenizer
 

@@ -48,31 +48,52 @@ class TokenizerHost(BackendHost):
     async def render_chat_text(self, messages: list[dict[str, str]]) -> str:
         self.renders += 1
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
+            messages,
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=True,
         )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+    def encode_with_offsets(
+        self, text: str
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
         if not self.offsets:
             return None
-        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]
+        encoded = self.tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True
+        )
+        return list(encoded["input_ids"]), [
+            tuple(span) for span in encoded["offset_mapping"]
+        ]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids))
 
     def special_token_ids(self) -> frozenset[int]:
-        return frozenset(self.tokenizer.all_special_ids) | frozenset(self.tokenizer.added_tokens_decoder)
+        return frozenset(self.tokenizer.all_special_ids) | frozenset(
+            self.tokenizer.added_tokens_decoder
+        )
 
     async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], request_id: str, fp32: bool = False
+        self,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        request_id: str,
+        fp32: bool = False,
     ) -> TokenRead:
         self.reads.append((prompt_ids, token_ids))
-        return TokenRead({t: self.logprob(prompt_ids, t) for t in token_ids if not self.drop(t)}, len(prompt_ids), 0)
+        return TokenRead(
+            {t: self.logprob(prompt_ids, t) for t in token_ids if not self.drop(t)},
+            len(prompt_ids),
+            0,
+        )
 
-    async def read_top_logprobs(self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False) -> TokenRead:
+    async def read_top_logprobs(
+        self, prompt_ids: list[int], k: int, request_id: str, fp32: bool = False
+    ) -> TokenRead:
         self.top_reads.append((prompt_ids, k))
         scores = {t: self.logprob(prompt_ids, t) for t in range(len(self.tokenizer))}
         top = sorted(scores, key=scores.__getitem__, reverse=True)[:k]
@@ -85,7 +106,9 @@ class ScriptedBackend(DecisionBackend):
     name = "scripted"
     render_version = "scripted-1"
 
-    def __init__(self, score: Callable[[CompiledQuestion], list[float]], delay: float = 0.0) -> None:
+    def __init__(
+        self, score: Callable[[CompiledQuestion], list[float]], delay: float = 0.0
+    ) -> None:
         super().__init__(host=None)  # type: ignore[arg-type]
         self.score = score
         self.delay = delay

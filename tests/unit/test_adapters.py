@@ -44,7 +44,9 @@ def serving_models() -> OpenAIServingModels:
     """vLLM's own model registry over an engine that is never called."""
     config = SimpleNamespace(model="/models/base", max_model_len=2048)
     engine = SimpleNamespace(model_config=config, renderer=None, input_processor=None)
-    return OpenAIServingModels(engine, [BaseModelPath(name=SERVED, model_path="/models/base")])  # type: ignore[arg-type]
+    return OpenAIServingModels(
+        engine, [BaseModelPath(name=SERVED, model_path="/models/base")]
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -59,7 +61,9 @@ async def service(models):
     built: list[DecisionService] = []
 
     async def build(adapter: LoRARequest) -> DecisionService:
-        adapted = DecisionService(Settings.from_env({}), ContextBackend(), adapter.lora_name, adapter=adapter)
+        adapted = DecisionService(
+            Settings.from_env({}), ContextBackend(), adapter.lora_name, adapter=adapter
+        )
         built.append(adapted)
         return adapted
 
@@ -81,7 +85,10 @@ async def test_no_name_or_a_served_name_is_the_base_model(models, name):
 
 
 async def test_an_adapter_name_is_its_lora_request(models):
-    assert await ServedModels(models, None, None).adapter("judge") is models.lora_requests["judge"]  # type: ignore[arg-type]
+    assert (
+        await ServedModels(models, None, None).adapter("judge")
+        is models.lora_requests["judge"]
+    )  # type: ignore[arg-type]
 
 
 async def test_an_unknown_name_is_vllms_404(models):
@@ -98,21 +105,35 @@ async def test_vllms_switch_takes_any_name_as_the_base(models, monkeypatch):
 
 async def test_unknown_model_in_each_wires_shape(service):
     decisions = Decisions(service)
-    openai = await decisions.decide({**OPENAI_REQUEST, "model": "nope"}, paths.DECISIONS)
+    openai = await decisions.decide(
+        {**OPENAI_REQUEST, "model": "nope"}, paths.DECISIONS
+    )
     assert openai.status == 404
-    assert openai.body["error"]["type"] == "NotFoundError" and openai.body["error"]["param"] == "model"
-    assert openai.body["error"]["message"].startswith("The model `nope` does not exist.")
+    assert (
+        openai.body["error"]["type"] == "NotFoundError"
+        and openai.body["error"]["param"] == "model"
+    )
+    assert openai.body["error"]["message"].startswith(
+        "The model `nope` does not exist."
+    )
     jev = await decisions.decide({**JEV_REQUEST, "model": "nope"}, paths.SYSTEMONE)
     assert jev.status == 404
     assert jev.body["detail"]["error_type"] == "not_found_error"
     assert jev.body["detail"]["message"].startswith("The model `nope` does not exist.")
     missing = {k: v for k, v in JEV_REQUEST.items() if k != "model"}
-    assert (await decisions.decide(missing, paths.SYSTEMONE)).status == 200, "Jev's model is optional"
+    assert (await decisions.decide(missing, paths.SYSTEMONE)).status == 200, (
+        "Jev's model is optional"
+    )
     not_text = await decisions.decide({**JEV_REQUEST, "model": 3}, paths.SYSTEMONE)
-    assert not_text.status == 422 and not_text.body["detail"][0]["loc"] == ["body", "model"]
+    assert not_text.status == 422 and not_text.body["detail"][0]["loc"] == [
+        "body",
+        "model",
+    ]
 
 
-async def test_an_adapter_is_answered_by_its_own_service_reading_through_it(service, models):
+async def test_an_adapter_is_answered_by_its_own_service_reading_through_it(
+    service, models
+):
     decisions = Decisions(service)
     base = await decisions.decide({**OPENAI_REQUEST, "model": SERVED})
     assert base.status == 200 and base.body["model"] == SERVED
@@ -124,7 +145,9 @@ async def test_an_adapter_is_answered_by_its_own_service_reading_through_it(serv
     assert adapted.body["answers"][0]["extra"]["audit"]["adapter"] == "judge"
     (built,) = service.built
     assert set(built.backend.adapters) == {models.lora_requests["judge"]}
-    assert (await decisions.decide({**JEV_REQUEST, "model": "judge"}, paths.SYSTEMONE)).body["model"] == "judge"
+    assert (
+        await decisions.decide({**JEV_REQUEST, "model": "judge"}, paths.SYSTEMONE)
+    ).body["model"] == "judge"
     assert len(service.built) == 1, "one service per adapter"
 
 
@@ -146,7 +169,9 @@ async def test_unloaded_or_reloaded_adapters_are_dropped(service, models):
     decisions = Decisions(service)
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 200
     first = service.models.services()["judge"]
-    models.lora_requests["judge"] = LoRARequest("judge", 1, "/adapters/judge-v2")  # loaded again in place
+    models.lora_requests["judge"] = LoRARequest(
+        "judge", 1, "/adapters/judge-v2"
+    )  # loaded again in place
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 200
     assert service.models.services()["judge"] is not first
     del models.lora_requests["judge"]  # /v1/unload_lora_adapter
@@ -167,7 +192,12 @@ async def test_names_of_one_adapter_folder_share_one_service(service, models, tm
     """x, ./x, x/ and x/. (as vLLM's filesystem resolver builds them) are one adapter: one service."""
     folder = tmp_path / "x"
     folder.mkdir()
-    names = {"x": str(folder), "./x": str(tmp_path / "." / "x"), "x/": f"{folder}/", "x/.": f"{folder}/."}
+    names = {
+        "x": str(folder),
+        "./x": str(tmp_path / "." / "x"),
+        "x/": f"{folder}/",
+        "x/.": f"{folder}/.",
+    }
     for number, (name, path) in enumerate(names.items(), start=2):
         models.lora_requests[name] = LoRARequest(name, number, path)
     decisions = Decisions(service)
@@ -184,31 +214,46 @@ async def test_names_of_one_adapter_folder_share_one_service(service, models, tm
 
 async def test_adapter_services_are_capped_least_recently_used_out(service, models):
     for number in range(3):
-        models.lora_requests[f"a{number}"] = LoRARequest(f"a{number}", 10 + number, f"/adapters/a{number}")
+        models.lora_requests[f"a{number}"] = LoRARequest(
+            f"a{number}", 10 + number, f"/adapters/a{number}"
+        )
     service.models.limit = 2
     decisions = Decisions(service)
     for name in ("a0", "a1", "a0", "a2"):
         assert (await decisions.decide({**OPENAI_REQUEST, "model": name})).status == 200
-    assert sorted(service.models.services()) == ["a0", "a2"], "a1, least recently used, was set aside"
+    assert sorted(service.models.services()) == ["a0", "a2"], (
+        "a1, least recently used, was set aside"
+    )
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "a1"})).status == 200
     assert len(service.built) == 4 and sorted(service.models.services()) == ["a1", "a2"]
 
 
-async def test_past_the_cap_with_every_adapter_starting_a_new_one_waits(service, models):
+async def test_past_the_cap_with_every_adapter_starting_a_new_one_waits(
+    service, models
+):
     gate = asyncio.Event()
 
     async def slow_start(adapted: DecisionService) -> None:
         await adapted.start(lambda: gate.wait())  # type: ignore[arg-type,return-value]
 
     models.lora_requests["other"] = LoRARequest("other", 2, "/adapters/other")
-    service.models._start, service.models.wait_for_start, service.models.limit = slow_start, False, 1
+    service.models._start, service.models.wait_for_start, service.models.limit = (
+        slow_start,
+        False,
+        1,
+    )
     decisions = Decisions(service)
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 503
     refused = await decisions.decide({**OPENAI_REQUEST, "model": "other"})
-    assert refused.status == 503 and "VLLM_TYPED_DECISIONS_MAX_ADAPTERS=1" in refused.body["error"]["message"]
+    assert (
+        refused.status == 503
+        and "VLLM_TYPED_DECISIONS_MAX_ADAPTERS=1" in refused.body["error"]["message"]
+    )
     assert len(service.built) == 1, "no second service starts past the cap"
     gate.set()
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    assert (await decisions.decide({**OPENAI_REQUEST, "model": "other"})).status == 503  # now starting
+    assert (
+        await decisions.decide({**OPENAI_REQUEST, "model": "other"})
+    ).status == 503  # now starting
     assert len(service.built) == 2 and list(service.models.services()) == ["other"]

@@ -26,7 +26,9 @@ KEY = "secret"
 
 @pytest.fixture
 async def app():
-    service = DecisionService(Settings.from_env({}), ScriptedBackend(descending), "served-model")
+    service = DecisionService(
+        Settings.from_env({}), ScriptedBackend(descending), "served-model"
+    )
     await service.start()
     app = FastAPI()
     register_decisions_api_router(app)
@@ -37,13 +39,24 @@ async def app():
 
 
 def body_for(path: str) -> bytes:
-    return json.dumps(OPENAI_REQUEST if path == paths.DECISIONS else JEV_REQUEST).encode()
+    return json.dumps(
+        OPENAI_REQUEST if path == paths.DECISIONS else JEV_REQUEST
+    ).encode()
 
 
-async def post(app: FastAPI, target: str, path: str, key: str | None = None, method: str = "POST"):
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://auth") as client:
-        return await client.request(method, target, content=body_for(path), headers=headers)
+async def post(
+    app: FastAPI, target: str, path: str, key: str | None = None, method: str = "POST"
+):
+    headers = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {key}"} if key else {}),
+    }
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://auth"
+    ) as client:
+        return await client.request(
+            method, target, content=body_for(path), headers=headers
+        )
 
 
 @pytest.mark.parametrize("path", paths.DECISION_PATHS)
@@ -53,7 +66,11 @@ async def test_no_spelling_of_a_decision_path_answers_without_the_key(app, path)
             response = await post(app, target, path, method=method)
             # vLLM lets OPTIONS (CORS preflights) past the key: at most a redirect to the path as written.
             refused = (401, 404, 405, 307) if method == "OPTIONS" else (401, 404, 405)
-            assert response.status_code in refused, (method, target, response.status_code)
+            assert response.status_code in refused, (
+                method,
+                target,
+                response.status_code,
+            )
             assert b"answers" not in response.content, (method, target)
     # The key unlocks the path as it is written, and only that.
     assert (await post(app, path, path, KEY)).status_code == 200
@@ -65,5 +82,9 @@ async def test_a_decision_route_refuses_without_the_middlewares_verdict(app):
     app.user_middleware.clear()
     for path in paths.DECISION_PATHS:
         assert (await post(app, path, path, KEY)).status_code == 401
-    app.state.args = Namespace(api_key=None)  # a server without a key answers without one
-    assert (await post(app, paths.SYSTEMONE_ALPHA, paths.SYSTEMONE_ALPHA)).status_code == 200
+    app.state.args = Namespace(
+        api_key=None
+    )  # a server without a key answers without one
+    assert (
+        await post(app, paths.SYSTEMONE_ALPHA, paths.SYSTEMONE_ALPHA)
+    ).status_code == 200

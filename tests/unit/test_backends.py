@@ -12,7 +12,10 @@ from vllm.entrypoints.generate.decisions.registry import (
     register_backend,
     unregister_backend,
 )
-from vllm.entrypoints.generate.decisions.settings import SettingsError, parse_backend_spec
+from vllm.entrypoints.generate.decisions.settings import (
+    SettingsError,
+    parse_backend_spec,
+)
 
 
 class Options(BaseModel):
@@ -41,15 +44,23 @@ def test_a_plugin_claim_wins_over_the_default(claiming):
 
 
 def test_the_variable_wins_over_a_claim(claiming):
-    assert choose_backend(parse_backend_spec("logit"), ("LlamaForCausalLM",)) is LogitBackend
+    assert (
+        choose_backend(parse_backend_spec("logit"), ("LlamaForCausalLM",))
+        is LogitBackend
+    )
 
 
 def test_unknown_backend_names_the_registered_ones(claiming):
-    with pytest.raises(SettingsError, match="registered: canvas, claiming, encoder, logit"):
+    with pytest.raises(
+        SettingsError, match="registered: canvas, claiming, encoder, logit"
+    ):
         choose_backend(parse_backend_spec("diffusion"), ())
 
 
 def test_arguments_are_validated_by_the_options_model(claiming):
-    assert backend_options(claiming, parse_backend_spec("claiming:samples=5").args).samples == 5
+    assert (
+        backend_options(claiming, parse_backend_spec("claiming:samples=5").args).samples
+        == 5
+    )
     with pytest.raises(SettingsError, match="seed"):
         backend_options(claiming, parse_backend_spec("claiming:seed=5").args)

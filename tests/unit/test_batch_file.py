@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.bulk.batch_file import Done, lines, output_line, resume
+from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    Done,
+    lines,
+    output_line,
+    resume,
+)
 
 
 def test_done_keeps_only_the_lines_past_the_first_gap():
@@ -14,16 +19,22 @@ def test_done_keeps_only_the_lines_past_the_first_gap():
     for line in (1, 2, 4, 5, 3, 9):
         done.add(line)
     assert done.below == 6 and done.beyond == {9} and len(done) == 6
-    assert all(n in done for n in (1, 2, 3, 4, 5, 9)) and 6 not in done and 10 not in done
+    assert (
+        all(n in done for n in (1, 2, 3, 4, 5, 9)) and 6 not in done and 10 not in done
+    )
 
 
 def test_resume_drops_a_line_cut_short_by_a_kill(tmp_path):
     out = tmp_path / "out.jsonl"
-    written = output_line(1, "a", "x", 200, {"ok": True}, None) + output_line(3, "b", "y", 400, {}, None)
+    written = output_line(1, "a", "x", 200, {"ok": True}, None) + output_line(
+        3, "b", "y", 400, {}, None
+    )
     out.write_text(written + output_line(2, "c", "z", 200, {}, None)[:25])
     done = resume(out)
     assert 1 in done and 3 in done and 2 not in done
-    assert out.read_text() == written  # the partial line is gone; the rerun answers line 2 again
+    assert (
+        out.read_text() == written
+    )  # the partial line is gone; the rerun answers line 2 again
 
 
 def test_resume_refuses_an_output_file_it_did_not_write(tmp_path):

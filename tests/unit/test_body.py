@@ -12,8 +12,16 @@ from vllm.entrypoints.generate.decisions.errors import DecisionError
 BODY = b'{"state": "' + b"x" * 5000 + b'"}'
 
 
-@pytest.mark.parametrize(("encoding", "data"), [(None, BODY), ("gzip", gzip.compress(BODY, mtime=0)), ("zstd", zstd.compress(BODY)),
-                                                ("ZSTD ", zstd.compress(BODY)), ("identity", BODY)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("encoding", "data"),
+    [
+        (None, BODY),
+        ("gzip", gzip.compress(BODY, mtime=0)),
+        ("zstd", zstd.compress(BODY)),
+        ("ZSTD ", zstd.compress(BODY)),
+        ("identity", BODY),
+    ],
+)
 def test_decodes(encoding, data):
     assert decode_body(data, encoding, 1 << 20) == BODY
 
@@ -23,10 +31,30 @@ def test_decodes(encoding, data):
     [
         ("br", BODY, HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "'br' is not supported"),
         ("gzip", BODY, HTTPStatus.BAD_REQUEST, "could not decode the gzip"),
-        ("zstd", zstd.compress(BODY)[:-8], HTTPStatus.BAD_REQUEST, "could not decode the zstd"),
-        ("gzip", gzip.compress(BODY, mtime=0)[:-12], HTTPStatus.BAD_REQUEST, "could not decode the gzip"),
-        (None, BODY, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
-        ("zstd", zstd.compress(BODY * 100), HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
+        (
+            "zstd",
+            zstd.compress(BODY)[:-8],
+            HTTPStatus.BAD_REQUEST,
+            "could not decode the zstd",
+        ),
+        (
+            "gzip",
+            gzip.compress(BODY, mtime=0)[:-12],
+            HTTPStatus.BAD_REQUEST,
+            "could not decode the gzip",
+        ),
+        (
+            None,
+            BODY,
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES",
+        ),
+        (
+            "zstd",
+            zstd.compress(BODY * 100),
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES",
+        ),
         (
             "gzip",
             gzip.compress(BODY * 100, mtime=0),
@@ -58,18 +86,25 @@ def test_refuses(encoding, data, status, needle):
         # json reads these through int() and float(): one raised ValueError past the parser (a 500 over
         # HTTP, a dead run-batch), the other read as infinity.
         (b'{"seed": ' + b"9" * 5000 + b"}", "a number of more than 4300 digits"),
-        (b'{"extra": {"calibration_temperature": 1e999}}', "1e999 in the request body is too large"),
+        (
+            b'{"extra": {"calibration_temperature": 1e999}}',
+            "1e999 in the request body is too large",
+        ),
         (b"[-1E+400]", "-1E+400 in the request body is too large"),
     ],
 )
 def test_strict_json_refusals(body, needle):
     with pytest.raises(DecisionError) as caught:
         parse_json(body)
-    assert needle in caught.value.message and caught.value.status == HTTPStatus.BAD_REQUEST
+    assert (
+        needle in caught.value.message and caught.value.status == HTTPStatus.BAD_REQUEST
+    )
 
 
 def test_strict_json_accepts_json():
-    assert parse_json(b'["\\ud83d\\ude00"]') == ["\U0001f600"]  # a surrogate pair is one character
+    assert parse_json(b'["\\ud83d\\ude00"]') == [
+        "\U0001f600"
+    ]  # a surrogate pair is one character
     assert parse_json('\ufeff{"s": "é ✨", "n": [1, 2.5e3, null, true]}'.encode()) == {
         "s": "é ✨",
         "n": [1, 2500.0, None, True],

@@ -9,13 +9,28 @@ import unicodedata
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit.stencil import StencilPool, check_fits
-from vllm.entrypoints.generate.decisions.budget import RenderBudget, check_depth, json_depth, spending
+from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
+    StencilPool,
+    check_fits,
+)
+from vllm.entrypoints.generate.decisions.budget import (
+    RenderBudget,
+    check_depth,
+    json_depth,
+    spending,
+)
 from vllm.entrypoints.generate.decisions.errors import OverLimitError
 from vllm.entrypoints.generate.decisions.prompting import token_bound
 from vllm.entrypoints.generate.decisions.prompting.prompt import question_text
-from vllm.entrypoints.generate.decisions.prompting.token_bound import chars_per_token, normalizer_shrink
-from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion, content_text
+from vllm.entrypoints.generate.decisions.prompting.token_bound import (
+    chars_per_token,
+    normalizer_shrink,
+)
+from vllm.entrypoints.generate.decisions.questions import (
+    NOUL,
+    NoulQuestion,
+    content_text,
+)
 from vllm.entrypoints.generate.decisions.request import DecisionRequest
 from vllm.entrypoints.generate.decisions.service import DecisionService, request_chars
 from vllm.entrypoints.generate.decisions.settings import PREFIX, Settings
@@ -29,7 +44,9 @@ from .fakes import ScriptedBackend, TokenizerHost
 
 
 def settings(**values: str) -> Settings:
-    return Settings.from_env({PREFIX + name.upper(): value for name, value in values.items()})
+    return Settings.from_env(
+        {PREFIX + name.upper(): value for name, value in values.items()}
+    )
 
 
 class Recorded(RenderBudget):
@@ -53,17 +70,25 @@ def recorded(monkeypatch):
 
 
 def test_depth_is_counted_without_recursion_and_refused_naming_the_setting():
-    assert [json_depth(v, 10) for v in (1, "x", {}, [], {"a": 1}, [[1]], {"a": [{}]})] == [0, 0, 0, 0, 1, 2, 2]
-    assert json_depth(nested(100_000), 800) == 801  # stops counting past the limit; no RecursionError
+    assert [
+        json_depth(v, 10) for v in (1, "x", {}, [], {"a": 1}, [[1]], {"a": [{}]})
+    ] == [0, 0, 0, 0, 1, 2, 2]
+    assert (
+        json_depth(nested(100_000), 800) == 801
+    )  # stops counting past the limit; no RecursionError
     check_depth(nested(800), 800)
-    with pytest.raises(OverLimitError, match=f"deeper than 800 levels .*{PREFIX}MAX_JSON_DEPTH"):
+    with pytest.raises(
+        OverLimitError, match=f"deeper than 800 levels .*{PREFIX}MAX_JSON_DEPTH"
+    ):
         check_depth(nested(801), 800)
 
 
 def test_a_budget_refuses_the_charge_that_crosses_it():
     budget = RenderBudget(10)
     budget.charge(10)
-    with pytest.raises(OverLimitError, match=f"more than 10 characters .*{PREFIX}MAX_REQUEST_CHARS"):
+    with pytest.raises(
+        OverLimitError, match=f"more than 10 characters .*{PREFIX}MAX_REQUEST_CHARS"
+    ):
         budget.charge(1)
 
 
@@ -74,30 +99,47 @@ def test_content_text_charges_the_open_budget_and_stops_where_it_runs_out():
         assert content_text(value, 10**9) == whole
         assert content_text("a plain string is in the body already", 10**9)
     assert spent.spent == len(whole)
-    with spending(RenderBudget(len(whole) // 3)) as spent, pytest.raises(OverLimitError, match="MAX_REQUEST_CHARS"):
+    with (
+        spending(RenderBudget(len(whole) // 3)) as spent,
+        pytest.raises(OverLimitError, match="MAX_REQUEST_CHARS"),
+    ):
         content_text(value, 10**9)
-    assert len(whole) // 3 < spent.spent < len(whole) // 3 + 300  # refused at the crossing, not after
-    with spending(RenderBudget(10**9, max_depth=49)), pytest.raises(OverLimitError, match="MAX_JSON_DEPTH"):
+    assert (
+        len(whole) // 3 < spent.spent < len(whole) // 3 + 300
+    )  # refused at the crossing, not after
+    with (
+        spending(RenderBudget(10**9, max_depth=49)),
+        pytest.raises(OverLimitError, match="MAX_JSON_DEPTH"),
+    ):
         content_text(value, 10**9)
 
 
 def test_one_value_is_still_held_to_max_input_chars_within_a_large_budget():
-    with spending(RenderBudget(10**9)), pytest.raises(OverLimitError, match="MAX_INPUT_CHARS"):
+    with (
+        spending(RenderBudget(10**9)),
+        pytest.raises(OverLimitError, match="MAX_INPUT_CHARS"),
+    ):
         content_text(nested(300), 1000)
 
 
-def test_nested_jev_questions_are_refused_once_the_request_renders_past_its_budget(recorded):
+def test_nested_jev_questions_are_refused_once_the_request_renders_past_its_budget(
+    recorded,
+):
     (body,) = [b for p, b, what in AMPLIFYING if what.startswith("Jev: 16 questions")]
     request = SystemOneRequest.model_validate(json.loads(body))
     with pytest.raises(OverLimitError, match=f"{PREFIX}MAX_REQUEST_CHARS"):
         jev.compiled(request, "r", settings())
     (spent,) = recorded
     limit = 4 * 1_000_000
-    assert limit < spent.spent < limit + 2000  # ~4 M of the ~16 M characters asked for, then refused
+    assert (
+        limit < spent.spent < limit + 2000
+    )  # ~4 M of the ~16 M characters asked for, then refused
 
 
 def test_sixty_json_parts_are_refused_once_the_input_renders_past_its_budget(recorded):
-    (body,) = [b for p, b, what in AMPLIFYING if what.startswith("OpenAI: 60 input_json")]
+    (body,) = [
+        b for p, b, what in AMPLIFYING if what.startswith("OpenAI: 60 input_json")
+    ]
     request = DecisionsRequest.model_validate(json.loads(body))
     with pytest.raises(OverLimitError, match=f"{PREFIX}MAX_REQUEST_CHARS"):
         openai.compiled(request, "r", settings(max_request_chars="1000000"))
@@ -106,39 +148,68 @@ def test_sixty_json_parts_are_refused_once_the_input_renders_past_its_budget(rec
 
 def test_a_request_within_its_budget_compiles_as_before(recorded):
     request = SystemOneRequest.model_validate(
-        {"state": {"order": nested(20)}, "questions": {"q": {"type": "noul", "instructions": nested(20)}}}
+        {
+            "state": {"order": nested(20)},
+            "questions": {"q": {"type": "noul", "instructions": nested(20)}},
+        }
     )
     _, asked = jev.compiled(request, "r", settings())
-    assert asked.state == content_text({"order": nested(20)}) and asked.questions[0].instructions == content_text(
-        nested(20)
-    )
+    assert asked.state == content_text({"order": nested(20)}) and asked.questions[
+        0
+    ].instructions == content_text(nested(20))
     assert recorded[0].spent == len(asked.state) + len(asked.questions[0].instructions)
 
 
 def test_question_counts_are_refused_before_any_question_is_compiled(recorded):
-    many = {f"q{i}": {"type": "no-such-type", "instructions": nested(300)} for i in range(65)}
+    many = {
+        f"q{i}": {"type": "no-such-type", "instructions": nested(300)}
+        for i in range(65)
+    }
     with pytest.raises(OverLimitError, match=f"65 questions .*{PREFIX}MAX_QUESTIONS"):
-        jev.compiled(SystemOneRequest.model_validate({"state": "x", "questions": many}), "r", settings())
-    questions = [{"type": "predicate", "instructions": [{"type": "input_json", "data": nested(300)}]}] * 65
+        jev.compiled(
+            SystemOneRequest.model_validate({"state": "x", "questions": many}),
+            "r",
+            settings(),
+        )
+    questions = [
+        {
+            "type": "predicate",
+            "instructions": [{"type": "input_json", "data": nested(300)}],
+        }
+    ] * 65
     with pytest.raises(OverLimitError, match=f"65 questions .*{PREFIX}MAX_QUESTIONS"):
         openai.compiled(
-            DecisionsRequest.model_validate({"model": "m", "input": "x", "questions": questions}), "r", settings()
+            DecisionsRequest.model_validate(
+                {"model": "m", "input": "x", "questions": questions}
+            ),
+            "r",
+            settings(),
         )
     assert recorded == []  # no budget was even opened
 
 
 def test_option_counts_are_refused_before_the_question_is_compiled(recorded):
-    criteria = {f"c{i}": nested(300) for i in range(300)}  # each description renders to ~180 K characters
+    criteria = {
+        f"c{i}": nested(300) for i in range(300)
+    }  # each description renders to ~180 K characters
     request = SystemOneRequest.model_validate(
         {"state": "x", "questions": {"q": {"type": "choice", "criteria": criteria}}}
     )
-    with pytest.raises(OverLimitError, match=f"questions.q has 300 choices.*{PREFIX}MAX_CHOICES"):
+    with pytest.raises(
+        OverLimitError, match=f"questions.q has 300 choices.*{PREFIX}MAX_CHOICES"
+    ):
         jev.compiled(request, "r", settings())
     levels = [{"label": f"l{i}"} for i in range(11)]
     request = DecisionsRequest.model_validate(
-        {"model": "m", "input": "x", "questions": [{"type": "score", "instructions": "?", "levels": levels}]}
+        {
+            "model": "m",
+            "input": "x",
+            "questions": [{"type": "score", "instructions": "?", "levels": levels}],
+        }
     )
-    with pytest.raises(OverLimitError, match=f"questions\\[0\\] has 11 levels.*{PREFIX}MAX_LEVELS"):
+    with pytest.raises(
+        OverLimitError, match=f"questions\\[0\\] has 11 levels.*{PREFIX}MAX_LEVELS"
+    ):
         openai.compiled(request, "r", settings())
     assert all(budget.spent == 0 for budget in recorded)
 
@@ -147,10 +218,16 @@ def test_the_service_holds_any_request_to_the_total_however_it_was_built():
     question = NOUL.compile(NoulQuestion(instructions="x" * 600))
     request = DecisionRequest("s" * 500, (question, question), ("a", "b"), "r")
     assert request_chars(request) == 500 + 2 * (600 + len("Yes") + len("No"))
-    service = DecisionService(settings(max_request_chars="1000"), ScriptedBackend(lambda q: [0.0, 0.0]), "m")
-    with pytest.raises(OverLimitError, match=f"more than 1000 characters .*{PREFIX}MAX_REQUEST_CHARS"):
+    service = DecisionService(
+        settings(max_request_chars="1000"), ScriptedBackend(lambda q: [0.0, 0.0]), "m"
+    )
+    with pytest.raises(
+        OverLimitError, match=f"more than 1000 characters .*{PREFIX}MAX_REQUEST_CHARS"
+    ):
         service.check_limits(request)
-    DecisionService(settings(max_request_chars="1710"), service.backend, "m").check_limits(request)
+    DecisionService(
+        settings(max_request_chars="1710"), service.backend, "m"
+    ).check_limits(request)
 
 
 # --- the bound on characters per token ----------------------------------------------------------
@@ -158,7 +235,9 @@ def test_the_service_holds_any_request_to_the_total_however_it_was_built():
 
 def test_composition_is_the_longest_canonical_decomposition():
     longest = max(
-        len(unicodedata.normalize("NFD", chr(c))) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF
+        len(unicodedata.normalize("NFD", chr(c)))
+        for c in range(sys.maxunicode + 1)
+        if not 0xD800 <= c <= 0xDFFF
     )
     assert longest == token_bound.COMPOSITION
 
@@ -172,7 +251,11 @@ def test_only_normalizers_that_shorten_text_by_a_known_factor_get_a_bound():
     ]
     assert normalizer_shrink({"type": "Sequence", "normalizers": prepend_replace}) == 1
     for unbounded in (
-        {"type": "Replace", "pattern": {"Regex": " +"}, "content": " "},  # collapses runs
+        {
+            "type": "Replace",
+            "pattern": {"Regex": " +"},
+            "content": " ",
+        },  # collapses runs
         {"type": "Replace", "pattern": {"String": "  "}, "content": " "},
         {"type": "Replace", "pattern": {"String": "x"}, "content": ""},
         {"type": "Strip", "strip_left": True, "strip_right": True},
@@ -201,7 +284,9 @@ def test_only_normalizers_that_shorten_text_by_a_known_factor_get_a_bound():
 )
 def test_no_text_needs_fewer_tokens_than_the_bound_says(any_tokenizer, text):
     per = chars_per_token(any_tokenizer)
-    assert per is not None  # byte-level BPE (SmolLM2, Qwen2) and BPE with byte fallback (Llama)
+    assert (
+        per is not None
+    )  # byte-level BPE (SmolLM2, Qwen2) and BPE with byte fallback (Llama)
     tokens = len(any_tokenizer.encode(text, add_special_tokens=False))
     assert len(text) <= per * tokens
 
@@ -210,7 +295,9 @@ def test_a_tokenizer_that_may_produce_unknown_tokens_gets_no_bound():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    wordpiece = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]")))
+    wordpiece = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
+    )
     assert chars_per_token(wordpiece) is None
     assert chars_per_token(object()) is None  # a slow tokenizer: no backend to read
 
@@ -225,12 +312,18 @@ def test_check_fits_refuses_only_what_can_never_fit(smollm2_tokenizer):
     host = host_with_bound(smollm2_tokenizer, 100)
     per = host.chars_per_token
     check_fits(host, 10, per * 89)  # could be 99 tokens
-    with pytest.raises(OverLimitError, match="at least 100 tokens .*--max-model-len 100"):
+    with pytest.raises(
+        OverLimitError, match="at least 100 tokens .*--max-model-len 100"
+    ):
         check_fits(host, 10, per * 89 + 1)
-    check_fits(TokenizerHost(smollm2_tokenizer, max_model_len=100), 10, 10**9)  # no bound: nothing refused here
+    check_fits(
+        TokenizerHost(smollm2_tokenizer, max_model_len=100), 10, 10**9
+    )  # no bound: nothing refused here
 
 
-async def test_a_long_question_is_refused_by_its_length_before_it_is_tokenized(smollm2_tokenizer):
+async def test_a_long_question_is_refused_by_its_length_before_it_is_tokenized(
+    smollm2_tokenizer,
+):
     host = host_with_bound(smollm2_tokenizer, 200)
     encoded: list[int] = []
     encode = host.encode
@@ -239,19 +332,27 @@ async def test_a_long_question_is_refused_by_its_length_before_it_is_tokenized(s
     question = NOUL.compile(NoulQuestion(instructions="word " * 10_000))
     with pytest.raises(OverLimitError, match="--max-model-len 200"):
         await pool.prompt_ids("a short state", question_text(question, ["A", "B"]))
-    assert max(encoded, default=0) < 1000  # only the stencil's seam check; never the long question
+    assert (
+        max(encoded, default=0) < 1000
+    )  # only the stencil's seam check; never the long question
     # A question that fits is tokenized (in a worker thread) exactly as before.
-    short = question_text(NOUL.compile(NoulQuestion(instructions="Is it urgent?")), ["A", "B"])
-    assert await pool.prompt_ids("a short state", short) == await StencilPool(host, enabled=False).prompt_ids(
-        "a short state", short
+    short = question_text(
+        NOUL.compile(NoulQuestion(instructions="Is it urgent?")), ["A", "B"]
     )
+    assert await pool.prompt_ids("a short state", short) == await StencilPool(
+        host, enabled=False
+    ).prompt_ids("a short state", short)
 
 
-async def test_a_state_too_long_for_any_prompt_is_refused_before_the_stencil_tokenizes_it(smollm2_tokenizer):
+async def test_a_state_too_long_for_any_prompt_is_refused_before_the_stencil_tokenizes_it(
+    smollm2_tokenizer,
+):
     host = host_with_bound(smollm2_tokenizer, 200)
     offsets: list[int] = []
     with_offsets = host.encode_with_offsets
-    host.encode_with_offsets = lambda text: offsets.append(len(text)) or with_offsets(text)  # type: ignore[method-assign]
+    host.encode_with_offsets = lambda text: (
+        offsets.append(len(text)) or with_offsets(text)
+    )  # type: ignore[method-assign]
     with pytest.raises(OverLimitError, match="--max-model-len 200"):
         await StencilPool(host).prompt_ids("word " * 10_000, "Question: ?")
     assert offsets == []

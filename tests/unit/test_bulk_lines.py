@@ -12,9 +12,19 @@ import pytest
 from starlette.datastructures import State
 
 from vllm.entrypoints.generate.decisions.bulk import run_batch
-from vllm.entrypoints.generate.decisions.bulk.batch_file import lines, output_line, resume, unreadable
+from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    lines,
+    output_line,
+    resume,
+    unreadable,
+)
 from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
-from vllm.entrypoints.generate.decisions.bulk.run_batch import FAILED_LINES_EXIT, Line, answer_line, run_decision_batch
+from vllm.entrypoints.generate.decisions.bulk.run_batch import (
+    FAILED_LINES_EXIT,
+    Line,
+    answer_line,
+    run_decision_batch,
+)
 from vllm.entrypoints.generate.decisions.service import DecisionService
 from vllm.entrypoints.generate.decisions.settings import Settings
 
@@ -22,13 +32,23 @@ from .fakes import ScriptedBackend
 
 
 def request(custom_id: str, **extra) -> bytes:
-    body = {"model": "m", "input": "The parcel is late.", "questions": [{"type": "predicate", "instructions": "Late?"}]}
+    body = {
+        "model": "m",
+        "input": "The parcel is late.",
+        "questions": [{"type": "predicate", "instructions": "Late?"}],
+    }
     if extra:
         body["extra"] = extra
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/decisions", "body": body}).encode()
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/decisions", "body": body}
+    ).encode()
 
 
-HUGE = b'{"custom_id": "huge", "method": "POST", "url": "/v1/decisions", "body": {"seed": ' + b"9" * 5000 + b"}}"
+HUGE = (
+    b'{"custom_id": "huge", "method": "POST", "url": "/v1/decisions", "body": {"seed": '
+    + b"9" * 5000
+    + b"}}"
+)
 NOT_UTF8 = request("latin-1").replace(b"late", b"l\xe4te")
 
 
@@ -40,7 +60,8 @@ def test_a_line_that_is_not_utf8_is_still_a_line_and_found_unreadable(tmp_path):
     assert unreadable(1, read[0][1]) is None and unreadable(4, read[2][1]) is None
     at = NOT_UTF8.index(b"\xe4")
     assert (
-        unreadable(2, read[1][1]) == f"line 2: not valid UTF-8 (at byte {at} of the line); a batch file must be UTF-8"
+        unreadable(2, read[1][1])
+        == f"line 2: not valid UTF-8 (at byte {at} of the line); a batch file must be UTF-8"
     )
 
 
@@ -54,7 +75,11 @@ def test_a_line_that_is_not_utf8_is_still_a_line_and_found_unreadable(tmp_path):
 )
 def test_a_line_no_parser_takes_is_a_problem_not_an_exception(text, needle):
     line = Line.parse(7, text)
-    assert line.record is None and line.problem.startswith("line 7: ") and needle in line.problem
+    assert (
+        line.record is None
+        and line.problem.startswith("line 7: ")
+        and needle in line.problem
+    )
 
 
 async def test_a_fault_answering_a_line_is_its_internal_error(monkeypatch, caplog):
@@ -64,13 +89,22 @@ async def test_a_fault_answering_a_line_is_its_internal_error(monkeypatch, caplo
 
     line = Line.parse(3, request("c").decode())
     status, body, error, custom_id = await answer_line(Faulty(), line, "rid-1")  # type: ignore[arg-type]
-    assert (status, body, custom_id, error["code"]) == (None, None, "c", "internal_error")
+    assert (status, body, custom_id, error["code"]) == (
+        None,
+        None,
+        "c",
+        "internal_error",
+    )
     assert "rid-1" in error["message"] and "sk-1" not in error["message"]
-    assert "line 3 (request rid-1) failed" in caplog.text and "secret sk-1" in caplog.text
+    assert (
+        "line 3 (request rid-1) failed" in caplog.text and "secret sk-1" in caplog.text
+    )
 
 
 async def start_service() -> DecisionService:
-    service = DecisionService(Settings.from_env({}), ScriptedBackend(lambda q: [0.0, -1.0]), "m")
+    service = DecisionService(
+        Settings.from_env({}), ScriptedBackend(lambda q: [0.0, -1.0]), "m"
+    )
     await service.start()
     return service
 
@@ -79,16 +113,22 @@ async def run(source, target, service) -> int:
     state = State()
     state.decision_service = service
     try:
-        await run_decision_batch(None, Namespace(input_file=str(source), output_file=str(target)), {}, state)  # type: ignore[arg-type]
+        await run_decision_batch(
+            None, Namespace(input_file=str(source), output_file=str(target)), {}, state
+        )  # type: ignore[arg-type]
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
 
 
-async def test_every_line_gets_one_output_line_and_the_exit_status_counts_the_failed(tmp_path, monkeypatch, capfd):
+async def test_every_line_gets_one_output_line_and_the_exit_status_counts_the_failed(
+    tmp_path, monkeypatch, capfd
+):
     decide = Decisions.decide
 
-    async def faulty_decide(self, body, url="/v1/decisions", request_id=None, source=None):
+    async def faulty_decide(
+        self, body, url="/v1/decisions", request_id=None, source=None
+    ):
         if b'"boom"' in (source or b""):
             raise RuntimeError("an unexpected fault")
         return await decide(self, body, url, request_id, source)
@@ -97,23 +137,41 @@ async def test_every_line_gets_one_output_line_and_the_exit_status_counts_the_fa
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(
         b"\n".join(
-            [request("a"), NOT_UTF8, HUGE, request("boom"), request("t", calibration_temperature=5e-324), request("b")]
+            [
+                request("a"),
+                NOT_UTF8,
+                HUGE,
+                request("boom"),
+                request("t", calibration_temperature=5e-324),
+                request("b"),
+            ]
         )
         + b"\n"
     )
     service = await start_service()
     assert await run(source, target, service) == FAILED_LINES_EXIT
-    out = {int(r["id"].split("-")[1][1:]): r for r in map(json.loads, target.read_text().splitlines())}
+    out = {
+        int(r["id"].split("-")[1][1:]): r
+        for r in map(json.loads, target.read_text().splitlines())
+    }
     assert sorted(out) == [1, 2, 3, 4, 5, 6]
     assert out[1]["response"]["status_code"] == out[6]["response"]["status_code"] == 200
     assert out[2]["error"]["code"] == out[3]["error"]["code"] == "invalid_line"
-    assert "not valid UTF-8" in out[2]["error"]["message"] and "4300 digits" in out[3]["error"]["message"]
+    assert (
+        "not valid UTF-8" in out[2]["error"]["message"]
+        and "4300 digits" in out[3]["error"]["message"]
+    )
     assert out[4]["custom_id"] == "boom" and out[4]["error"]["code"] == "internal_error"
     assert (
-        out[5]["response"]["status_code"] == 400 and "MIN_TEMPERATURE" in out[5]["response"]["body"]["error"]["message"]
+        out[5]["response"]["status_code"] == 400
+        and "MIN_TEMPERATURE" in out[5]["response"]["body"]["error"]["message"]
     )
     logged = capfd.readouterr().out
-    assert "6 lines in" in logged and "(4 failed, 0 already answered)" in logged and "4 of 6 lines in" in logged
+    assert (
+        "6 lines in" in logged
+        and "(4 failed, 0 already answered)" in logged
+        and "4 of 6 lines in" in logged
+    )
 
     # A rerun answers nothing again, and still says the output holds failed lines.
     assert await run(source, target, service) == FAILED_LINES_EXIT
@@ -128,7 +186,9 @@ async def test_a_run_whose_every_line_is_answered_exits_0(tmp_path):
     assert len(target.read_text().splitlines()) == 2
 
 
-async def test_a_failed_write_stops_the_run_instead_of_losing_lines(tmp_path, monkeypatch):
+async def test_a_failed_write_stops_the_run_instead_of_losing_lines(
+    tmp_path, monkeypatch
+):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(b"\n".join(request(f"l{i}") for i in range(5)) + b"\n")
     write = run_batch.Writer.write
@@ -147,7 +207,12 @@ async def test_a_failed_write_stops_the_run_instead_of_losing_lines(tmp_path, mo
 def test_output_lines_count_as_failed_unless_200():
     records = [
         json.loads(output_line(1, "r", "x", status, {}, error))
-        for status, error in [(200, None), (400, None), (None, {"code": "invalid_line"}), (500, None)]
+        for status, error in [
+            (200, None),
+            (400, None),
+            (None, {"code": "invalid_line"}),
+            (500, None),
+        ]
     ]
     from vllm.entrypoints.generate.decisions.bulk.batch_file import failed
 
@@ -160,7 +225,9 @@ def test_ray_decide_forwards_no_secret_to_rays_runtime_env():
 
     from tests.conftest import ROOT
 
-    spec = importlib.util.spec_from_file_location("ray_decide", ROOT / "tools" / "ray_decide.py")
+    spec = importlib.util.spec_from_file_location(
+        "ray_decide", ROOT / "tools" / "ray_decide.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     environ = {

@@ -31,7 +31,10 @@ def test_enough_well_formed_lines(records):
         assert set(r) == REQUIRED, r.get("id")
         assert isinstance(r["state"], str) and r["state"].strip()
         assert isinstance(r["group"], str) and r["group"]
-        assert isinstance(r["question"]["instructions"], str) and r["question"]["instructions"].strip()
+        assert (
+            isinstance(r["question"]["instructions"], str)
+            and r["question"]["instructions"].strip()
+        )
 
 
 def test_types_are_balanced(records):
@@ -46,7 +49,9 @@ def test_expected_answers_fit_their_questions(records):
         if question["type"] == "noul":
             assert expected in ("yes", "no"), r["id"]
             criteria = question.get("criteria")
-            assert criteria is None or (isinstance(criteria, dict) and set(criteria) <= {"true", "false"}), r["id"]
+            assert criteria is None or (
+                isinstance(criteria, dict) and set(criteria) <= {"true", "false"}
+            ), r["id"]
         elif question["type"] == "choice":
             options = question["criteria"]
             assert isinstance(options, dict) and 2 <= len(options) <= 6, r["id"]
@@ -79,7 +84,10 @@ def test_yes_and_no_are_balanced(records):
 
 
 def test_correct_choice_is_not_always_first(records):
-    positions = Counter(list(r["question"]["criteria"]).index(r["expected"]) for r in by_type(records, "choice"))
+    positions = Counter(
+        list(r["question"]["criteria"]).index(r["expected"])
+        for r in by_type(records, "choice")
+    )
     assert len(positions) >= 3
     assert positions[0] < 0.5 * sum(positions.values())
 

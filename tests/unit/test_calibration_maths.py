@@ -22,7 +22,9 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
 )
 
 
-def synthetic(count: int, scale: float, seed: int) -> tuple[list[list[float]], list[int]]:
+def synthetic(
+    count: int, scale: float, seed: int
+) -> tuple[list[list[float]], list[int]]:
     """Questions with 2-6 options whose answers follow softmax(z); the scores shown are z * scale.
 
     So T = scale is exactly the temperature that makes the scores honest again.
@@ -52,13 +54,18 @@ def test_nll_matches_direct_formula():
     scores = [[2.0, 0.0, -1.0], [0.5, 1.5]]
     correct = [0, 1]
     for t in (0.5, 1.0, 3.0):
-        expected = -(math.log(softmax(scores[0], t)[0]) + math.log(softmax(scores[1], t)[1])) / 2
+        expected = (
+            -(math.log(softmax(scores[0], t)[0]) + math.log(softmax(scores[1], t)[1]))
+            / 2
+        )
         assert nll(scores, correct, t) == pytest.approx(expected)
 
 
 def test_nll_is_stable_and_handles_minus_infinity():
     # Scores this large overflow a naive exp; the answer is still log(1 + e^-10).
-    assert nll([[1000.0, 990.0]], [0], 1.0) == pytest.approx(math.log1p(math.exp(-10.0)))
+    assert nll([[1000.0, 990.0]], [0], 1.0) == pytest.approx(
+        math.log1p(math.exp(-10.0))
+    )
     # A ruled-out option gets no probability and does not disturb the rest.
     assert nll([[0.0, 0.0, -math.inf]], [0], 2.0) == pytest.approx(math.log(2.0))
     # A correct option that scored -inf is infinitely unlikely.
@@ -78,14 +85,19 @@ def test_fit_recovers_a_planted_temperature(planted):
 def test_fit_ignores_questions_whose_answer_scored_minus_infinity():
     scores, correct = synthetic(500, 2.0, seed=3)
     with_dead = [*scores, [0.0, -math.inf]]
-    assert fit_temperature(with_dead, [*correct, 1]) == pytest.approx(fit_temperature(scores, correct))
+    assert fit_temperature(with_dead, [*correct, 1]) == pytest.approx(
+        fit_temperature(scores, correct)
+    )
 
 
 def test_fit_reports_the_edge_when_the_optimum_lies_outside_the_range():
     # Answers unrelated to the scores: the best T is infinite.
     rng = np.random.default_rng(5)
     noise = [rng.normal(0, 3, size=4).tolist() for _ in range(300)]
-    assert fit_temperature(noise, [int(i) for i in rng.integers(0, 4, size=300)]) == HIGH_TEMPERATURE
+    assert (
+        fit_temperature(noise, [int(i) for i in rng.integers(0, 4, size=300)])
+        == HIGH_TEMPERATURE
+    )
     # The answer always scores highest by a wide margin: the best T is zero.
     certain = [[5.0, 0.0, 1.0] for _ in range(50)]
     assert fit_temperature(certain, [0] * 50) == LOW_TEMPERATURE
@@ -139,7 +151,9 @@ def test_a_folds_own_answers_never_move_its_probabilities():
     fold = fold_of_groups(groups)
     before = cross_validated_probabilities(scores, correct, groups)
     # Rewrite fold 0's answers to the least likely option: fold 0's own probabilities must not change.
-    rigged = [int(np.argmin(s)) if fold[i] == 0 else correct[i] for i, s in enumerate(scores)]
+    rigged = [
+        int(np.argmin(s)) if fold[i] == 0 else correct[i] for i, s in enumerate(scores)
+    ]
     after = cross_validated_probabilities(scores, rigged, groups)
     for i in range(300):
         if fold[i] == 0:
@@ -153,7 +167,9 @@ def test_a_fold_with_another_scale_gets_the_other_folds_temperature():
     groups = [f"g{i // 2}" for i in range(500)]
     fold = fold_of_groups(groups)
     base, correct = synthetic(500, 1.0, seed=12)
-    scores = [[s * 8.0 for s in row] if fold[i] == 0 else row for i, row in enumerate(base)]
+    scores = [
+        [s * 8.0 for s in row] if fold[i] == 0 else row for i, row in enumerate(base)
+    ]
     held_out = cross_validated_probabilities(scores, correct, groups)
     for i in range(500):
         if fold[i] == 0:
@@ -163,7 +179,9 @@ def test_a_fold_with_another_scale_gets_the_other_folds_temperature():
 def test_cross_validation_keeps_each_questions_own_option_count():
     scores = [[1.0, 0.0], [0.0, 1.0, 2.0], [3.0, 0.0, 0.0, 0.0]] * 10
     correct = [0, 2, 0] * 10
-    held_out = cross_validated_probabilities(scores, correct, [str(i) for i in range(30)])
+    held_out = cross_validated_probabilities(
+        scores, correct, [str(i) for i in range(30)]
+    )
     assert [len(p) for p in held_out] == [len(s) for s in scores]
     assert all(sum(p) == pytest.approx(1.0) for p in held_out)
 
@@ -179,12 +197,18 @@ def test_cross_validation_needs_two_groups():
 def test_ece_hand_computed_cases():
     # Bin 9 holds 0.95, 0.95 with one hit: |0.5 - 0.95| = 0.45, weight 2/4.
     # Bin 5 holds 0.55, 0.55 with two hits: |1.0 - 0.55| = 0.45, weight 2/4.  ECE = 0.225 + 0.225 = 0.45.
-    assert ece([0.95, 0.95, 0.55, 0.55], [True, False, True, True]) == pytest.approx(0.45)
+    assert ece([0.95, 0.95, 0.55, 0.55], [True, False, True, True]) == pytest.approx(
+        0.45
+    )
     # One bin, confidence 0.75, accuracy 3/4: perfectly calibrated.  ECE = 0.
-    assert ece([0.75, 0.75, 0.75, 0.75], [True, True, True, False]) == pytest.approx(0.0)
+    assert ece([0.75, 0.75, 0.75, 0.75], [True, True, True, False]) == pytest.approx(
+        0.0
+    )
     # Bin 9 holds 1.0 and 0.92 with one hit: |0.5 - 0.96| = 0.46, weight 2/3 -> 0.306667.
     # Bin 3 holds 0.35, a miss: |0 - 0.35| = 0.35, weight 1/3 -> 0.116667.  ECE = 0.423333.
-    assert ece([1.0, 0.92, 0.35], [True, False, False]) == pytest.approx(0.46 * 2 / 3 + 0.35 / 3)
+    assert ece([1.0, 0.92, 0.35], [True, False, False]) == pytest.approx(
+        0.46 * 2 / 3 + 0.35 / 3
+    )
 
 
 def test_probability_one_lands_in_the_last_bin():
@@ -244,10 +268,16 @@ def test_bootstrap_matches_recomputing_ece_on_each_resample():
     rng = np.random.default_rng(7)
     values = []
     for _ in range(200):
-        picked = [i for d in rng.integers(0, len(names), size=len(names)) for i in members[names[d]]]
+        picked = [
+            i
+            for d in rng.integers(0, len(names), size=len(names))
+            for i in members[names[d]]
+        ]
         values.append(ece([tops[i] for i in picked], [hits[i] for i in picked]))
     expected = tuple(np.percentile(values, [2.5, 97.5]))
-    assert bootstrap_interval(tops, hits, groups, resamples=200, seed=7) == pytest.approx(expected)
+    assert bootstrap_interval(
+        tops, hits, groups, resamples=200, seed=7
+    ) == pytest.approx(expected)
 
 
 # --- the whole procedure ----------------------------------------------------------------------
@@ -277,7 +307,11 @@ def test_calibrated_scores_are_not_corrected():
 def test_calibrate_flags_a_temperature_at_the_edge():
     rng = np.random.default_rng(6)
     noise = [rng.normal(0, 3, size=3).tolist() for _ in range(200)]
-    result = calibrate(noise, [int(i) for i in rng.integers(0, 3, size=200)], [str(i) for i in range(200)])
+    result = calibrate(
+        noise,
+        [int(i) for i in rng.integers(0, 3, size=200)],
+        [str(i) for i in range(200)],
+    )
     assert result.at_edge
     assert result.applied_temperature == 1.0
 
@@ -285,4 +319,6 @@ def test_calibrate_flags_a_temperature_at_the_edge():
 def test_calibrate_is_deterministic():
     scores, correct = synthetic(200, 2.0, seed=33)
     groups = [f"g{i // 2}" for i in range(200)]
-    assert calibrate(scores, correct, groups, seed=3) == calibrate(scores, correct, groups, seed=3)
+    assert calibrate(scores, correct, groups, seed=3) == calibrate(
+        scores, correct, groups, seed=3
+    )

@@ -9,7 +9,11 @@ import re
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.calibration import question_file, results, store
+from vllm.entrypoints.generate.decisions.calibration import (
+    question_file,
+    results,
+    store,
+)
 from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
 from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature
 from vllm.entrypoints.generate.decisions.service import DecisionService
@@ -17,7 +21,13 @@ from vllm.entrypoints.generate.decisions.settings import Settings
 
 from .fakes import ScriptedBackend
 
-MODEL = {"model": "m", "model_path": "/m", "revision": None, "quantization": None, "dtype": "bfloat16"}
+MODEL = {
+    "model": "m",
+    "model_path": "/m",
+    "revision": None,
+    "quantization": None,
+    "dtype": "bfloat16",
+}
 
 
 def expected_of(question):
@@ -36,9 +46,22 @@ def write_questions(path, count, groups=40):
     with path.open("w") as f:
         for i in range(count):
             expected = i % 3
-            f.write(json.dumps({"state": f"state {i}", "group": f"g{i % groups}", "id": f"q{i}", "expected": expected,
-                                "question": {"type": "score", "instructions": f"level #{expected} (q{i})",
-                                             "criteria": ["low", "mid", "high"]}}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "state": f"state {i}",
+                        "group": f"g{i % groups}",
+                        "id": f"q{i}",
+                        "expected": expected,
+                        "question": {
+                            "type": "score",
+                            "instructions": f"level #{expected} (q{i})",
+                            "criteria": ["low", "mid", "high"],
+                        },
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -52,7 +75,9 @@ def calibrated(question):
 
 
 def always_wrong(question):
-    return [0.0 if i == expected_of(question) else 2.0 for i in range(len(question.options))]
+    return [
+        0.0 if i == expected_of(question) else 2.0 for i in range(len(question.options))
+    ]
 
 
 def write_mixed(path, counts, groups=40):
@@ -66,20 +91,36 @@ def write_mixed(path, counts, groups=40):
             if kind == "noul":
                 expected = ["yes", "no"][right]
             elif kind == "choice":
-                question["criteria"], expected = {"a": "first", "b": "second", "c": "third"}, "abc"[right]
+                question["criteria"], expected = (
+                    {"a": "first", "b": "second", "c": "third"},
+                    "abc"[right],
+                )
             else:
                 question["criteria"], expected = ["low", "mid", "high"], right
-            lines.append(json.dumps({"state": f"state {n}", "group": f"g{n % groups}", "id": f"q{n}",
-                                     "expected": expected, "question": question}))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "state": f"state {n}",
+                        "group": f"g{n % groups}",
+                        "id": f"q{n}",
+                        "expected": expected,
+                        "question": question,
+                    }
+                )
+            )
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def settings(tmp_path, source, prior="off"):
     """The temperature tests read without a prior correction (test_prior_calibration.py covers those)."""
-    return Settings.from_env({"VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
-                              "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
-                              "VLLM_TYPED_DECISIONS_PRIOR": prior})  # fmt: skip
+    return Settings.from_env(
+        {
+            "VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
+            "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
+            "VLLM_TYPED_DECISIONS_PRIOR": prior,
+        }
+    )
 
 
 async def calibrated_temperatures(backend, configured, model):
@@ -90,70 +131,141 @@ async def test_fits_saves_and_reuses(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 200)
     backend = ScriptedBackend(overconfident)
     first = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
-    assert (first.server.source, first.server.scope) == ("calibrated", "server") and first.server.value > 2
+    assert (first.server.source, first.server.scope) == (
+        "calibrated",
+        "server",
+    ) and first.server.value > 2
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     record = json.loads(saved.read_text())
-    assert record["kept"] and record["questions"]["used"] == 200 and record["key"]["questions_sha256"]
+    assert (
+        record["kept"]
+        and record["questions"]["used"] == 200
+        and record["key"]["questions_sha256"]
+    )
     assert record["ece_calibrated_interval"][1] < record["ece_raw_interval"][0]
     assert record["key"]["scheme"] == results.SCHEME == "per-type-prior-v2"
     # One type only: its own fit is the server-wide one, on the same questions.
-    assert first.for_type("score") == Temperature(first.server.value, "calibrated", "score")
+    assert first.for_type("score") == Temperature(
+        first.server.value, "calibrated", "score"
+    )
     assert record["by_type"]["score"]["temperature"] == record["temperature"]
 
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
     again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
-    assert again == first and reads == [], "a saved result for the same deployment is reused"
+    assert again == first and reads == [], (
+        "a saved result for the same deployment is reused"
+    )
 
-    write_questions(source, 199)  # a changed question file: a new key, a new calibration
+    write_questions(
+        source, 199
+    )  # a changed question file: a new key, a new calibration
     changed = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert changed.server.source == "calibrated" and len(reads) == 199
     assert len(list((tmp_path / "saved").glob("calibration-*.json"))) == 2
 
 
 async def test_each_question_type_gets_its_own_temperature(tmp_path, caplog):
-    source = write_mixed(tmp_path / "q.jsonl", {"noul": 150, "choice": 150, "score": 20})
-    backend = ScriptedBackend(lambda q: calibrated(q) if q.qtype.name == "noul" else overconfident(q))
+    source = write_mixed(
+        tmp_path / "q.jsonl", {"noul": 150, "choice": 150, "score": 20}
+    )
+    backend = ScriptedBackend(
+        lambda q: calibrated(q) if q.qtype.name == "noul" else overconfident(q)
+    )
     first = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     server = first.server
-    assert (server.source, server.scope) == ("calibrated", "server") and server.value > 2
+    assert (server.source, server.scope) == (
+        "calibrated",
+        "server",
+    ) and server.value > 2
     choice = first.for_type("choice")
-    assert (choice.source, choice.scope) == ("calibrated", "choice") and choice.value > 2 and choice != server
-    assert first.for_type("noul") == Temperature(1.0, "calibrated", "noul"), "measured: no correction needed"
-    assert first.for_type("score") == server, "too few score questions: the server-wide fit"
-    assert first.for_type("a-plugin-type") == server, "a type never calibrated: the server-wide fit"
+    assert (
+        (choice.source, choice.scope) == ("calibrated", "choice")
+        and choice.value > 2
+        and choice != server
+    )
+    assert first.for_type("noul") == Temperature(1.0, "calibrated", "noul"), (
+        "measured: no correction needed"
+    )
+    assert first.for_type("score") == server, (
+        "too few score questions: the server-wide fit"
+    )
+    assert first.for_type("a-plugin-type") == server, (
+        "a type never calibrated: the server-wide fit"
+    )
 
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     record = json.loads(saved.read_text())
-    assert record["questions"]["used"] == 320 and record["applied_temperature"] == server.value
+    assert (
+        record["questions"]["used"] == 320
+        and record["applied_temperature"] == server.value
+    )
     by_type = record["by_type"]
     assert list(by_type) == ["noul", "choice", "score"]
-    assert by_type["choice"]["kept"] and by_type["choice"]["fallback"] is None and by_type["choice"]["used"] == 150
-    assert by_type["choice"]["ece_calibrated_interval"][1] < by_type["choice"]["ece_raw_interval"][0]
-    assert by_type["choice"]["applied_temperature"] == by_type["choice"]["temperature"] == choice.value
+    assert (
+        by_type["choice"]["kept"]
+        and by_type["choice"]["fallback"] is None
+        and by_type["choice"]["used"] == 150
+    )
+    assert (
+        by_type["choice"]["ece_calibrated_interval"][1]
+        < by_type["choice"]["ece_raw_interval"][0]
+    )
+    assert (
+        by_type["choice"]["applied_temperature"]
+        == by_type["choice"]["temperature"]
+        == choice.value
+    )
     noul = by_type["noul"]
-    assert not noul["kept"] and noul["applied_temperature"] == 1.0 and 0.6 < noul["temperature"] < 1.6
-    assert by_type["score"] == {"temperature": None, "kept": None, "ece_raw": None, "ece_raw_interval": None,
-                                "ece_calibrated": None, "ece_calibrated_interval": None, "used": 20,
-                                "applied_temperature": server.value, "fallback": "too few questions (20 < 50)"}  # fmt: skip
-    assert re.search(r"decision calibration \(choice\): T=\d+\.\d\d kept \(ECE 0\.\d+ -> 0\.\d+, 150 questions\)",
-                     caplog.text)  # fmt: skip
-    assert re.search(r"decision calibration \(noul\): T=\d\.\d\d not kept, T=1\.0 \(ECE", caplog.text)
-    assert "decision calibration (score): too few questions (20 < 50), server-wide T applies" in caplog.text
+    assert (
+        not noul["kept"]
+        and noul["applied_temperature"] == 1.0
+        and 0.6 < noul["temperature"] < 1.6
+    )
+    assert by_type["score"] == {
+        "temperature": None,
+        "kept": None,
+        "ece_raw": None,
+        "ece_raw_interval": None,
+        "ece_calibrated": None,
+        "ece_calibrated_interval": None,
+        "used": 20,
+        "applied_temperature": server.value,
+        "fallback": "too few questions (20 < 50)",
+    }
+    assert re.search(
+        r"decision calibration \(choice\): T=\d+\.\d\d kept \(ECE 0\.\d+ -> 0\.\d+, 150 questions\)",
+        caplog.text,
+    )
+    assert re.search(
+        r"decision calibration \(noul\): T=\d\.\d\d not kept, T=1\.0 \(ECE", caplog.text
+    )
+    assert (
+        "decision calibration (score): too few questions (20 < 50), server-wide T applies"
+        in caplog.text
+    )
 
     caplog.clear()
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
     again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert again == first and reads == [], "every fit is restored from the saved result"
-    assert "loaded from a saved result)" in caplog.text and "decision calibration (choice): T=" in caplog.text
+    assert (
+        "loaded from a saved result)" in caplog.text
+        and "decision calibration (choice): T=" in caplog.text
+    )
 
 
 async def test_an_edge_fit_for_one_type_falls_back_with_a_warning(tmp_path, caplog):
     source = write_mixed(tmp_path / "q.jsonl", {"choice": 200, "score": 60})
-    backend = ScriptedBackend(lambda q: always_wrong(q) if q.qtype.name == "score" else overconfident(q))
+    backend = ScriptedBackend(
+        lambda q: always_wrong(q) if q.qtype.name == "score" else overconfident(q)
+    )
     result = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
-    assert result.server.source == "calibrated" and result.for_type("score") == result.server
+    assert (
+        result.server.source == "calibrated"
+        and result.for_type("score") == result.server
+    )
     assert result.for_type("choice").scope == "choice"
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
     assert warning.getMessage() == (
@@ -161,7 +273,11 @@ async def test_an_edge_fit_for_one_type_falls_back_with_a_warning(tmp_path, capl
     )
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     score = json.loads(saved.read_text())["by_type"]["score"]
-    assert score["temperature"] == 20.0 and score["used"] == 60 and "edge" in score["fallback"]
+    assert (
+        score["temperature"] == 20.0
+        and score["used"] == 60
+        and "edge" in score["fallback"]
+    )
 
 
 async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
@@ -172,10 +288,16 @@ async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
     record = json.loads(saved.read_text())
     saved.unlink()
     old_key = {k: v for k, v in record.pop("key").items() if k != "scheme"}
-    store.save(tmp_path / "saved", old_key, {k: v for k, v in record.items() if k != "by_type"})
+    store.save(
+        tmp_path / "saved", old_key, {k: v for k, v in record.items() if k != "by_type"}
+    )
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
-    assert await calibrated_temperatures(backend, settings(tmp_path, source), MODEL) == first and len(reads) == 120
+    assert (
+        await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
+        == first
+        and len(reads) == 120
+    )
 
 
 @pytest.mark.parametrize(
@@ -183,17 +305,29 @@ async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
     [
         (None, "can't read"),
         ("{not json\n", "line 1"),
-        ('{"state": "s", "question": {"type": "noul"}, "expected": "maybe"}\n', "yes/no"),
-        ('{"state": "s", "question": {"type": "ranking"}, "expected": 0}\n', "unknown question type"),
+        (
+            '{"state": "s", "question": {"type": "noul"}, "expected": "maybe"}\n',
+            "yes/no",
+        ),
+        (
+            '{"state": "s", "question": {"type": "ranking"}, "expected": 0}\n',
+            "unknown question type",
+        ),
     ],
 )
-async def test_bad_files_give_the_default_with_a_warning(tmp_path, caplog, content, needle):
+async def test_bad_files_give_the_default_with_a_warning(
+    tmp_path, caplog, content, needle
+):
     path = tmp_path / "q.jsonl"
     path.write_text(content or "")
-    configured = settings(tmp_path, path)  # a file that does not exist is refused here, at startup
+    configured = settings(
+        tmp_path, path
+    )  # a file that does not exist is refused here, at startup
     if content is None:
         path.unlink()  # there when the server started, gone when calibration reads it
-    result = await calibrated_temperatures(ScriptedBackend(overconfident), configured, MODEL)
+    result = await calibrated_temperatures(
+        ScriptedBackend(overconfident), configured, MODEL
+    )
     assert result.server == Temperature(1.0, "default", "server") and not result.by_type
     assert needle in caplog.text
 
@@ -202,14 +336,25 @@ async def test_too_few_answered_questions_give_the_default(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 60)
     refusing = ScriptedBackend(lambda q: None if expected_of(q) else overconfident(q))
     result = await calibrated_temperatures(refusing, settings(tmp_path, source), MODEL)
-    assert result.server.source == "default" and "only 20 of 60 questions were answered" in caplog.text
+    assert (
+        result.server.source == "default"
+        and "only 20 of 60 questions were answered" in caplog.text
+    )
 
 
 async def test_an_edge_temperature_is_a_failure(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 120)
-    always_wrong = ScriptedBackend(lambda q: [0.0 if i == expected_of(q) else 9.0 for i in range(3)])
-    result = await calibrated_temperatures(always_wrong, settings(tmp_path, source), MODEL)
-    assert result.server.source == "default" and not result.by_type and "edge" in caplog.text
+    always_wrong = ScriptedBackend(
+        lambda q: [0.0 if i == expected_of(q) else 9.0 for i in range(3)]
+    )
+    result = await calibrated_temperatures(
+        always_wrong, settings(tmp_path, source), MODEL
+    )
+    assert (
+        result.server.source == "default"
+        and not result.by_type
+        and "edge" in caplog.text
+    )
 
 
 def test_the_bundled_set_loads_and_maps_answers():
@@ -229,11 +374,16 @@ def test_store_ignores_a_file_for_another_key(tmp_path):
 
 async def test_configured_temperature_skips_calibration(tmp_path):
     backend = ScriptedBackend(overconfident)
-    env = {"VLLM_TYPED_DECISIONS_TEMPERATURE": "2.5", "VLLM_TYPED_DECISIONS_CALIBRATION": "on"}
+    env = {
+        "VLLM_TYPED_DECISIONS_TEMPERATURE": "2.5",
+        "VLLM_TYPED_DECISIONS_CALIBRATION": "on",
+    }
     service = DecisionService(Settings.from_env(env), backend, "m")
 
     async def calibrate():
-        raise AssertionError("calibration must not run when a temperature is configured")
+        raise AssertionError(
+            "calibration must not run when a temperature is configured"
+        )
 
     await service.start(calibrate)
     assert service.temperatures.server == Temperature(2.5, "configured", "server")
@@ -253,11 +403,21 @@ def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
     finally:
         sys.path.remove(str(ROOT / "tools"))
     rng = random.Random(1)
-    rows = [{"scores": [rng.gauss(0, 3) for _ in range(3)], "correct": rng.randrange(3), "group": f"g{i % 30}"}
-            for i in range(150)]  # fmt: skip
+    rows = [
+        {
+            "scores": [rng.gauss(0, 3) for _ in range(3)],
+            "correct": rng.randrange(3),
+            "group": f"g{i % 30}",
+        }
+        for i in range(150)
+    ]
     captured = tmp_path / "captured.jsonl"
     captured.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    direct = calibrate([r["scores"] for r in rows], [r["correct"] for r in rows], [r["group"] for r in rows])
+    direct = calibrate(
+        [r["scores"] for r in rows],
+        [r["correct"] for r in rows],
+        [r["group"] for r in rows],
+    )
     assert fit(str(captured)) == direct
 
 
@@ -265,9 +425,16 @@ async def test_an_unwritable_folder_keeps_the_fit_and_warns(tmp_path, caplog):
     source = write_questions(tmp_path / "q.jsonl", 120)
     not_a_folder = tmp_path / "saved"
     not_a_folder.write_text("a file where the folder should be")
-    result = await calibrated_temperatures(ScriptedBackend(overconfident), settings(tmp_path, source), MODEL)
-    assert result.server.source == "calibrated" and result.server.value > 2  # measured and applied, not saved
-    assert "decision calibration not saved (VLLM_TYPED_DECISIONS_CALIBRATION_DIR=" in caplog.text
+    result = await calibrated_temperatures(
+        ScriptedBackend(overconfident), settings(tmp_path, source), MODEL
+    )
+    assert (
+        result.server.source == "calibrated" and result.server.value > 2
+    )  # measured and applied, not saved
+    assert (
+        "decision calibration not saved (VLLM_TYPED_DECISIONS_CALIBRATION_DIR="
+        in caplog.text
+    )
 
 
 def broken(record):
@@ -301,10 +468,17 @@ async def test_a_corrupt_saved_result_is_measured_again(tmp_path, caplog, damage
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
     again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
-    assert again == first and len(reads) == 120  # not trusted: measured again, same answer
-    assert json.loads(saved.read_text())["applied_temperature"] == first.server.value  # and saved whole again
+    assert (
+        again == first and len(reads) == 120
+    )  # not trusted: measured again, same answer
+    assert (
+        json.loads(saved.read_text())["applied_temperature"] == first.server.value
+    )  # and saved whole again
     if damage in (denormal, type_huge):
-        assert "the saved result is not reused" in caplog.text and "VLLM_TYPED_DECISIONS_MAX_TEMPERATURE" in caplog.text
+        assert (
+            "the saved result is not reused" in caplog.text
+            and "VLLM_TYPED_DECISIONS_MAX_TEMPERATURE" in caplog.text
+        )
 
 
 async def test_a_fit_outside_the_servers_range_is_not_applied(tmp_path, caplog):
@@ -317,9 +491,14 @@ async def test_a_fit_outside_the_servers_range_is_not_applied(tmp_path, caplog):
             "VLLM_TYPED_DECISIONS_MAX_TEMPERATURE": "1.5",
         }
     )
-    result = await calibrated_temperatures(ScriptedBackend(overconfident), narrow, MODEL)
+    result = await calibrated_temperatures(
+        ScriptedBackend(overconfident), narrow, MODEL
+    )
     assert result.server == Temperature(1.0, "default", "server") and not result.by_type
-    assert "decision calibration not applied, T=1.0 (default): its server-wide T=" in caplog.text
+    assert (
+        "decision calibration not applied, T=1.0 (default): its server-wide T="
+        in caplog.text
+    )
 
 
 async def test_calibration_reads_as_requests_do_and_keys_the_debias_setting(tmp_path):
@@ -328,12 +507,20 @@ async def test_calibration_reads_as_requests_do_and_keys_the_debias_setting(tmp_
     source = write_questions(tmp_path / "q.jsonl", 120)
     reads = []
     backend = ScriptedBackend(lambda q: reads.append(q) or overconfident(q))
-    rotating = Settings.from_env({"VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
-                                  "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
-                                  "VLLM_TYPED_DECISIONS_DEBIAS": "rotate", "VLLM_TYPED_DECISIONS_PRIOR": "off"})  # fmt: skip
+    rotating = Settings.from_env(
+        {
+            "VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
+            "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
+            "VLLM_TYPED_DECISIONS_DEBIAS": "rotate",
+            "VLLM_TYPED_DECISIONS_PRIOR": "off",
+        }
+    )
     await startup_calibration(backend, rotating, MODEL)
     assert len(reads) == 240, "a score question is read forwards and reversed"
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     assert json.loads(saved.read_text())["key"]["debias"] == "rotate"
     await startup_calibration(backend, settings(tmp_path, source), MODEL)
-    assert len(reads) == 360 and len(list((tmp_path / "saved").glob("calibration-*.json"))) == 2
+    assert (
+        len(reads) == 360
+        and len(list((tmp_path / "saved").glob("calibration-*.json"))) == 2
+    )

@@ -11,7 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from vllm.entrypoints.generate.decisions.host import VllmHost, canvas_read_args
-from vllm.entrypoints.generate.decisions.vllm_versions import BUILT_IN_CANVAS_READ, VLLM_RELEASE
+from vllm.entrypoints.generate.decisions.vllm_versions import (
+    BUILT_IN_CANVAS_READ,
+    VLLM_RELEASE,
+)
 
 # Also run on vLLM 0.32 (tools/test.sh's second pass): these touch vLLM's own APIs.
 pytestmark = pytest.mark.vllm032
@@ -24,7 +27,9 @@ def test_on_030_the_read_is_patch_00572s_canvas_read():
         "max_tokens": 1,
         "logprob_token_ids": LABELS,
         "detokenize": False,
-        "extra_args": {"canvas_read": {"canvas": [417, 106], "slots": [0], "max_steps": 3}},
+        "extra_args": {
+            "canvas_read": {"canvas": [417, 106], "slots": [0], "max_steps": 3}
+        },
     }
 
 
@@ -54,39 +59,75 @@ class Engine:
 
     def __init__(self, diffusion: bool = True) -> None:
         self.model_config = SimpleNamespace(
-            max_model_len=1024, hf_config=SimpleNamespace(architectures=["DiffusionGemmaForBlockDiffusion"]),
-            max_logprobs=20, logprobs_mode="raw_logprobs", trust_remote_code=False, is_diffusion=diffusion,
-            head_dtype="torch.float32", get_vocab_size=lambda: 1000,
-        )  # fmt: skip
+            max_model_len=1024,
+            hf_config=SimpleNamespace(
+                architectures=["DiffusionGemmaForBlockDiffusion"]
+            ),
+            max_logprobs=20,
+            logprobs_mode="raw_logprobs",
+            trust_remote_code=False,
+            is_diffusion=diffusion,
+            head_dtype="torch.float32",
+            get_vocab_size=lambda: 1000,
+        )
         self.vllm_config = SimpleNamespace(
             model_config=self.model_config,
-            parallel_config=SimpleNamespace(local_engines_only=True, data_parallel_size=1),
+            parallel_config=SimpleNamespace(
+                local_engines_only=True, data_parallel_size=1
+            ),
             scheduler_config=SimpleNamespace(policy="fcfs"),
         )
         tokenizer = SimpleNamespace(all_special_ids=[], added_tokens_decoder={})
         self.renderer = SimpleNamespace(get_tokenizer=lambda: tokenizer)
         self.requests: list[tuple[object, object]] = []
 
-    async def generate(self, prompt, params, request_id, lora_request=None, priority=0, data_parallel_rank=None):
+    async def generate(
+        self,
+        prompt,
+        params,
+        request_id,
+        lora_request=None,
+        priority=0,
+        data_parallel_rank=None,
+    ):
         self.requests.append((prompt, params))
-        position = {t: SimpleNamespace(logprob=-1.0 - i) for i, t in enumerate([*LABELS, 999])}
-        yield SimpleNamespace(outputs=[SimpleNamespace(logprobs=[position])], num_cached_tokens=3)
+        position = {
+            t: SimpleNamespace(logprob=-1.0 - i) for i, t in enumerate([*LABELS, 999])
+        }
+        yield SimpleNamespace(
+            outputs=[SimpleNamespace(logprobs=[position])], num_cached_tokens=3
+        )
 
 
 def test_a_diffusion_model_reads_canvases_where_the_installed_vllm_can():
-    can = BUILT_IN_CANVAS_READ or importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
+    can = (
+        BUILT_IN_CANVAS_READ
+        or importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
+    )
     assert VllmHost(Engine(), "m").canvas_reads == can  # type: ignore[arg-type]
     assert not VllmHost(Engine(diffusion=False), "m").canvas_reads  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("max_steps", [1, 4])
-async def test_read_canvas_sends_the_installed_vllms_read_and_keeps_the_asked_ids(max_steps):
+async def test_read_canvas_sends_the_installed_vllms_read_and_keeps_the_asked_ids(
+    max_steps,
+):
     engine = Engine()
     host = VllmHost(engine, "m")  # type: ignore[arg-type]
     read = await host.read_canvas([5, 6, 7], [417, 106], LABELS, max_steps, "req-1")
     ((_, params),) = engine.requests
     want = canvas_read_args([417, 106], LABELS, max_steps)
-    assert params.max_tokens == want["max_tokens"] and params.extra_args == want["extra_args"]
-    assert list(params.logprob_token_ids) == LABELS and params.temperature == 1.0 and params.seed is None
-    assert read.logprobs == {LABELS[0]: -1.0, LABELS[1]: -2.0}  # the engine's own sampled token is dropped
+    assert (
+        params.max_tokens == want["max_tokens"]
+        and params.extra_args == want["extra_args"]
+    )
+    assert (
+        list(params.logprob_token_ids) == LABELS
+        and params.temperature == 1.0
+        and params.seed is None
+    )
+    assert read.logprobs == {
+        LABELS[0]: -1.0,
+        LABELS[1]: -2.0,
+    }  # the engine's own sampled token is dropped
     assert (read.prompt_tokens, read.cached_tokens) == (3, 3)

@@ -16,7 +16,10 @@ import vllm
 
 pytestmark = pytest.mark.vllm032
 if not vllm.__version__.startswith("0.32."):
-    pytest.skip(f"needs vLLM 0.32 (.venv-0.32); this is {vllm.__version__}", allow_module_level=True)
+    pytest.skip(
+        f"needs vLLM 0.32 (.venv-0.32); this is {vllm.__version__}",
+        allow_module_level=True,
+    )
 
 from vllm.entrypoints.generate.decisions.host import canvas_read_args  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
@@ -35,28 +38,42 @@ def tiny() -> SimpleNamespace:
     from transformers import AutoTokenizer
 
     folder = model_path("tiny-diffusiongemma")
-    vocab = json.loads((folder / "config.json").read_text())["text_config"]["vocab_size"]
+    vocab = json.loads((folder / "config.json").read_text())["text_config"][
+        "vocab_size"
+    ]
     turn_close = AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<turn|>")
     return SimpleNamespace(vocab=vocab, turn_close=turn_close)
 
 
-def admitted(args: dict, vocab: int, canvas_length: int | None = SERVED_CANVAS) -> SamplingParams:
+def admitted(
+    args: dict, vocab: int, canvas_length: int | None = SERVED_CANVAS
+) -> SamplingParams:
     """``args`` as vLLM 0.32 admits a request: SamplingParams' diffusion check, then the input processor's."""
     params = SamplingParams(**args)
     params._validate_diffusion(SimpleNamespace(is_diffusion=True))  # type: ignore[arg-type]
-    validate_diffusion_sampling_params(params, canvas_length=canvas_length, vocab_size=vocab)
+    validate_diffusion_sampling_params(
+        params, canvas_length=canvas_length, vocab_size=vocab
+    )
     return params
 
 
-@pytest.mark.parametrize("canvas_length", [SERVED_CANVAS, None])  # None: served without --diffusion-config
+@pytest.mark.parametrize(
+    "canvas_length", [SERVED_CANVAS, None]
+)  # None: served without --diffusion-config
 @pytest.mark.parametrize("max_steps", [1, 3])
-def test_the_hosts_read_is_admitted_as_a_read_only_one_canvas_read(tiny, canvas_length, max_steps):
+def test_the_hosts_read_is_admitted_as_a_read_only_one_canvas_read(
+    tiny, canvas_length, max_steps
+):
     canvas = [tiny.vocab - 1, tiny.turn_close]
-    params = admitted(canvas_read_args(canvas, LABELS, max_steps), tiny.vocab, canvas_length)
+    params = admitted(
+        canvas_read_args(canvas, LABELS, max_steps), tiny.vocab, canvas_length
+    )
     assert params.extra_args == {
         "diffusion_seed_canvas": canvas,
         "diffusion_canvas_length": 2,
-        "diffusion_pinned": [1],  # the turn-close marker is held; only the answer slot may change
+        "diffusion_pinned": [
+            1
+        ],  # the turn-close marker is held; only the answer slot may change
         "diffusion_max_steps": max_steps,
         "diffusion_read_only": True,
     }

@@ -7,7 +7,9 @@ import pytest
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.errors import BackendUnavailable
-from vllm.entrypoints.generate.decisions.prompting.chat_template import takes_system_role
+from vllm.entrypoints.generate.decisions.prompting.chat_template import (
+    takes_system_role,
+)
 from vllm.entrypoints.generate.decisions.prompting.prompt import SYSTEM_PROMPT
 from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import Settings
@@ -22,27 +24,42 @@ TURNS = (
 )
 # Gemma 2's way: a system message is an error.
 REFUSES_SYSTEM = (
-    "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" + TURNS
+    "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    + TURNS
 )
 # Some templates skip roles they don't know, without a word.
-DROPS_SYSTEM = TURNS.replace("{% for m in messages %}", "{% for m in messages if m.role != 'system' %}")
+DROPS_SYSTEM = TURNS.replace(
+    "{% for m in messages %}", "{% for m in messages if m.role != 'system' %}"
+)
 
 
-async def test_a_template_with_a_system_role_takes_the_instructions_there(smollm2_tokenizer):
-    assert await takes_system_role(TokenizerHost(smollm2_tokenizer, chat_template=TURNS))
+async def test_a_template_with_a_system_role_takes_the_instructions_there(
+    smollm2_tokenizer,
+):
+    assert await takes_system_role(
+        TokenizerHost(smollm2_tokenizer, chat_template=TURNS)
+    )
 
 
-@pytest.mark.parametrize("template", [REFUSES_SYSTEM, DROPS_SYSTEM], ids=["refuses", "drops"])
-async def test_without_a_system_role_the_instructions_open_the_user_turn(smollm2_tokenizer, template):
+@pytest.mark.parametrize(
+    "template", [REFUSES_SYSTEM, DROPS_SYSTEM], ids=["refuses", "drops"]
+)
+async def test_without_a_system_role_the_instructions_open_the_user_turn(
+    smollm2_tokenizer, template
+):
     host = TokenizerHost(smollm2_tokenizer, chat_template=template)
     assert not await takes_system_role(host)
     host.logprob = letter_loving(host)
     backend = LogitBackend(host, settings=Settings.from_env({}))
     facts = await backend.start()
     assert not facts.system_role and facts.option_mass > 0.5
-    await backend.runner.labelled_read(choice(3), "exact", ReadContext.about("A ticket.", "r"))
+    await backend.runner.labelled_read(
+        choice(3), "exact", ReadContext.about("A ticket.", "r")
+    )
     prompt = host.decode(host.reads[-1][0])
-    assert prompt.startswith(f"<|im_start|>user\n{SYSTEM_PROMPT}\n\nDocument:\nA ticket.\n\nQuestion: Which?")
+    assert prompt.startswith(
+        f"<|im_start|>user\n{SYSTEM_PROMPT}\n\nDocument:\nA ticket.\n\nQuestion: Which?"
+    )
     assert "system" not in prompt
 
 

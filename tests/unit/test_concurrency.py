@@ -12,7 +12,11 @@ async def test_results_in_order():
         await asyncio.sleep(delay)
         return v
 
-    assert await gather_or_cancel([value(1, 0.02), value(2, 0), value(3, 0.01)]) == [1, 2, 3]
+    assert await gather_or_cancel([value(1, 0.02), value(2, 0), value(3, 0.01)]) == [
+        1,
+        2,
+        3,
+    ]
 
 
 async def test_one_failure_cancels_the_rest():

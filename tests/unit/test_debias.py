@@ -19,7 +19,12 @@ from vllm.entrypoints.generate.decisions.questions import (
     ScoreQuestion,
 )
 from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.settings import NO_DEBIAS, Settings, SettingsError, parse_debias
+from vllm.entrypoints.generate.decisions.settings import (
+    NO_DEBIAS,
+    Settings,
+    SettingsError,
+    parse_debias,
+)
 
 from .fakes import ScriptedBackend
 
@@ -29,11 +34,16 @@ POSITION_BIAS = [1.5, 0.7, 0.0, -0.4]
 
 
 def biased(question):
-    return [EVIDENCE.get(o.value, 0.0) + POSITION_BIAS[i] for i, o in enumerate(question.options)]
+    return [
+        EVIDENCE.get(o.value, 0.0) + POSITION_BIAS[i]
+        for i, o in enumerate(question.options)
+    ]
 
 
 def choice(order):
-    return CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={k: None for k in order}))
+    return CHOICE.compile(
+        ChoiceQuestion(instructions="Which team?", criteria={k: None for k in order})
+    )
 
 
 def log_softmax(values):
@@ -43,7 +53,12 @@ def log_softmax(values):
 
 async def test_off_reads_once_in_the_clients_order():
     backend = ScriptedBackend(biased)
-    read = await read_question(backend, choice(["sales", "billing"]), ReadContext.about("s", "r", None), NO_DEBIAS)
+    read = await read_question(
+        backend,
+        choice(["sales", "billing"]),
+        ReadContext.about("s", "r", None),
+        NO_DEBIAS,
+    )
     assert read.reading.scores == pytest.approx([0.0 + 1.5, 0.3 + 0.7])
     assert read.reading.forward_passes == 1 and read.debias is None
 
@@ -54,7 +69,11 @@ async def test_a_full_rotation_is_independent_of_the_order_sent_and_cancels_the_
     truth = dict(zip(EVIDENCE, log_softmax(list(EVIDENCE.values())), strict=True))
     answers = []
     for order in itertools.permutations(EVIDENCE):
-        reading = (await read_question(backend, choice(order), ReadContext.about("s", "r", None), full)).reading
+        reading = (
+            await read_question(
+                backend, choice(order), ReadContext.about("s", "r", None), full
+            )
+        ).reading
         assert reading.forward_passes == 4
         by_key = dict(zip(order, log_softmax(reading.scores), strict=True))
         assert by_key == pytest.approx(truth, abs=1e-9)
@@ -67,18 +86,34 @@ async def test_fewer_rotations_still_ignore_the_order_sent():
     seen = set()
     for order in itertools.permutations(EVIDENCE):
         reading = (
-            await read_question(backend, choice(order), ReadContext.about("s", "r", None), parse_debias("rotate:2"))
+            await read_question(
+                backend,
+                choice(order),
+                ReadContext.about("s", "r", None),
+                parse_debias("rotate:2"),
+            )
         ).reading
-        seen.add(tuple(round(s, 12) for _, s in sorted(zip(order, reading.scores, strict=True))))
+        seen.add(
+            tuple(
+                round(s, 12) for _, s in sorted(zip(order, reading.scores, strict=True))
+            )
+        )
         assert reading.forward_passes == 2
     assert len(seen) == 1
 
 
 async def test_the_audit_names_each_rotation_and_their_agreement():
     backend = ScriptedBackend(biased)
-    read = await read_question(backend, choice(["sales", "billing", "account"]), ReadContext.about("s", "r", None), parse_debias("rotate:3"))  # fmt: skip
+    read = await read_question(
+        backend,
+        choice(["sales", "billing", "account"]),
+        ReadContext.about("s", "r", None),
+        parse_debias("rotate:3"),
+    )
     audit = read.debias
-    assert audit is not None and audit.debias == "rotate:3" and len(audit.rotations) == 3
+    assert (
+        audit is not None and audit.debias == "rotate:3" and len(audit.rotations) == 3
+    )
     # The canonical order is by key (the JSON text of the value): account, billing, sales.
     assert [r.first for r in audit.rotations] == ['"account"', '"billing"', '"sales"']
     # With this bias the first position wins every reading; only one of the three agrees with the answer.
@@ -87,7 +122,9 @@ async def test_the_audit_names_each_rotation_and_their_agreement():
 
 
 def test_a_score_keeps_its_scale_and_adds_the_reversed_reading():
-    question = SCORE.compile(ScoreQuestion(instructions="How bad?", criteria=["low", "mid", "high"]))
+    question = SCORE.compile(
+        ScoreQuestion(instructions="How bad?", criteria=["low", "mid", "high"])
+    )
     assert orders(question, parse_debias("rotate")) == [[0, 1, 2], [2, 1, 0]]
     assert orders(question, parse_debias("rotate:5")) == [[0, 1, 2], [2, 1, 0]]
     assert orders(question, parse_debias("rotate:1")) == [[0, 1, 2]]
@@ -98,18 +135,28 @@ def test_yes_no_reads_both_ways_and_a_large_choice_caps_its_rotations():
     assert sorted(orders(noul, parse_debias("rotate"))) == [[0, 1], [1, 0]]
     many = choice([f"team{i:02d}" for i in range(10)])
     rotations = orders(many, parse_debias("rotate"))
-    assert [r[0] for r in rotations] == [0, 5] and rotations[1] == rotations[0][5:] + rotations[0][:5]
+    assert [r[0] for r in rotations] == [0, 5] and rotations[1] == rotations[0][
+        5:
+    ] + rotations[0][:5]
     assert [r[0] for r in orders(many, parse_debias("rotate:4"))] == [0, 2, 5, 8]
     assert len(orders(many, parse_debias("rotate:10"))) == 10
 
 
 async def test_rotations_of_a_score_report_reversed_readings():
-    question = SCORE.compile(ScoreQuestion(instructions="How bad?", criteria=["low", "mid", "high"]))
+    question = SCORE.compile(
+        ScoreQuestion(instructions="How bad?", criteria=["low", "mid", "high"])
+    )
     read = await read_question(
-        ScriptedBackend(biased), question, ReadContext.about("s", "r", None), parse_debias("rotate")
+        ScriptedBackend(biased),
+        question,
+        ReadContext.about("s", "r", None),
+        parse_debias("rotate"),
     )
     reading = read.reading
-    assert read.debias is not None and [r.reversed for r in read.debias.rotations] == [False, True]
+    assert read.debias is not None and [r.reversed for r in read.debias.rotations] == [
+        False,
+        True,
+    ]
     # The bias favours the first position: low in one reading, high in the other; they cancel.
     assert reading.scores[0] == pytest.approx(reading.scores[2])
 
@@ -121,6 +168,11 @@ def test_bad_settings_name_the_variable(text):
 
 
 def test_settings_parse_each_form():
-    assert str(Settings.from_env({}).debias) == "rotate:1", "the default: one reading in the canonical order"
+    assert str(Settings.from_env({}).debias) == "rotate:1", (
+        "the default: one reading in the canonical order"
+    )
     assert Settings.from_env({"VLLM_TYPED_DECISIONS_DEBIAS": "off"}).debias == NO_DEBIAS
-    assert str(Settings.from_env({"VLLM_TYPED_DECISIONS_DEBIAS": "ROTATE:3"}).debias) == "rotate:3"
+    assert (
+        str(Settings.from_env({"VLLM_TYPED_DECISIONS_DEBIAS": "ROTATE:3"}).debias)
+        == "rotate:3"
+    )

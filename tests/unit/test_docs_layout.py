@@ -9,7 +9,13 @@ from pathlib import Path
 from ..conftest import OVERLAY, ROOT
 
 LAYOUT = ROOT / "docs" / "layout.md"
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "backends").glob("*.md")])
+PAGES = sorted(
+    [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "backends").glob("*.md"),
+    ]
+)
 
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -30,7 +36,11 @@ def listed_modules() -> list[str]:
 
 
 def package_modules() -> set[str]:
-    return {p.relative_to(OVERLAY).as_posix() for p in OVERLAY.rglob("*.py") if "__pycache__" not in p.parts}
+    return {
+        p.relative_to(OVERLAY).as_posix()
+        for p in OVERLAY.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
 
 
 def test_layout_lists_every_module_once():
@@ -79,13 +89,23 @@ def test_relative_links_resolve():
             target = (page.parent / path).resolve() if path else page
             if not target.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {link} (no such file)")
-            elif fragment and target.suffix == ".md" and fragment not in anchors(target):
-                broken.append(f"{page.relative_to(ROOT)}: {link} (no heading with that anchor)")
+            elif (
+                fragment and target.suffix == ".md" and fragment not in anchors(target)
+            ):
+                broken.append(
+                    f"{page.relative_to(ROOT)}: {link} (no heading with that anchor)"
+                )
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
 def test_anchor_rules():
     assert anchor("The default: `rotate`") == "the-default-rotate"
-    assert anchor("Answers that don't depend on option order") == "answers-that-dont-depend-on-option-order"
-    assert anchor("`POST /v1/systemone` and `/api/alpha/decisions`") == "post-v1systemone-and-apialphadecisions"
+    assert (
+        anchor("Answers that don't depend on option order")
+        == "answers-that-dont-depend-on-option-order"
+    )
+    assert (
+        anchor("`POST /v1/systemone` and `/api/alpha/decisions`")
+        == "post-v1systemone-and-apialphadecisions"
+    )
     assert anchor("VLLM_TYPED_DECISIONS_DEBIAS") == "vllm_typed_decisions_debias"

@@ -34,7 +34,12 @@ CHECKPOINT = "tiny-laya"
 class LayaHost(BackendHost):
     """The served checkpoint's files and tokenizer; ``pool`` runs the reference model."""
 
-    def __init__(self, folder: Path, trust_remote_code: bool = False, files: dict[str, bytes] | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        trust_remote_code: bool = False,
+        files: dict[str, bytes] | None = None,
+    ):
         from transformers import AutoTokenizer
 
         self.folder = folder
@@ -44,7 +49,11 @@ class LayaHost(BackendHost):
         self.served_model = "tiny-laya"
         self.max_model_len = 1024
         self.architectures = ("LayaForDecision",)
-        self.max_logprobs, self.max_logprob_token_ids, self.logprobs_mode = 20, 128, "raw_logprobs"
+        self.max_logprobs, self.max_logprob_token_ids, self.logprobs_mode = (
+            20,
+            128,
+            "raw_logprobs",
+        )
         self.pooled: list[list[int]] = []
 
     def checkpoint_config(self):
@@ -99,7 +108,11 @@ def started(host: LayaHost) -> EncoderBackend:
     return backend
 
 
-def read(backend: EncoderBackend, question, state: str = "The parcel arrived broken and late."):
+def read(
+    backend: EncoderBackend,
+    question,
+    state: str = "The parcel arrived broken and late.",
+):
     return asyncio.run(backend.read(question, ReadContext.about(state, "r")))
 
 
@@ -110,15 +123,24 @@ def test_chosen_for_the_architecture_by_itself():
 def test_noul_is_read_false_then_true_and_answered_true_then_false(folder):
     host = LayaHost(folder)
     backend = started(host)
-    question = NOUL.compile(NoulQuestion(instructions="Is the customer unhappy?", criteria={"true": "they complain"}))
+    question = NOUL.compile(
+        NoulQuestion(
+            instructions="Is the customer unhappy?", criteria={"true": "they complain"}
+        )
+    )
     reading = read(backend, question)
     ids = host.pooled[-1]
     tokenizer = host.tokenizer
     expected, markers = laya_prompts.build_prompt(
-        tokenizer, "The parcel arrived broken and late.", "noul", "Is the customer unhappy?",
+        tokenizer,
+        "The parcel arrived broken and late.",
+        "noul",
+        "Is the customer unhappy?",
         ["false: no, the statement does not hold", "true: they complain"],
-        max_len=512, head_max_len=192, option_max_tokens=48,
-    )  # fmt: skip
+        max_len=512,
+        head_max_len=192,
+        option_max_tokens=48,
+    )
     assert ids == expected and len(markers) == 2
     slots = reference_outputs(folder, ids)
     assert reading.scores == [slots[1], slots[0]]  # our order is true, false
@@ -132,38 +154,59 @@ def test_noul_is_read_false_then_true_and_answered_true_then_false(folder):
 def test_choice_and_score_keep_their_order_and_say_level(folder):
     host = LayaHost(folder)
     backend = started(host)
-    choice = CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "money", "shipping": None,
-                                                                                    "returns": "sending back"}))  # fmt: skip
+    choice = CHOICE.compile(
+        ChoiceQuestion(
+            instructions="Which team?",
+            criteria={"billing": "money", "shipping": None, "returns": "sending back"},
+        )
+    )
     reading = read(backend, choice)
     assert reading.scores == reference_outputs(folder, host.pooled[-1])[:3]
     assert reading.meta.checkpoint_temperature == 0.8  # the choice:3-5 bucket
-    score = SCORE.compile(ScoreQuestion(instructions="How urgent?", criteria=["not", "somewhat", "very"]))
+    score = SCORE.compile(
+        ScoreQuestion(instructions="How urgent?", criteria=["not", "somewhat", "very"])
+    )
     read(backend, score)
     text = host.tokenizer.decode(host.pooled[-1])
-    assert "level 0 : not" in text and "level 2 : very" in text  # as the tiny (lower-case) tokenizer decodes
+    assert (
+        "level 0 : not" in text and "level 2 : very" in text
+    )  # as the tiny (lower-case) tokenizer decodes
 
 
 @pytest.mark.parametrize(
     ("question", "message"),
     [
-        (lambda: plugin_question("sentiment"), "answers choice, noul, score questions; 'sentiment'"),
         (
-            lambda: CHOICE.compile(ChoiceQuestion(criteria={f"c{i}": None for i in range(256)})),
+            lambda: plugin_question("sentiment"),
+            "answers choice, noul, score questions; 'sentiment'",
+        ),
+        (
+            lambda: CHOICE.compile(
+                ChoiceQuestion(criteria={f"c{i}": None for i in range(256)})
+            ),
             "marks at most 255 (laya_config.max_options)",
         ),
         (
-            lambda: CHOICE.compile(ChoiceQuestion(criteria={f"c{i}": "one two three" for i in range(40)})),
+            lambda: CHOICE.compile(
+                ChoiceQuestion(criteria={f"c{i}": "one two three" for i in range(40)})
+            ),
             "(laya_config.head_max_len)",
         ),
         (
-            lambda: CHOICE.compile(ChoiceQuestion(criteria={"a": "word " * 60, "b": None})),
+            lambda: CHOICE.compile(
+                ChoiceQuestion(criteria={"a": "word " * 60, "b": None})
+            ),
             "per option (laya_config.option_max_tokens)",
         ),
     ],
 )
-def test_what_the_checkpoint_cannot_mark_is_refused_per_question(folder, question, message):
+def test_what_the_checkpoint_cannot_mark_is_refused_per_question(
+    folder, question, message
+):
     host = LayaHost(folder)
-    with pytest.raises(DecisionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        DecisionError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
         read(started(host), question())
     assert host.pooled == []  # refused before any model work
 
@@ -171,7 +214,9 @@ def test_what_the_checkpoint_cannot_mark_is_refused_per_question(folder, questio
 def test_an_input_past_max_len_is_refused_not_cut(folder):
     host = LayaHost(folder)
     question = NOUL.compile(NoulQuestion(instructions="Late?"))
-    with pytest.raises(DecisionError, match=r"reads at most \d+ \(laya_config.max_len = 512\)"):
+    with pytest.raises(
+        DecisionError, match=r"reads at most \d+ \(laya_config.max_len = 512\)"
+    ):
         read(started(host), question, state="late " * 600)
     assert host.pooled == []
 
@@ -181,16 +226,26 @@ BUILDER = (Path(laya_prompts.__file__)).read_bytes()
 
 def test_the_checkpoint_builder_runs_only_with_trust_remote_code(folder):
     wording = BUILDER.replace(
-        b'f"{question_type} question: {instructions}"', b'f"{question_type} question: {instructions} !"'
+        b'f"{question_type} question: {instructions}"',
+        b'f"{question_type} question: {instructions} !"',
     )
     assert wording != BUILDER
     question = NOUL.compile(NoulQuestion(instructions="Late?"))
-    untrusted = LayaHost(folder, trust_remote_code=False, files={"laya_prompts.py": wording})
+    untrusted = LayaHost(
+        folder, trust_remote_code=False, files={"laya_prompts.py": wording}
+    )
     assert read(started(untrusted), question).meta.prompt_source == "built-in"
-    trusted = LayaHost(folder, trust_remote_code=True, files={"laya_prompts.py": wording})
+    trusted = LayaHost(
+        folder, trust_remote_code=True, files={"laya_prompts.py": wording}
+    )
     assert read(started(trusted), question).meta.prompt_source == "checkpoint"
-    assert trusted.pooled[-1] != untrusted.pooled[-1]  # the checkpoint's own wording was used
-    assert read(started(LayaHost(folder, True, files={})), question).meta.prompt_source == "built-in"
+    assert (
+        trusted.pooled[-1] != untrusted.pooled[-1]
+    )  # the checkpoint's own wording was used
+    assert (
+        read(started(LayaHost(folder, True, files={})), question).meta.prompt_source
+        == "built-in"
+    )
 
 
 @pytest.mark.parametrize(
@@ -198,14 +253,23 @@ def test_the_checkpoint_builder_runs_only_with_trust_remote_code(folder):
     [
         ({"laya_prompts.py": b"x = 1\n"}, {}, "defines no build_prompt"),
         ({}, {"mask_token_id": 1}, "the model would find no option markers"),
-        ({}, {"question_type_token_ids": {"choice": 1, "score": 2, "noul": 3}}, "prompts and checkpoint disagree"),
+        (
+            {},
+            {"question_type_token_ids": {"choice": 1, "score": 2, "noul": 3}},
+            "prompts and checkpoint disagree",
+        ),
         ({}, {"max_len": "long"}, "laya_config.max_len"),
     ],
 )
-def test_a_checkpoint_that_disagrees_with_itself_stops_startup(folder, files, config, message):
+def test_a_checkpoint_that_disagrees_with_itself_stops_startup(
+    folder, files, config, message
+):
     host = LayaHost(folder, trust_remote_code=True, files=files)
     original = host.checkpoint_config()
-    host.checkpoint_config = lambda: {**original, "laya_config": {**original["laya_config"], **config}}  # type: ignore[method-assign]
+    host.checkpoint_config = lambda: {
+        **original,
+        "laya_config": {**original["laya_config"], **config},
+    }  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match=message):
         started(host)
 
@@ -218,6 +282,8 @@ def test_a_model_output_of_the_wrong_size_is_a_fault_not_an_answer(folder):
         return [0.5]
 
     host.pool = short  # type: ignore[method-assign]
-    with pytest.raises(DecisionError, match="returned 1 values for 2 options and 3 act scores") as caught:
+    with pytest.raises(
+        DecisionError, match="returned 1 values for 2 options and 3 act scores"
+    ) as caught:
         read(backend, NOUL.compile(NoulQuestion(instructions="Late?")))
     assert caught.value.status == 500

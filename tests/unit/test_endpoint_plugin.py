@@ -16,7 +16,10 @@ from vllm.entrypoints.generate.decisions.endpoint_plugin import (
     attach_decisions,
     decision_plugins,
 )
-from vllm.plugins.endpoint_plugins.interface import EndpointPlugin, init_endpoint_plugins_state
+from vllm.plugins.endpoint_plugins.interface import (
+    EndpointPlugin,
+    init_endpoint_plugins_state,
+)
 
 
 def paths(app: FastAPI) -> list[str]:
@@ -28,8 +31,16 @@ def test_it_is_a_vllm_endpoint_plugin():
 
 
 def test_it_serves_generative_and_laya_decision_models_only():
-    assert [len(decision_plugins(tasks)) for tasks in [("generate",), ("token_classify", "embed"), ("render",),
-                                                        ("embed", "classify"), ()]] == [1, 1, 0, 0, 0]  # fmt: skip
+    assert [
+        len(decision_plugins(tasks))
+        for tasks in [
+            ("generate",),
+            ("token_classify", "embed"),
+            ("render",),
+            ("embed", "classify"),
+            (),
+        ]
+    ] == [1, 1, 0, 0, 0]
 
 
 def test_attaching_puts_the_routes_and_the_plugin_on_the_app():
@@ -43,9 +54,15 @@ def test_attaching_puts_the_routes_and_the_plugin_on_the_app():
     attach_decisions(app, ("generate",))
     assert {"/v1/decisions", "/v1/systemone", "/api/alpha/decisions"} <= set(paths(app))
     first = app.router.routes[0]
-    assert isinstance(first, APIRoute) and first.path == "/v1/models" and first.endpoint is not vllm_models
+    assert (
+        isinstance(first, APIRoute)
+        and first.path == "/v1/models"
+        and first.endpoint is not vllm_models
+    )
     plugins = app.state.endpoint_plugins
-    assert plugins[0] is earlier and [type(p) for p in plugins[1:]] == [DecisionsEndpoint]
+    assert plugins[0] is earlier and [type(p) for p in plugins[1:]] == [
+        DecisionsEndpoint
+    ]
 
 
 def test_a_server_without_our_tasks_gets_nothing():

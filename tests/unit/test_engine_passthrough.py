@@ -31,7 +31,9 @@ class RecordingBackend(ScriptedBackend):
     """Scripted scores; keeps each read's context."""
 
     def __init__(self) -> None:
-        super().__init__(lambda question: [math.log(0.5**i) for i in range(len(question.options))])
+        super().__init__(
+            lambda question: [math.log(0.5**i) for i in range(len(question.options))]
+        )
         self.contexts: list[ReadContext] = []
 
     async def read(self, question, context):
@@ -43,13 +45,17 @@ async def app_over(backend: RecordingBackend, priority_scheduling: bool) -> Fast
     backend.host = SimpleNamespace(priority_scheduling=priority_scheduling)  # type: ignore[assignment]
     app = FastAPI()
     register_decisions_api_router(app)
-    app.state.decision_service = DecisionService(Settings.from_env({}), backend, "served-model")
+    app.state.decision_service = DecisionService(
+        Settings.from_env({}), backend, "served-model"
+    )
     await app.state.decision_service.start()
     return app
 
 
 async def post(app: FastAPI, path: str, body: dict) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://wire") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://wire"
+    ) as client:
         return await client.post(path, json=body)
 
 
@@ -67,25 +73,39 @@ async def test_salt_and_priority_reach_every_read(path, body):
     app = await app_over(backend, priority_scheduling=True)
     response = await post(app, path, body)
     assert response.status_code == 200, response.text
-    assert backend.contexts and all(c.cache_salt == SALT and c.priority == -3 for c in backend.contexts)
+    assert backend.contexts and all(
+        c.cache_salt == SALT and c.priority == -3 for c in backend.contexts
+    )
 
 
 async def test_unset_means_vllms_defaults():
     backend = RecordingBackend()
     app = await app_over(backend, priority_scheduling=False)
-    for path, body in (("/v1/decisions", openai()), ("/v1/systemone", jev(priority=0, instructions="", images=[]))):
+    for path, body in (
+        ("/v1/decisions", openai()),
+        ("/v1/systemone", jev(priority=0, instructions="", images=[])),
+    ):
         response = await post(app, path, body)
         assert response.status_code == 200, response.text
-    assert [(c.cache_salt, c.priority) for c in backend.contexts] == [(None, 0), (None, 0)]
+    assert [(c.cache_salt, c.priority) for c in backend.contexts] == [
+        (None, 0),
+        (None, 0),
+    ]
 
 
 async def test_priority_refused_before_any_read_without_the_priority_scheduler():
     backend = RecordingBackend()
     app = await app_over(backend, priority_scheduling=False)
     response = await post(app, "/v1/decisions", openai(extra={"priority": 2}))
-    assert response.status_code == 400 and "--scheduling-policy priority" in response.json()["error"]["message"]
+    assert (
+        response.status_code == 400
+        and "--scheduling-policy priority" in response.json()["error"]["message"]
+    )
     response = await post(app, "/v1/systemone", jev(priority=2))
-    assert response.status_code == 422 and "--scheduling-policy priority" in response.json()["detail"][0]["msg"]
+    assert (
+        response.status_code == 422
+        and "--scheduling-policy priority" in response.json()["detail"][0]["msg"]
+    )
     assert backend.contexts == []
 
 
@@ -107,8 +127,10 @@ class FakeEngine:
     async def generate(self, engine_input, params, request_id, **kwargs):
         self.calls.append(("generate", engine_input, kwargs))
         logprobs = [{5: SimpleNamespace(logprob=-0.25)}]
-        yield SimpleNamespace(outputs=[SimpleNamespace(logprobs=logprobs, text="A", token_ids=[5])],
-                              num_cached_tokens=0)  # fmt: skip
+        yield SimpleNamespace(
+            outputs=[SimpleNamespace(logprobs=logprobs, text="A", token_ids=[5])],
+            num_cached_tokens=0,
+        )
 
     async def encode(self, engine_input, params, request_id, **kwargs):
         self.calls.append(("encode", engine_input, kwargs))
@@ -159,7 +181,11 @@ async def test_every_read_goes_through_the_adapter_its_context_or_host_names():
     await host.generate([1], 1, named)
     await host.pool([1], "token_classify", named)
     bound = host.for_adapter(adapter)
-    await bound.read_top_logprobs([1], 5, "decision-self-check-0")  # a context of its own naming none
+    await bound.read_top_logprobs(
+        [1], 5, "decision-self-check-0"
+    )  # a context of its own naming none
     await host.read_token_logprobs([1], [5], "plugin-read")
-    assert [kwargs["lora_request"] for _, _, kwargs in engine.calls] == [adapter] * 4 + [None]
+    assert [kwargs["lora_request"] for _, _, kwargs in engine.calls] == [
+        adapter
+    ] * 4 + [None]
     assert host.adapter is None, "binding copies the host"

@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
 def app_with_scripted_model() -> FastAPI:
     app = FastAPI()
     register_decisions_api_router(app)
-    backend = ScriptedBackend(lambda q: [-0.2 - (i % 3) / 2 for i in range(len(q.options))])
+    backend = ScriptedBackend(
+        lambda q: [-0.2 - (i % 3) / 2 for i in range(len(q.options))]
+    )
     service = DecisionService(Settings.from_env({}), backend, "scripted-model")
     asyncio.run(service.start())
     app.state.decision_service = service
@@ -45,9 +47,13 @@ def app():
 async def run(app: FastAPI, cases) -> list[str]:
     problems = []
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://fuzz", timeout=60) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://fuzz", timeout=60
+    ) as client:
         for path, body in cases:
-            response = await client.post(path, content=body, headers={"content-type": "application/json"})
+            response = await client.post(
+                path, content=body, headers={"content-type": "application/json"}
+            )
             if (problem := judge(path, body, response)) is not None:
                 problems.append(problem)
     return problems
@@ -58,7 +64,10 @@ def test_generated_requests(app, path):
     schema = request_schema(app.openapi(), path)
     cases = list(generated_cases(schema, path, count=1500, seed=7))
     problems = asyncio.run(run(app, cases))
-    assert not problems, f"{len(problems)} of {len(cases)} cases failed; first ones:\n" + "\n".join(problems[:5])
+    assert not problems, (
+        f"{len(problems)} of {len(cases)} cases failed; first ones:\n"
+        + "\n".join(problems[:5])
+    )
 
 
 def test_corpus_of_cases_that_once_failed(app):

@@ -20,7 +20,9 @@ from transformers import AutoTokenizer
 
 from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
-from vllm.entrypoints.generate.decisions.prompting.chat_template import takes_system_role
+from vllm.entrypoints.generate.decisions.prompting.chat_template import (
+    takes_system_role,
+)
 from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
 from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION
 from vllm.entrypoints.generate.decisions.questions import (
@@ -50,31 +52,96 @@ NO_SYSTEM_ROLE = (
     "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-TEMPLATES = {"smollm2-chatml": None, "llama3-style": LLAMA3_STYLE, "no-system-role": NO_SYSTEM_ROLE}
+TEMPLATES = {
+    "smollm2-chatml": None,
+    "llama3-style": LLAMA3_STYLE,
+    "no-system-role": NO_SYSTEM_ROLE,
+}
 CASES = {
-    "noul": (NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})), {}),
-    "choice": (CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
-               {}),
-    "typed_choice": (CompiledQuestion(CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])), {}),
-    "score": (SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry"])), {}),
-    "wide_direct": (CHOICE.compile(ChoiceQuestion(instructions="Which city?",
-                                                  criteria={f"city {i}": None for i in range(28)})), {}),
-    "two_stage": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
-                                                criteria={"billing": "Payments", "tech": None, "sales": None})),
-                  {"readout": "two-stage", "shortlist": 2}),
+    "noul": (
+        NOUL.compile(
+            NoulQuestion(
+                instructions="Is this urgent?", criteria={"true": "time-sensitive"}
+            )
+        ),
+        {},
+    ),
+    "choice": (
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": "Payments", "tech": None},
+            )
+        ),
+        {},
+    ),
+    "typed_choice": (
+        CompiledQuestion(
+            CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])
+        ),
+        {},
+    ),
+    "score": (
+        SCORE.compile(
+            ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry"])
+        ),
+        {},
+    ),
+    "wide_direct": (
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which city?",
+                criteria={f"city {i}": None for i in range(28)},
+            )
+        ),
+        {},
+    ),
+    "two_stage": (
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": "Payments", "tech": None, "sales": None},
+            )
+        ),
+        {"readout": "two-stage", "shortlist": 2},
+    ),
     # The words layout: Yes/No, level numbers (read after the cue's space), a choice's own values, and a
     # choice with a value that is not one token, which falls back to letters.
-    "words_noul": (NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": "time-sensitive"})),
-                   {"labels": "words"}),
-    "words_score": (SCORE.compile(ScoreQuestion(instructions="How frustrated?", criteria=["Calm", "Angry", "Furious"])),
-                    {"labels": "words"}),
-    "words_choice": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
-                                                   criteria={"billing": "Payments", "technical": None, "sales": None})),
-                     {"labels": "words"}),
-    "words_fallback": (CHOICE.compile(ChoiceQuestion(instructions="Which team?",
-                                                     criteria={"billing": "Payments", "customer success": None})),
-                       {"labels": "words"}),
-}  # fmt: skip
+    "words_noul": (
+        NOUL.compile(
+            NoulQuestion(
+                instructions="Is this urgent?", criteria={"true": "time-sensitive"}
+            )
+        ),
+        {"labels": "words"},
+    ),
+    "words_score": (
+        SCORE.compile(
+            ScoreQuestion(
+                instructions="How frustrated?", criteria=["Calm", "Angry", "Furious"]
+            )
+        ),
+        {"labels": "words"},
+    ),
+    "words_choice": (
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": "Payments", "technical": None, "sales": None},
+            )
+        ),
+        {"labels": "words"},
+    ),
+    "words_fallback": (
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": "Payments", "customer success": None},
+            )
+        ),
+        {"labels": "words"},
+    ),
+}
 
 
 async def prompts_for(template: str | None) -> dict[str, list[str]]:
@@ -92,11 +159,15 @@ async def prompts_for(template: str | None) -> dict[str, list[str]]:
 
 
 def rendered() -> dict[str, dict[str, list[str]]]:
-    return {name: asyncio.run(prompts_for(template)) for name, template in TEMPLATES.items()}
+    return {
+        name: asyncio.run(prompts_for(template)) for name, template in TEMPLATES.items()
+    }
 
 
 def test_prompts_match_the_golden_file():
-    assert GOLDEN.exists(), f"no golden file for {RENDER_VERSION}: run python -m tests.unit.test_golden"
+    assert GOLDEN.exists(), (
+        f"no golden file for {RENDER_VERSION}: run python -m tests.unit.test_golden"
+    )
     assert rendered() == json.loads(GOLDEN.read_text()), (
         f"the prompts differ from {GOLDEN.name} but the render version is the same: make prompt.probe_rendering "
         "cover the change (a new render version), then regenerate"
@@ -113,12 +184,19 @@ def test_the_render_version_is_the_prompts_hash(monkeypatch):
     """Any change to the prompt's text is a new render version (prompt.py derives it; nobody bumps it)."""
     from vllm.entrypoints.generate.decisions.prompting import prompt
 
-    assert "direct-" + hashlib.sha256(prompt.probe_rendering().encode()).hexdigest()[:12] == RENDER_VERSION
+    assert (
+        "direct-" + hashlib.sha256(prompt.probe_rendering().encode()).hexdigest()[:12]
+        == RENDER_VERSION
+    )
     before = prompt.probe_rendering()
     monkeypatch.setattr(prompt, "SYSTEM_PROMPT", prompt.SYSTEM_PROMPT + " ")
     assert prompt.probe_rendering() != before
     monkeypatch.undo()
-    monkeypatch.setattr(prompt, "answer_instruction", lambda labels, words=False, numbered=False: "Pick one.")
+    monkeypatch.setattr(
+        prompt,
+        "answer_instruction",
+        lambda labels, words=False, numbered=False: "Pick one.",
+    )
     assert prompt.probe_rendering() != before
 
 

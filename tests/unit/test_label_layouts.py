@@ -13,9 +13,16 @@ from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.backends.logit.backend import describe_prompt
 from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
 from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import ANSWER_CUE, AnswerSlotPlacer
+from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+    ANSWER_CUE,
+    AnswerSlotPlacer,
+)
 from vllm.entrypoints.generate.decisions.prompting.labels import word_labels
-from vllm.entrypoints.generate.decisions.prompting.prompt import SYSTEM_PROMPT, messages, question_text
+from vllm.entrypoints.generate.decisions.prompting.prompt import (
+    SYSTEM_PROMPT,
+    messages,
+    question_text,
+)
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
     NOUL,
@@ -38,11 +45,18 @@ DIGITS = [str(i) for i in range(1, 10)]
 
 
 def yes_no(when_yes=None):
-    return NOUL.compile(NoulQuestion(instructions="Is this urgent?", criteria={"true": when_yes} if when_yes else None))
+    return NOUL.compile(
+        NoulQuestion(
+            instructions="Is this urgent?",
+            criteria={"true": when_yes} if when_yes else None,
+        )
+    )
 
 
 def score(*levels):
-    return SCORE.compile(ScoreQuestion(instructions="How frustrated?", criteria=list(levels)))
+    return SCORE.compile(
+        ScoreQuestion(instructions="How frustrated?", criteria=list(levels))
+    )
 
 
 def choice(**criteria):
@@ -50,7 +64,9 @@ def choice(**criteria):
 
 
 def reversed_options(question: CompiledQuestion) -> CompiledQuestion:
-    return CompiledQuestion(question.qtype, question.instructions, question.options[::-1], question.model)
+    return CompiledQuestion(
+        question.qtype, question.instructions, question.options[::-1], question.model
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,21 +86,32 @@ async def slot_of(host, words):
 def test_each_type_has_its_own_words():
     assert word_labels(yes_no()) == ["Yes", "No"]
     assert word_labels(score("Calm", "Angry", "Furious")) == ["1", "2", "3"]
-    assert word_labels(choice(billing="Payments", technical=None)) == ["billing", "technical"]
+    assert word_labels(choice(billing="Payments", technical=None)) == [
+        "billing",
+        "technical",
+    ]
 
 
 def test_words_name_their_option_wherever_it_is_listed():
     assert word_labels(reversed_options(yes_no())) == ["No", "Yes"]
     # A reversed scale (debias's second reading) keeps each level's number: 1 is the lowest level.
-    assert word_labels(reversed_options(score("Calm", "Angry", "Furious"))) == ["3", "2", "1"]
+    assert word_labels(reversed_options(score("Calm", "Angry", "Furious"))) == [
+        "3",
+        "2",
+        "1",
+    ]
 
 
 @pytest.mark.parametrize(
     "question",
     [
         score(*(f"level {i}" for i in range(10))),  # more levels than digits
-        CompiledQuestion(CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])),  # two "true"
-        CompiledQuestion(CHOICE, "Which?", choice_options([("", None), ("x", None)])),  # an empty value
+        CompiledQuestion(
+            CHOICE, "Flag?", choice_options([(True, "yes it is"), ("true", None)])
+        ),  # two "true"
+        CompiledQuestion(
+            CHOICE, "Which?", choice_options([("", None), ("x", None)])
+        ),  # an empty value
         choice(**{" billing": None, "sales": None}),  # a value with a space around it
     ],
     ids=["ten-levels", "same-word-twice", "empty", "padded"],
@@ -100,9 +127,13 @@ async def test_yes_and_no_are_single_tokens_after_the_cue_on_smollm2(smollm2_tok
     host = TokenizerHost(smollm2_tokenizer)
     slot = await slot_of(host, ["Yes", "No"])
     assert slot is not None and host.decode(slot.prompt_ids).endswith(ANSWER_CUE)
-    assert slot.label_ids == [host.encode(f"{ANSWER_CUE} {w}")[-1] for w in ("Yes", "No")]
+    assert slot.label_ids == [
+        host.encode(f"{ANSWER_CUE} {w}")[-1] for w in ("Yes", "No")
+    ]
     for word, token in zip(["Yes", "No"], slot.label_ids, strict=True):
-        assert host.encode(host.decode(slot.prompt_ids) + " " + word) == slot.prompt_ids + [token]
+        assert host.encode(
+            host.decode(slot.prompt_ids) + " " + word
+        ) == slot.prompt_ids + [token]
         assert host.decode([token]) == f" {word}"
 
 
@@ -121,7 +152,9 @@ async def test_digits_are_read_after_the_cues_space_on_smollm2(smollm2_tokenizer
         assert host.decode([token]) == digit
 
 
-async def test_on_a_tokenizer_that_keeps_the_space_digits_follow_the_cue(local_tokenizer):
+async def test_on_a_tokenizer_that_keeps_the_space_digits_follow_the_cue(
+    local_tokenizer,
+):
     host = TokenizerHost(local_tokenizer)
     slot = await slot_of(host, DIGITS)
     assert slot is not None and host.decode(slot.prompt_ids).endswith(ANSWER_CUE)
@@ -148,16 +181,30 @@ async def test_a_blank_label_is_refused(smollm2_tokenizer):
 @pytest.mark.parametrize(
     ("question", "lines", "instruction"),
     [
-        (yes_no("time-sensitive"), ["- Yes: time-sensitive", "- No"], "Answer with Yes or No."),
+        (
+            yes_no("time-sensitive"),
+            ["- Yes: time-sensitive", "- No"],
+            "Answer with Yes or No.",
+        ),
         (reversed_options(yes_no()), ["- No", "- Yes"], "Answer with No or Yes."),
-        (score("Calm", "Angry", "Furious"), ["1. Calm", "2. Angry", "3. Furious"], "Answer with one number (1-3)."),
-        (reversed_options(score("Calm", "Angry")), ["2. Angry", "1. Calm"], "Answer with one number (1-2)."),
-        (choice(billing="Payments, refunds", technical="Bugs", sales=None),
-         ["- billing: Payments, refunds", "- technical: Bugs", "- sales"],
-         "Answer with one of: billing, technical, sales."),
+        (
+            score("Calm", "Angry", "Furious"),
+            ["1. Calm", "2. Angry", "3. Furious"],
+            "Answer with one number (1-3).",
+        ),
+        (
+            reversed_options(score("Calm", "Angry")),
+            ["2. Angry", "1. Calm"],
+            "Answer with one number (1-2).",
+        ),
+        (
+            choice(billing="Payments, refunds", technical="Bugs", sales=None),
+            ["- billing: Payments, refunds", "- technical: Bugs", "- sales"],
+            "Answer with one of: billing, technical, sales.",
+        ),
     ],
     ids=["yes-no", "no-yes", "score", "reversed-score", "choice"],
-)  # fmt: skip
+)
 def test_option_lines_and_instruction_in_words(question, lines, instruction):
     text = question_text(question, word_labels(question), words=True)
     head, options, answer = text.split("\n\n")
@@ -180,7 +227,9 @@ def test_both_layouts_share_the_system_prompt_and_the_state():
     assert letters[0] == words[0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert "letter" not in SYSTEM_PROMPT
     head = "Document:\nThe state.\n\nQuestion: Which team?\n\nOptions:\n"
-    assert letters[1]["content"].startswith(head) and words[1]["content"].startswith(head)
+    assert letters[1]["content"].startswith(head) and words[1]["content"].startswith(
+        head
+    )
 
 
 # --- reads ----------------------------------------------------------------------------------------
@@ -188,34 +237,60 @@ def test_both_layouts_share_the_system_prompt_and_the_state():
 
 async def read(tokenizer, question, options=WORDS, **host_args):
     host = TokenizerHost(tokenizer, **host_args)
-    reading = await LogitBackend(host, options).read(question, ReadContext.about("Card charged twice!", "r"))
+    reading = await LogitBackend(host, options).read(
+        question, ReadContext.about("Card charged twice!", "r")
+    )
     (prompt_ids, label_ids), *_ = host.reads
-    return reading, host.decode(prompt_ids), [host.decode([t]).strip() for t in label_ids]
+    return (
+        reading,
+        host.decode(prompt_ids),
+        [host.decode([t]).strip() for t in label_ids],
+    )
 
 
 async def test_a_yes_no_question_reads_yes_and_no(smollm2_tokenizer):
     reading, prompt, labels = await read(smollm2_tokenizer, yes_no())
     assert reading.audit.label_layout == "words" and labels == ["Yes", "No"]
-    assert "- Yes\n- No\n\nAnswer with Yes or No." in prompt and prompt.endswith(ANSWER_CUE)
+    assert "- Yes\n- No\n\nAnswer with Yes or No." in prompt and prompt.endswith(
+        ANSWER_CUE
+    )
 
 
 async def test_a_score_reads_its_level_numbers(smollm2_tokenizer):
-    reading, prompt, labels = await read(smollm2_tokenizer, score("Calm", "Angry", "Furious"))
+    reading, prompt, labels = await read(
+        smollm2_tokenizer, score("Calm", "Angry", "Furious")
+    )
     assert reading.audit.label_layout == "words" and labels == ["1", "2", "3"]
     assert "1. Calm\n2. Angry\n3. Furious\n\nAnswer with one number (1-3)." in prompt
     assert prompt.endswith(f"{ANSWER_CUE} ")
 
 
 async def test_a_choice_of_single_token_values_reads_them(smollm2_tokenizer):
-    reading, prompt, labels = await read(smollm2_tokenizer, choice(billing="Payments", technical=None, sales=None))
-    assert reading.audit.label_layout == "words" and labels == ["billing", "technical", "sales"]
-    assert "- billing: Payments\n- technical\n- sales\n\nAnswer with one of: billing, technical, sales." in prompt
+    reading, prompt, labels = await read(
+        smollm2_tokenizer, choice(billing="Payments", technical=None, sales=None)
+    )
+    assert reading.audit.label_layout == "words" and labels == [
+        "billing",
+        "technical",
+        "sales",
+    ]
+    assert (
+        "- billing: Payments\n- technical\n- sales\n\nAnswer with one of: billing, technical, sales."
+        in prompt
+    )
 
 
-async def test_a_choice_with_a_multi_token_value_falls_back_to_letters(smollm2_tokenizer):
-    reading, prompt, labels = await read(smollm2_tokenizer, choice(billing="Payments", **{"customer success": None}))
+async def test_a_choice_with_a_multi_token_value_falls_back_to_letters(
+    smollm2_tokenizer,
+):
+    reading, prompt, labels = await read(
+        smollm2_tokenizer, choice(billing="Payments", **{"customer success": None})
+    )
     assert reading.audit.label_layout == "markers" and labels == ["A", "B"]
-    assert "A. billing: Payments\nB. customer success\n\nAnswer with one letter (A-B)." in prompt
+    assert (
+        "A. billing: Payments\nB. customer success\n\nAnswer with one letter (A-B)."
+        in prompt
+    )
 
 
 async def test_a_yes_no_question_falls_back_where_yes_is_two_tokens(local_tokenizer):
@@ -224,7 +299,9 @@ async def test_a_yes_no_question_falls_back_where_yes_is_two_tokens(local_tokeni
 
 
 async def test_letters_stay_the_default(smollm2_tokenizer):
-    reading, prompt, labels = await read(smollm2_tokenizer, yes_no(), LogitOptions(logprobs="exact"))
+    reading, prompt, labels = await read(
+        smollm2_tokenizer, yes_no(), LogitOptions(logprobs="exact")
+    )
     assert reading.audit.label_layout == "markers" and labels == ["A", "B"]
     assert "A. Yes\nB. No\n\nAnswer with one letter (A-B)." in prompt
 
@@ -232,8 +309,12 @@ async def test_letters_stay_the_default(smollm2_tokenizer):
 async def test_word_scores_are_the_words_log_probabilities(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
     yes, no = (host.encode(f"{ANSWER_CUE} {w}")[-1] for w in ("Yes", "No"))
-    host.logprob = lambda prompt, token: {yes: math.log(0.7), no: math.log(0.2)}.get(token, -20.0)
-    reading = await LogitBackend(host, WORDS).read(yes_no(), ReadContext.about("s", "r"))
+    host.logprob = lambda prompt, token: {yes: math.log(0.7), no: math.log(0.2)}.get(
+        token, -20.0
+    )
+    reading = await LogitBackend(host, WORDS).read(
+        yes_no(), ReadContext.about("s", "r")
+    )
     assert reading.scores == pytest.approx([math.log(0.7), math.log(0.2)])
     assert reading.option_mass == pytest.approx(0.9)
 
@@ -242,14 +323,23 @@ async def test_top_k_reads_of_words(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer, max_logprobs=5)
     yes = host.encode(f"{ANSWER_CUE} Yes")[-1]
     host.logprob = lambda prompt, token: -0.1 if token == yes else -3.0 - token / 1e5
-    reading = await LogitBackend(host, LogitOptions(labels="words")).read(yes_no(), ReadContext.about("s", "r"))
+    reading = await LogitBackend(host, LogitOptions(labels="words")).read(
+        yes_no(), ReadContext.about("s", "r")
+    )
     assert reading.audit.label_layout == "words" and reading.meta.floored == ["No"]
 
 
 async def test_wide_direct_and_two_stage_keep_letters(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
-    backend = LogitBackend(host, LogitOptions(labels="words", logprobs="exact", readout="two-stage", shortlist=2))
-    reading = await backend.read(choice(billing=None, technical=None, sales=None), ReadContext.about("s", "r"))
+    backend = LogitBackend(
+        host,
+        LogitOptions(
+            labels="words", logprobs="exact", readout="two-stage", shortlist=2
+        ),
+    )
+    reading = await backend.read(
+        choice(billing=None, technical=None, sales=None), ReadContext.about("s", "r")
+    )
     assert reading.audit.label_layout == "markers"
     assert all("A. " in host.decode(prompt) for prompt, _ in host.reads)
 
@@ -259,7 +349,11 @@ async def test_debias_rotations_keep_each_options_word(smollm2_tokenizer):
     backend = LogitBackend(host, WORDS)
     question = choice(billing=None, technical=None, sales=None)
     first = await backend.read(question, ReadContext.about("s", "r1"))
-    rotated = CompiledQuestion(question.qtype, question.instructions, question.options[1:] + question.options[:1])
+    rotated = CompiledQuestion(
+        question.qtype,
+        question.instructions,
+        question.options[1:] + question.options[:1],
+    )
     second = await backend.read(rotated, ReadContext.about("s", "r2"))
     (_, ids1), (_, ids2) = host.reads
     assert ids2 == ids1[1:] + ids1[:1]
@@ -281,9 +375,13 @@ def test_labels_are_a_startup_and_a_request_option(smollm2_tokenizer):
 
 def loving(host, words=(), bonus=6.0):
     """A scripted model that puts most of its next-token mass on single capital letters and ``words``."""
-    favourite = {host.encode(f"{ANSWER_CUE} {c}")[-1] for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"}
+    favourite = {
+        host.encode(f"{ANSWER_CUE} {c}")[-1] for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    }
     favourite |= {host.encode(f"{ANSWER_CUE} {w}")[-1] for w in words}
-    return lambda prompt, token: -0.5 - (token % 5) / 10 if token in favourite else -bonus - (token % 11) / 10
+    return lambda prompt, token: (
+        -0.5 - (token % 5) / 10 if token in favourite else -bonus - (token % 11) / 10
+    )
 
 
 @pytest.mark.parametrize(
@@ -291,13 +389,20 @@ def loving(host, words=(), bonus=6.0):
     [(("Yes", "No", "Berlin", "Paris", "Rome"), True), ((), False)],
     ids=["words-pass", "words-fail"],
 )
-async def test_the_self_check_measures_words_and_gates_them(smollm2_tokenizer, words, word_reads):
+async def test_the_self_check_measures_words_and_gates_them(
+    smollm2_tokenizer, words, word_reads
+):
     host = TokenizerHost(smollm2_tokenizer)
     host.logprob = loving(host, words)
-    backend = LogitBackend(host, LogitOptions(labels="words", logprobs="exact"), Settings.from_env({}))
+    backend = LogitBackend(
+        host, LogitOptions(labels="words", logprobs="exact"), Settings.from_env({})
+    )
     facts = await backend.start()
     assert facts.option_mass >= 0.5  # letters decide the check
-    assert facts.words_option_mass is not None and (facts.words_option_mass >= 0.5) is word_reads
+    assert (
+        facts.words_option_mass is not None
+        and (facts.words_option_mass >= 0.5) is word_reads
+    )
     assert backend.runner.word_reads is word_reads
     line = describe_prompt(facts, 0.5)
     assert f"words option mass {facts.words_option_mass:.3f}" in line
@@ -309,7 +414,9 @@ async def test_the_self_check_measures_words_and_gates_them(smollm2_tokenizer, w
 async def test_without_any_probe_in_words_reads_use_letters(local_tokenizer):
     host = TokenizerHost(local_tokenizer)
     host.logprob = loving(host)
-    backend = LogitBackend(host, LogitOptions(labels="words", logprobs="exact"), Settings.from_env({}))
+    backend = LogitBackend(
+        host, LogitOptions(labels="words", logprobs="exact"), Settings.from_env({})
+    )
     facts = await backend.start()
     assert facts.words_option_mass is None and backend.runner.word_reads is False
     assert "none of the probes' words are single tokens" in describe_prompt(facts, 0.5)

@@ -18,7 +18,12 @@ from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
     supported_reasoning_blocks,
 )
 from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
-from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    NOUL,
+    ChoiceQuestion,
+    NoulQuestion,
+)
 from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import Settings, SettingsError
 
@@ -30,13 +35,19 @@ def letters(n):
 
 
 def choice(n, instructions="Which?"):
-    return CHOICE.compile(ChoiceQuestion(instructions=instructions, criteria={f"option {i}": None for i in range(n)}))
+    return CHOICE.compile(
+        ChoiceQuestion(
+            instructions=instructions, criteria={f"option {i}": None for i in range(n)}
+        )
+    )
 
 
 def letter_loving(host, bonus=6.0):
     """A scripted model that puts most of its next-token mass on single capital letters."""
     letter_ids = {host.encode(f" {c}")[-1] for c in letters(26)}
-    return lambda prompt, token: -0.5 - (token % 5) / 10 if token in letter_ids else -bonus - (token % 11) / 10
+    return lambda prompt, token: (
+        -0.5 - (token % 5) / 10 if token in letter_ids else -bonus - (token % 11) / 10
+    )
 
 
 async def test_each_letter_is_one_token_after_the_cue(any_tokenizer):
@@ -69,9 +80,13 @@ async def test_a_label_that_is_not_one_token_is_refused(smollm2_tokenizer):
 )
 async def test_open_endings_are_closed(smollm2_tokenizer, template_end, expected_end):
     host = TokenizerHost(smollm2_tokenizer)
-    template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" + template_end
-    text = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template,
-                                                 tokenize=False)  # fmt: skip
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        + template_end
+    )
+    text = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], chat_template=template, tokenize=False
+    )
     slot = AnswerSlotPlacer(host).place(host.encode(text), ["A", "B"])
     assert host.decode(slot.prompt_ids).endswith(expected_end)
 
@@ -81,14 +96,26 @@ def test_reasoning_blocks_need_single_special_tokens(smollm2_tokenizer):
 
 
 async def test_direct_read_returns_the_label_log_probabilities(smollm2_tokenizer):
-    host = TokenizerHost(smollm2_tokenizer, logprob=lambda prompt, token: -float(token % 5) - 0.5)
+    host = TokenizerHost(
+        smollm2_tokenizer, logprob=lambda prompt, token: -float(token % 5) - 0.5
+    )
     backend = LogitBackend(host, LogitOptions(logprobs="exact"))
-    question = CHOICE.compile(ChoiceQuestion(instructions="Which?", criteria={"a": "first", "b": None, "c": None}))
+    question = CHOICE.compile(
+        ChoiceQuestion(
+            instructions="Which?", criteria={"a": "first", "b": None, "c": None}
+        )
+    )
     reading = await backend.read(question, ReadContext.about("The state.", "r"))
     (prompt_ids, label_ids), *_ = host.reads
     assert reading.scores == [-float(t % 5) - 0.5 for t in label_ids]
-    assert reading.option_mass == pytest.approx(sum(math.exp(s) for s in reading.scores))
-    assert (reading.forward_passes, reading.readout, reading.meta) == (1, "direct", ReadFacts(logprobs="exact"))
+    assert reading.option_mass == pytest.approx(
+        sum(math.exp(s) for s in reading.scores)
+    )
+    assert (reading.forward_passes, reading.readout, reading.meta) == (
+        1,
+        "direct",
+        ReadFacts(logprobs="exact"),
+    )
     text = host.decode(prompt_ids)
     assert "The state." in text and "A. a: first" in text and "C. c" in text
 
@@ -103,14 +130,21 @@ async def test_top_k_floors_labels_outside_the_window(smollm2_tokenizer):
     # The 5-wide window holds B and the four next-best tokens (ids 0-3); its lowest value is the floor.
     floor = -3.0 - 3 / 1e5
     assert reading.scores[1] == -0.1 and reading.scores[0] == reading.scores[2] == floor
-    assert reading.option_mass == pytest.approx(math.exp(-0.1))  # only labels actually read count
+    assert reading.option_mass == pytest.approx(
+        math.exp(-0.1)
+    )  # only labels actually read count
 
 
 async def test_incomplete_exact_read_falls_back_and_says_so(smollm2_tokenizer):
     c_id = smollm2_tokenizer.encode(" C", add_special_tokens=False)[-1]
     host = TokenizerHost(smollm2_tokenizer, drop=lambda token: token == c_id)
-    reading = await LogitBackend(host, LogitOptions(logprobs="exact")).read(choice(3), ReadContext.about("s", "r"))
-    assert reading.meta.degraded is True and "lacked 1 of 3" in reading.meta.degraded_reason
+    reading = await LogitBackend(host, LogitOptions(logprobs="exact")).read(
+        choice(3), ReadContext.about("s", "r")
+    )
+    assert (
+        reading.meta.degraded is True
+        and "lacked 1 of 3" in reading.meta.degraded_reason
+    )
     assert reading.forward_passes == 2 and len(host.top_reads) == 1
 
 
@@ -131,23 +165,38 @@ async def test_wide_direct_uses_pairs_after_the_markers(smollm2_tokenizer):
     backend.catalog = LabelCatalog(backend.catalog.markers, tuple(pairs))
     backend.runner.catalog = backend.catalog
     reading = await backend.read(choice(26 + len(pairs)), ReadContext.about("s", "r"))
-    assert reading.readout == "wide-direct" and reading.audit.label_layout == "markers+pairs"
-    assert host.decode(host.reads[-1][0]).count(f"{pairs[-1]}. option {25 + len(pairs)}") == 1
+    assert (
+        reading.readout == "wide-direct"
+        and reading.audit.label_layout == "markers+pairs"
+    )
+    assert (
+        host.decode(host.reads[-1][0]).count(f"{pairs[-1]}. option {25 + len(pairs)}")
+        == 1
+    )
 
 
 async def test_two_stage_finalists_share_their_stage_one_mass(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
-    a_id, b_id = (smollm2_tokenizer.encode(f" {c}", add_special_tokens=False)[-1] for c in "AB")
+    a_id, b_id = (
+        smollm2_tokenizer.encode(f" {c}", add_special_tokens=False)[-1] for c in "AB"
+    )
 
     def logprob(prompt, token):
         text = host.decode(prompt)
-        if "Does this option fit" in text:  # stage 1: options 0-2 look good, the rest bad
+        if (
+            "Does this option fit" in text
+        ):  # stage 1: options 0-2 look good, the rest bad
             good = any(f"fit: option {i}\n" in text for i in range(3))
-            return {a_id: math.log(0.8 if good else 0.1), b_id: math.log(0.2 if good else 0.9)}.get(token, -20.0)
+            return {
+                a_id: math.log(0.8 if good else 0.1),
+                b_id: math.log(0.2 if good else 0.9),
+            }.get(token, -20.0)
         return {a_id: math.log(0.6), b_id: math.log(0.3)}.get(token, math.log(0.1 / 3))
 
     host.logprob = logprob
-    backend = LogitBackend(host, LogitOptions(logprobs="exact", readout="two-stage", shortlist=3))
+    backend = LogitBackend(
+        host, LogitOptions(logprobs="exact", readout="two-stage", shortlist=3)
+    )
     reading = await backend.read(choice(6), ReadContext.about("s", "r"))
     assert reading.readout == "two-stage" and reading.forward_passes == 7
     assert reading.meta.shortlist == ['"option 0"', '"option 1"', '"option 2"']
@@ -167,7 +216,12 @@ async def test_two_stage_finalists_share_their_stage_one_mass(smollm2_tokenizer)
         (26, {"logprobs": "exact"}, 0, ("direct", "exact")),
         (27, {}, 300, ("wide-direct", "top-k")),
         (100, {"logprobs": "exact"}, 300, ("wide-direct", "exact")),
-        (200, {"logprobs": "exact"}, 300, ("wide-direct", "top-k")),  # past the token-id cap: top-k
+        (
+            200,
+            {"logprobs": "exact"},
+            300,
+            ("wide-direct", "top-k"),
+        ),  # past the token-id cap: top-k
         (255, {}, 100, ("two-stage", "top-k")),
         (3, {"readout": "two-stage"}, 0, ("two-stage", "top-k")),
     ],
@@ -192,10 +246,17 @@ def test_explicit_reads_that_do_not_fit_are_refused(count, options, needle):
         plan(count, LogitOptions(**options), catalog, token_id_cap=128)
 
 
-async def test_self_check_refuses_a_model_that_does_not_answer_with_letters(smollm2_tokenizer):
-    host = TokenizerHost(smollm2_tokenizer, logprob=lambda prompt, token: -math.log(len(smollm2_tokenizer)))
+async def test_self_check_refuses_a_model_that_does_not_answer_with_letters(
+    smollm2_tokenizer,
+):
+    host = TokenizerHost(
+        smollm2_tokenizer,
+        logprob=lambda prompt, token: -math.log(len(smollm2_tokenizer)),
+    )
     backend = LogitBackend(host, settings=Settings.from_env({}))
-    with pytest.raises(RuntimeError, match="not an option letter.*VLLM_TYPED_DECISIONS_MIN_OPTION_MASS"):
+    with pytest.raises(
+        RuntimeError, match="not an option letter.*VLLM_TYPED_DECISIONS_MIN_OPTION_MASS"
+    ):
         await backend.start()
 
 
@@ -210,20 +271,29 @@ async def test_self_check_passes_and_finds_pairs(smollm2_tokenizer):
 
 def test_more_markers_than_the_top_k_window_refuses_to_start(smollm2_tokenizer):
     with pytest.raises(SettingsError, match="--max-logprobs 20"):
-        LogitBackend(TokenizerHost(smollm2_tokenizer, max_logprobs=20), LogitOptions(markers="ABCDEFGHIJKLMNOPQRSTUV"))
+        LogitBackend(
+            TokenizerHost(smollm2_tokenizer, max_logprobs=20),
+            LogitOptions(markers="ABCDEFGHIJKLMNOPQRSTUV"),
+        )
 
 
 async def test_questions_about_one_state_share_the_state_prefix(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
     backend = LogitBackend(host, LogitOptions(logprobs="exact"))
     state = "A long state. " * 50
-    await backend.read(NOUL.compile(NoulQuestion(instructions="One?")), ReadContext.about(state, "r1"))
     await backend.read(
-        CHOICE.compile(ChoiceQuestion(instructions="Two?", criteria={"x": None, "y": None})),
+        NOUL.compile(NoulQuestion(instructions="One?")), ReadContext.about(state, "r1")
+    )
+    await backend.read(
+        CHOICE.compile(
+            ChoiceQuestion(instructions="Two?", criteria={"x": None, "y": None})
+        ),
         ReadContext.about(state, "r2"),
     )
     (first, _), (second, _) = host.reads
-    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    shared = next(
+        i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b
+    )
     assert state.rstrip() in host.decode(first[:shared])
 
 
@@ -231,7 +301,8 @@ async def test_a_prompt_longer_than_the_context_is_refused(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer, max_model_len=64)
     with pytest.raises(DecisionError, match="--max-model-len 64"):
         await LogitBackend(host).read(
-            NOUL.compile(NoulQuestion(instructions="?")), ReadContext.about("word " * 100, "r")
+            NOUL.compile(NoulQuestion(instructions="?")),
+            ReadContext.about("word " * 100, "r"),
         )
     assert host.reads == [] and host.top_reads == []
 
@@ -239,10 +310,21 @@ async def test_a_prompt_longer_than_the_context_is_refused(smollm2_tokenizer):
 def test_per_request_markers_are_refused_unless_the_servers(smollm2_tokenizer):
     """The label catalog comes from the startup markers: a request's other markers would go unread (and
     only split the content-free prior's cache), so they are refused, naming the option and the setting."""
-    backend = LogitBackend(TokenizerHost(smollm2_tokenizer), LogitOptions(markers="ABCD"))
+    backend = LogitBackend(
+        TokenizerHost(smollm2_tokenizer), LogitOptions(markers="ABCD")
+    )
     with pytest.raises(DecisionError) as refused:
         backend.request_options({"markers": "WXYZ"})
-    assert refused.value.status == 400 and refused.value.param == "extra.backend_options.markers"
-    assert "set at startup only (VLLM_TYPED_DECISIONS_BACKEND=logit:markers=...)" in refused.value.message
-    assert backend.request_options({"markers": "ABCD", "readout": "direct"}).readout == "direct"
+    assert (
+        refused.value.status == 400
+        and refused.value.param == "extra.backend_options.markers"
+    )
+    assert (
+        "set at startup only (VLLM_TYPED_DECISIONS_BACKEND=logit:markers=...)"
+        in refused.value.message
+    )
+    assert (
+        backend.request_options({"markers": "ABCD", "readout": "direct"}).readout
+        == "direct"
+    )
     assert backend.request_options({"readout": "direct"}).markers == "ABCD"

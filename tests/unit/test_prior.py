@@ -13,7 +13,11 @@ import pytest
 from vllm.entrypoints.generate.decisions.backends.base import DecisionBackend, Reading
 from vllm.entrypoints.generate.decisions.calibration.bias import Sample, choose, fit
 from vllm.entrypoints.generate.decisions.debias import Correction, read_question
-from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS, PriorCache, adjusted
+from vllm.entrypoints.generate.decisions.prior import (
+    NEUTRAL_INPUTS,
+    PriorCache,
+    adjusted,
+)
 from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.settings import NO_DEBIAS, parse_debias
@@ -42,38 +46,69 @@ class LeaningBackend(DecisionBackend):
         state = context.state
         self.states.append(state)
         neutral = state in NEUTRAL_INPUTS
-        scores = [PRIOR[i] + (0.0 if neutral else EVIDENCE[o.value]) for i, o in enumerate(question.options)]
-        return Reading(scores=scores, forward_passes=1, input_tokens=10, cached_input_tokens=0, readout="direct")
+        scores = [
+            PRIOR[i] + (0.0 if neutral else EVIDENCE[o.value])
+            for i, o in enumerate(question.options)
+        ]
+        return Reading(
+            scores=scores,
+            forward_passes=1,
+            input_tokens=10,
+            cached_input_tokens=0,
+            readout="direct",
+        )
 
 
 def choice(order):
-    return CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={k: None for k in order}))
+    return CHOICE.compile(
+        ChoiceQuestion(instructions="Which team?", criteria={k: None for k in order})
+    )
 
 
 async def test_a_known_prior_is_removed_exactly_and_read_once_per_question():
     backend, cache = LeaningBackend(), PriorCache(16)
     correction = Correction("content-free", cache)
     question = choice(["sales", "billing", "technical"])
-    first = await read_question(backend, question, ReadContext.about("ticket", "r", None), NO_DEBIAS, correction)
+    first = await read_question(
+        backend, question, ReadContext.about("ticket", "r", None), NO_DEBIAS, correction
+    )
     evidence = log_softmax([EVIDENCE[k] for k in ("sales", "billing", "technical")])
-    assert log_softmax(list(first.prior.adjusted_logits.values())) == pytest.approx(evidence, abs=1e-9)
+    assert log_softmax(list(first.prior.adjusted_logits.values())) == pytest.approx(
+        evidence, abs=1e-9
+    )
     assert first.prior.cached is False and first.prior.mode == "content-free"
     # option_logits stay the raw reading: the prior is still in it.
-    assert first.reading.scores == pytest.approx([PRIOR[0] + 0.1, PRIOR[1] + 0.5, PRIOR[2] - 0.2])
-    assert backend.states.count("ticket") == 1 and len(backend.states) == 1 + len(NEUTRAL_INPUTS)
+    assert first.reading.scores == pytest.approx(
+        [PRIOR[0] + 0.1, PRIOR[1] + 0.5, PRIOR[2] - 0.2]
+    )
+    assert backend.states.count("ticket") == 1 and len(backend.states) == 1 + len(
+        NEUTRAL_INPUTS
+    )
     again = await read_question(
-        backend, question, ReadContext.about("another ticket", "r2", None), NO_DEBIAS, correction
+        backend,
+        question,
+        ReadContext.about("another ticket", "r2", None),
+        NO_DEBIAS,
+        correction,
     )
     assert again.prior.cached is True and len(backend.states) == 2 + len(NEUTRAL_INPUTS)
 
 
 async def test_each_rotation_subtracts_its_own_prior():
     backend, correction = LeaningBackend(), Correction("content-free", PriorCache(16))
-    read = await read_question(backend, choice(["sales", "billing", "technical"]), ReadContext.about("s", "r", None), parse_debias("rotate:3"), correction)  # fmt: skip
+    read = await read_question(
+        backend,
+        choice(["sales", "billing", "technical"]),
+        ReadContext.about("s", "r", None),
+        parse_debias("rotate:3"),
+        correction,
+    )
     keys = ['"sales"', '"billing"', '"technical"']
     truth = dict(zip(keys, log_softmax([0.1, 0.5, -0.2]), strict=True))
     got = read.prior.adjusted_logits
-    assert dict(zip(keys, log_softmax([got[k] for k in keys]), strict=True)) == pytest.approx(truth, abs=1e-9)
+    assert dict(
+        zip(keys, log_softmax([got[k] for k in keys]), strict=True)
+    ) == pytest.approx(truth, abs=1e-9)
 
 
 async def test_a_failed_prior_read_is_not_cached():
@@ -94,7 +129,9 @@ async def test_a_failed_prior_read_is_not_cached():
 def test_a_fitted_bias_applies_by_the_position_each_option_had():
     rows = [[-1.0, -0.5], [-0.7, -0.7]]
     positions = [[0, 1], [1, 0]]
-    assert adjusted(rows, positions, None, [0.0, 2.0]) == pytest.approx([(-1.0 - 0.7 + 2.0) / 2, (1.5 - 0.7) / 2])
+    assert adjusted(rows, positions, None, [0.0, 2.0]) == pytest.approx(
+        [(-1.0 - 0.7 + 2.0) / 2, (1.5 - 0.7) / 2]
+    )
 
 
 def samples(lean: float, signal: float, count: int, seed: int = 0) -> list[Sample]:
@@ -136,7 +173,9 @@ def test_the_bias_learns_the_models_lean_not_the_sets_answer_mix():
     for i in range(400):
         correct = 1 if rng.random() < 0.8 else 0
         scores = [rng.gauss(0, 1.0), rng.gauss(0, 1.0)]
-        scores[correct] += 0.5  # weak evidence: fitted unweighted, the bias would take the mix (about 2.2)
+        scores[correct] += (
+            0.5  # weak evidence: fitted unweighted, the bias would take the mix (about 2.2)
+        )
         skewed.append(Sample([log_softmax(scores)], [[0, 1]], None, correct, f"g{i}"))
     _, bias = fit(skewed, "fitted", 2)
     assert bias[1] == pytest.approx(0.0, abs=0.15)
@@ -165,5 +204,7 @@ async def test_the_cache_is_bounded_in_bytes_and_a_long_question_costs_no_more()
     assert cache.bytes == entry_bytes(3) * 2 and len(cache) == 2
     await cache.get("third", three)  # over the bytes: the least recently used goes
     assert cache.bytes <= cache.max_bytes and len(cache) == 2
-    assert (await cache.get("third", three)).cached and (await cache.get("short", three)).cached
+    assert (await cache.get("third", three)).cached and (
+        await cache.get("short", three)
+    ).cached
     assert not (await cache.get(long_key, three)).cached

@@ -15,11 +15,16 @@ from vllm.entrypoints.generate.decisions.questions import (
     choice_options,
     content_text,
 )
-from vllm.entrypoints.generate.decisions.registry import question_type, register_question_type
+from vllm.entrypoints.generate.decisions.registry import (
+    question_type,
+    register_question_type,
+)
 
 
 def test_noul_options_are_yes_then_no_with_criteria():
-    q = NOUL.compile(NoulQuestion(instructions="Urgent?", criteria={"true": "time-sensitive"}))
+    q = NOUL.compile(
+        NoulQuestion(instructions="Urgent?", criteria={"true": "time-sensitive"})
+    )
     assert [o.key for o in q.options] == ["true", "false"]
     assert [o.text for o in q.options] == ["Yes: time-sensitive", "No"]
     assert NOUL.answer([0.8, 0.2], q.options) == {"probability": 0.8}
@@ -39,14 +44,18 @@ def test_choice_answer_takes_first_option_on_a_tie():
 
 
 def test_score_is_probability_weighted_level_index():
-    q = SCORE.compile(ScoreQuestion(instructions="How?", criteria=["Calm", "Frustrated", "Angry"]))
+    q = SCORE.compile(
+        ScoreQuestion(instructions="How?", criteria=["Calm", "Frustrated", "Angry"])
+    )
     answer = SCORE.answer([0.2, 0.3, 0.5], q.options)
     assert answer == {"score": pytest.approx(0.3 + 1.0)}
 
 
 def test_unknown_question_fields_are_refused():
     with pytest.raises(ValidationError):
-        NoulQuestion.model_validate({"type": "noul", "instructions": "x", "critera": {}})
+        NoulQuestion.model_validate(
+            {"type": "noul", "instructions": "x", "critera": {}}
+        )
 
 
 def test_json_content_renders_as_indented_json():
@@ -75,15 +84,21 @@ def test_json_content_renders_as_indented_json_and_stops_at_the_limit():
 
     from vllm.entrypoints.generate.decisions.errors import DecisionError
 
-    value = {"ticket": {"id": 7, "tags": ["a", "é"], "nested": {"deep": [1.5, None, True]}}}
+    value = {
+        "ticket": {"id": 7, "tags": ["a", "é"], "nested": {"deep": [1.5, None, True]}}
+    }
     assert content_text(value) == json.dumps(value, indent=2, ensure_ascii=False)
     deep: dict = {}
     for _ in range(300):
         deep = {"a": deep}  # about 2 KB of JSON that renders to about 90,000 characters
-    assert len(content_text(deep)) > 10_000  # the default limit (1,000,000) lets it through
+    assert (
+        len(content_text(deep)) > 10_000
+    )  # the default limit (1,000,000) lets it through
     with pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS"):
         content_text(deep, 10_000)
     question = ScoreQuestion(instructions=deep, criteria=["low", "high"])
     assert len(SCORE.compile(question).instructions) > 10_000
     with pytest.raises(DecisionError, match="more than 10000 characters"):
-        SCORE.compile(question, max_chars=10_000)  # the server's limit, passed by the wire
+        SCORE.compile(
+            question, max_chars=10_000
+        )  # the server's limit, passed by the wire

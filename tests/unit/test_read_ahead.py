@@ -12,18 +12,26 @@ def parsed(inputs: str) -> list[Line]:
     """A line per letter, the letter being its input (a /v1/decisions line) or, for "?", not JSON."""
     lines = []
     for number, name in enumerate(inputs, 1):
-        record = {"custom_id": str(number), "url": "/v1/decisions", "body": {"input": name, "questions": []}}
+        record = {
+            "custom_id": str(number),
+            "url": "/v1/decisions",
+            "body": {"input": name, "questions": []},
+        }
         lines.append(Line.parse(number, "{" if name == "?" else json.dumps(record)))
     return lines
 
 
 def order(inputs: str, window: int) -> str:
-    return "".join(inputs[line.number - 1] for line in ReadAhead(parsed(inputs), window))
+    return "".join(
+        inputs[line.number - 1] for line in ReadAhead(parsed(inputs), window)
+    )
 
 
 def test_lines_about_one_input_come_out_together_first_appearance_first():
     assert order("abcabcab", window=100) == "aaabbbcc"
-    assert order("ab?ba?", window=100) == "aabb??"  # lines that are not requests group as one
+    assert (
+        order("ab?ba?", window=100) == "aabb??"
+    )  # lines that are not requests group as one
 
 
 def test_the_window_bounds_how_far_ahead_lines_are_grouped():

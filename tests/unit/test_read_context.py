@@ -10,7 +10,10 @@ import pytest
 from tests.unit.asking import ask
 from tests.unit.fakes import ScriptedBackend
 from vllm.entrypoints.generate.decisions.backends import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.backends.base import backend_read, takes_legacy_read
+from vllm.entrypoints.generate.decisions.backends.base import (
+    backend_read,
+    takes_legacy_read,
+)
 from vllm.entrypoints.generate.decisions.debias import read_question
 from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.read_context import ReadContext, sha256_of
@@ -19,18 +22,30 @@ from vllm.entrypoints.generate.decisions.settings import Settings, parse_debias
 
 
 def choice(*values: str):
-    return CHOICE.compile(ChoiceQuestion(instructions="Which?", criteria={v: None for v in values}))
+    return CHOICE.compile(
+        ChoiceQuestion(instructions="Which?", criteria={v: None for v in values})
+    )
 
 
 def reading(scores: list[float]) -> Reading:
-    return Reading(scores=scores, forward_passes=1, input_tokens=3, cached_input_tokens=0, readout="direct")
+    return Reading(
+        scores=scores,
+        forward_passes=1,
+        input_tokens=3,
+        cached_input_tokens=0,
+        readout="direct",
+    )
 
 
 def test_a_context_names_its_state_and_each_part():
     context = ReadContext.about("a ticket", "decision-x-0", {"k": 1})
     assert context.state_sha256 == sha256_of("a ticket")
     part = context.part("r1").part("fallback")
-    assert part.request_id == "decision-x-0-r1-fallback" and part.state == "a ticket" and part.options == {"k": 1}
+    assert (
+        part.request_id == "decision-x-0-r1-fallback"
+        and part.state == "a ticket"
+        and part.options == {"k": 1}
+    )
     neutral = context.with_state("N/A", "decision-x-0-p0-1")
     assert neutral.state_sha256 == sha256_of("N/A") and neutral.options == {"k": 1}
 
@@ -47,7 +62,9 @@ async def test_an_old_style_backend_still_reads_with_a_deprecation_warning():
 
     backend = OldStyle(host=None)  # type: ignore[arg-type]
     assert backend.legacy_read
-    got = await backend_read(backend, choice("a", "b"), ReadContext.about("s", "r-0", "opts"))
+    got = await backend_read(
+        backend, choice("a", "b"), ReadContext.about("s", "r-0", "opts")
+    )
     assert got.scores == [0.0, -1.0] and backend.seen == ("s", "r-0", "opts")
 
 
@@ -72,9 +89,13 @@ async def test_the_service_passes_each_question_its_own_context():
             seen.append(context)
             return await super().read(question, context)
 
-    service = DecisionService(Settings.from_env({}), Recording(lambda q: [0.0, -1.0]), "m")
+    service = DecisionService(
+        Settings.from_env({}), Recording(lambda q: [0.0, -1.0]), "m"
+    )
     service.readiness.succeed()
-    await service.decide(ask("the input", [choice("a", "b"), choice("c", "d")], "abc", debias="off"))
+    await service.decide(
+        ask("the input", [choice("a", "b"), choice("c", "d")], "abc", debias="off")
+    )
     assert sorted(c.request_id for c in seen) == ["decision-abc-0", "decision-abc-1"]
     assert {c.state_sha256 for c in seen} == {sha256_of("the input")}
 
@@ -85,18 +106,27 @@ async def test_an_order_independent_backend_is_read_once_whatever_the_debias():
 
         async def read(self, question, context):
             self.reads = getattr(self, "reads", 0) + 1
-            return reading([{"a": 0.0, "b": -2.0, "c": -1.0}[o.value] for o in question.options])
+            return reading(
+                [{"a": 0.0, "b": -2.0, "c": -1.0}[o.value] for o in question.options]
+            )
 
     backend = PerOption(lambda q: [])
     question = choice("c", "a", "b")
-    read = await read_question(backend, question, ReadContext.about("s", "r"), parse_debias("rotate:3"))
+    read = await read_question(
+        backend, question, ReadContext.about("s", "r"), parse_debias("rotate:3")
+    )
     assert backend.reads == 1 and read.debias is None
     assert read.reading.scores == [-1.0, 0.0, -2.0]  # in the client's order
 
 
 async def test_a_types_own_options_limit_is_checked_by_the_setting_it_names():
     from vllm.entrypoints.generate.decisions.errors import OverLimitError
-    from vllm.entrypoints.generate.decisions.questions import Option, OptionsLimit, QuestionModel, QuestionType
+    from vllm.entrypoints.generate.decisions.questions import (
+        Option,
+        OptionsLimit,
+        QuestionModel,
+        QuestionType,
+    )
 
     class Tags(QuestionType):
         name = "tags-with-a-limit"
@@ -109,8 +139,13 @@ async def test_a_types_own_options_limit_is_checked_by_the_setting_it_names():
         def answer(self, probabilities, options):
             return {}
 
-    service = DecisionService(Settings.from_env({"VLLM_TYPED_DECISIONS_MAX_CHOICES": "4"}),
-                              ScriptedBackend(lambda q: [0.0] * 5), "m")  # fmt: skip
+    service = DecisionService(
+        Settings.from_env({"VLLM_TYPED_DECISIONS_MAX_CHOICES": "4"}),
+        ScriptedBackend(lambda q: [0.0] * 5),
+        "m",
+    )
     service.readiness.succeed()
-    with pytest.raises(OverLimitError, match=r"questions\[0\] has 5 tags; the limit is 4 .*MAX_CHOICES"):
+    with pytest.raises(
+        OverLimitError, match=r"questions\[0\] has 5 tags; the limit is 4 .*MAX_CHOICES"
+    ):
         await service.decide(ask("s", [Tags().compile(QuestionModel())]))

@@ -10,7 +10,11 @@ import pytest
 
 from vllm.entrypoints.generate.decisions import readiness as readiness_module
 from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
-from vllm.entrypoints.generate.decisions.readiness import CALIBRATION, SELF_CHECK, Readiness
+from vllm.entrypoints.generate.decisions.readiness import (
+    CALIBRATION,
+    SELF_CHECK,
+    Readiness,
+)
 
 
 class Clock:
@@ -29,17 +33,29 @@ def refusal(readiness: Readiness) -> DecisionError:
 
 def test_before_any_step_it_is_starting():
     error = refusal(Readiness())
-    assert isinstance(error, NotReadyError) and error.status == HTTPStatus.SERVICE_UNAVAILABLE
-    assert error.message == "decisions are starting; retry shortly" and error.retry_after == 5
+    assert (
+        isinstance(error, NotReadyError)
+        and error.status == HTTPStatus.SERVICE_UNAVAILABLE
+    )
+    assert (
+        error.message == "decisions are starting; retry shortly"
+        and error.retry_after == 5
+    )
 
 
 def test_the_message_names_the_step_and_how_far_it_is():
     clock = Clock()
     readiness = Readiness(clock)
     readiness.begin(SELF_CHECK)
-    assert refusal(readiness).message == "decisions are starting: self-check; retry shortly"
+    assert (
+        refusal(readiness).message
+        == "decisions are starting: self-check; retry shortly"
+    )
     readiness.begin(CALIBRATION)
-    assert refusal(readiness).message == "decisions are starting: calibration; retry shortly"
+    assert (
+        refusal(readiness).message
+        == "decisions are starting: calibration; retry shortly"
+    )
     readiness.count(300, "reads")
     readiness.advance(4)
     error = refusal(readiness)
@@ -79,12 +95,17 @@ def test_a_process_waiting_for_another_says_so_without_progress():
     assert error.message == (
         "decisions are starting: calibration, waiting for another API-server process's calibration; retry shortly"
     )
-    assert error.retry_after == 5 and "of" not in error.message.split("calibration, ")[1]
+    assert (
+        error.retry_after == 5 and "of" not in error.message.split("calibration, ")[1]
+    )
     readiness.count(10, "reads")  # its wait ran out: it reads here after all
     assert "waiting" not in refusal(readiness).message
     readiness.begin(SELF_CHECK)
     readiness.waiting()
-    assert "waiting for another API-server process's self-check" in refusal(readiness).message
+    assert (
+        "waiting for another API-server process's self-check"
+        in refusal(readiness).message
+    )
 
 
 def test_ready_answers_and_a_failure_is_unavailable_with_the_reason():
@@ -98,14 +119,24 @@ def test_ready_answers_and_a_failure_is_unavailable_with_the_reason():
     failed.begin(SELF_CHECK)
     failed.fail("the model's next token is not an option letter")
     error = refusal(failed)
-    assert not isinstance(error, NotReadyError) and error.status == HTTPStatus.SERVICE_UNAVAILABLE
-    assert error.message == "decisions are unavailable: the model's next token is not an option letter"
+    assert (
+        not isinstance(error, NotReadyError)
+        and error.status == HTTPStatus.SERVICE_UNAVAILABLE
+    )
+    assert (
+        error.message
+        == "decisions are unavailable: the model's next token is not an option letter"
+    )
     assert error.retry_after is None, "waiting won't help"
 
 
-def test_progress_is_logged_when_the_estimate_is_first_known_then_at_intervals(monkeypatch):
+def test_progress_is_logged_when_the_estimate_is_first_known_then_at_intervals(
+    monkeypatch,
+):
     lines = []
-    monkeypatch.setattr(readiness_module.logger, "info", lambda fmt, *args: lines.append(fmt % args))
+    monkeypatch.setattr(
+        readiness_module.logger, "info", lambda fmt, *args: lines.append(fmt % args)
+    )
     clock = Clock()
     readiness = Readiness(clock)
     readiness.begin(CALIBRATION)

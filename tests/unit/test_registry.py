@@ -14,10 +14,20 @@ from fastapi import FastAPI
 from vllm.entrypoints.generate.decisions import registry
 from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
 from vllm.entrypoints.generate.decisions.backends import DecisionBackend, LogitBackend
-from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceType, NoulQuestion, Option, QuestionType
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    ChoiceType,
+    NoulQuestion,
+    Option,
+    QuestionType,
+)
 from vllm.entrypoints.generate.decisions.registry import Registry
 from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings, SettingsError, parse_backend_spec
+from vllm.entrypoints.generate.decisions.settings import (
+    Settings,
+    SettingsError,
+    parse_backend_spec,
+)
 
 from .fakes import ScriptedBackend
 from .test_wire import decide, descending, systemone
@@ -69,7 +79,10 @@ def test_a_duplicate_backend_name_is_refused_and_the_first_stays():
     reg = Registry.with_built_ins()
     first, second = backend("mine"), backend("mine")
     reg.register_backend(first)
-    with pytest.raises(ValueError, match=r"'mine' is already taken by .*Plugin; register with override=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"'mine' is already taken by .*Plugin; register with override=True",
+    ):
         reg.register_backend(second)
     assert reg.backend_class("mine") is first
 
@@ -92,17 +105,26 @@ def test_override_replaces_a_backend_on_purpose():
 def test_a_plugin_logit_is_refused_unless_it_overrides_and_then_serves_everywhere():
     reg = Registry.with_built_ins()
     plugin_logit = backend("logit")
-    with pytest.raises(ValueError, match=r"already taken by the built-in .*LogitBackend"):
+    with pytest.raises(
+        ValueError, match=r"already taken by the built-in .*LogitBackend"
+    ):
         reg.register_backend(plugin_logit)
     assert reg.choose_backend(UNSET, ("GPT2LMHeadModel",)) is LogitBackend
 
     reg.register_backend(plugin_logit, override=True)
-    assert reg.choose_backend(parse_backend_spec("logit"), ("GPT2LMHeadModel",)) is plugin_logit
-    assert reg.choose_backend(UNSET, ("GPT2LMHeadModel",)) is plugin_logit, "the default choice is the same class"
+    assert (
+        reg.choose_backend(parse_backend_spec("logit"), ("GPT2LMHeadModel",))
+        is plugin_logit
+    )
+    assert reg.choose_backend(UNSET, ("GPT2LMHeadModel",)) is plugin_logit, (
+        "the default choice is the same class"
+    )
     assert reg.backend_class("logit") is plugin_logit
 
     reg.unregister_backend("logit")
-    assert reg.choose_backend(UNSET, ("GPT2LMHeadModel",)) is LogitBackend, "the built-in comes back"
+    assert reg.choose_backend(UNSET, ("GPT2LMHeadModel",)) is LogitBackend, (
+        "the built-in comes back"
+    )
     reg.unregister_backend("logit")
     assert reg.backend_class("logit") is LogitBackend, "built-ins stay"
 
@@ -135,14 +157,18 @@ def test_a_plugin_that_replaced_a_built_in_claims_like_any_plugin():
     other = backend("other", ("LayaForDecision",))
     reg.register_backend(other)
     assert reg.choose_backend(UNSET, ("LayaForDecision",)) is encoder_like
-    assert reg.is_built_in_backend(LogitBackend) and not reg.is_built_in_backend(encoder_like)
+    assert reg.is_built_in_backend(LogitBackend) and not reg.is_built_in_backend(
+        encoder_like
+    )
 
 
 def test_what_is_not_a_backend_is_refused():
     reg = Registry.with_built_ins()
     with pytest.raises(TypeError, match="DecisionBackend subclass"):
         reg.register_backend(Sentiment)  # type: ignore[type-var]
-    with pytest.raises(SettingsError, match="unknown backend; registered: canvas, encoder, logit"):
+    with pytest.raises(
+        SettingsError, match="unknown backend; registered: canvas, encoder, logit"
+    ):
         reg.choose_backend(parse_backend_spec("nope"), ())
 
 
@@ -151,12 +177,17 @@ def test_what_is_not_a_backend_is_refused():
 
 def test_a_duplicate_question_type_name_is_refused():
     reg = Registry.with_built_ins()
-    with pytest.raises(ValueError, match=r"'choice' is already taken by the built-in ChoiceType; register with"):
+    with pytest.raises(
+        ValueError,
+        match=r"'choice' is already taken by the built-in ChoiceType; register with",
+    ):
         reg.register_question_type(PluginChoice)
     assert reg.question_type("choice") is CHOICE
 
     first = reg.register_question_type(Sentiment)
-    assert reg.register_question_type(Sentiment) is first, "the same type again changes nothing"
+    assert reg.register_question_type(Sentiment) is first, (
+        "the same type again changes nothing"
+    )
     assert reg.register_question_type(first) is first
 
     class OtherSentiment(Sentiment):
@@ -164,7 +195,9 @@ def test_a_duplicate_question_type_name_is_refused():
 
     with pytest.raises(ValueError, match="'sentiment' is already taken by Sentiment"):
         reg.register_question_type(OtherSentiment())
-    assert reg.register_question_type(OtherSentiment, override=True) is reg.question_type("sentiment")
+    assert reg.register_question_type(
+        OtherSentiment, override=True
+    ) is reg.question_type("sentiment")
     assert isinstance(reg.question_type("sentiment"), OtherSentiment)
 
 
@@ -172,10 +205,14 @@ def test_built_in_question_types_are_known_by_identity():
     reg = Registry.with_built_ins()
     assert reg.built_in_question_type("choice") and reg.built_in_question_type(CHOICE)
     plugin = reg.register_question_type(PluginChoice, override=True)
-    assert not reg.built_in_question_type("choice"), "the name now means the plugin's type"
+    assert not reg.built_in_question_type("choice"), (
+        "the name now means the plugin's type"
+    )
     assert not reg.built_in_question_type(plugin)
     assert reg.built_in_question_type(CHOICE), "the built-in object stays built-in"
-    assert not reg.built_in_question_type(ChoiceType()), "another instance of the built-in class is not it"
+    assert not reg.built_in_question_type(ChoiceType()), (
+        "another instance of the built-in class is not it"
+    )
     assert not reg.built_in_question_type("sentiment")
 
 
@@ -188,34 +225,61 @@ def test_what_is_not_a_question_type_is_refused():
 async def scripted_app() -> FastAPI:
     app = FastAPI()
     register_decisions_api_router(app)
-    app.state.decision_service = DecisionService(Settings.from_env({}), ScriptedBackend(descending), "served-model")
+    app.state.decision_service = DecisionService(
+        Settings.from_env({}), ScriptedBackend(descending), "served-model"
+    )
     await app.state.decision_service.start()
     return app
 
 
-async def test_a_plugin_choice_gets_the_plugin_answer_shape_on_the_jev_wire(server_registry):
+async def test_a_plugin_choice_gets_the_plugin_answer_shape_on_the_jev_wire(
+    server_registry,
+):
     app = await scripted_app()
-    body = {"state": "Ticket: payouts failing.",
-            "questions": {"team": {"type": "choice", "criteria": {"billing": "Payments", "tech": None}}}}  # fmt: skip
+    body = {
+        "state": "Ticket: payouts failing.",
+        "questions": {
+            "team": {
+                "type": "choice",
+                "criteria": {"billing": "Payments", "tech": None},
+            }
+        },
+    }
 
     built_in = (await systemone(app, body))["answers"]["team"]
     assert built_in["choice"] == "billing" and "picked_by" not in built_in
-    assert set(built_in["probabilities"]) == {"billing", "tech"}, "Jev's choice shape: by value"
+    assert set(built_in["probabilities"]) == {"billing", "tech"}, (
+        "Jev's choice shape: by value"
+    )
     registry.register_question_type(PluginChoice, override=True)
     plugin = (await systemone(app, body))["answers"]["team"]
     assert plugin["choice"] == "billing" and plugin["picked_by"] == "plugin"
-    assert set(plugin["probabilities"]) == {'"billing"', '"tech"'}, "a plugin answer's: by option key"
+    assert set(plugin["probabilities"]) == {'"billing"', '"tech"'}, (
+        "a plugin answer's: by option key"
+    )
 
 
-async def test_openai_choice_keeps_its_shape_when_a_plugin_replaced_choice(server_registry):
+async def test_openai_choice_keeps_its_shape_when_a_plugin_replaced_choice(
+    server_registry,
+):
     """OpenAI's ``choice`` is the wire's own type, compiled to the built-in one whatever is registered."""
     app = await scripted_app()
     registry.register_question_type(PluginChoice, override=True)
-    body = {"model": "m", "input": "Ticket: payouts failing.",
-            "questions": [{"type": "choice", "instructions": "Which team?",
-                           "choices": [{"value": "billing"}, {"value": "tech"}]}]}  # fmt: skip
+    body = {
+        "model": "m",
+        "input": "Ticket: payouts failing.",
+        "questions": [
+            {
+                "type": "choice",
+                "instructions": "Which team?",
+                "choices": [{"value": "billing"}, {"value": "tech"}],
+            }
+        ],
+    }
     answer = (await decide(app, body))["answers"][0]
-    assert isinstance(answer["probabilities"], list), "OpenAI's choice shape: a list of {value, probability}"
+    assert isinstance(answer["probabilities"], list), (
+        "OpenAI's choice shape: a list of {value, probability}"
+    )
     assert [p["value"] for p in answer["probabilities"]] == ["billing", "tech"]
 
 
@@ -230,8 +294,14 @@ def imported_backends(code: str) -> list[str]:
         f"{code}\nimport json, sys\n"
         "prefix = 'vllm.entrypoints.generate.decisions.backends.'\n"
         f"print(json.dumps(sorted(m[len(prefix):] for m in sys.modules if m[len(prefix):] in {BACKEND_MODULES!r} and m.startswith(prefix))))"
-    )  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -27,17 +27,25 @@ def test_confidence_is_normalized_peak():
 
 
 @pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-6, 1e6, 1e308])
-@pytest.mark.parametrize("scores", [[0.0, -1.0], [-1e300, 1e300], [1e308, -1e308, 0.0], [-3.0, -math.inf, -3.0]])
+@pytest.mark.parametrize(
+    "scores",
+    [[0.0, -1.0], [-1e300, 1e300], [1e308, -1e308, 0.0], [-3.0, -math.inf, -3.0]],
+)
 def test_softmax_is_a_distribution_for_any_positive_temperature(scores, temperature):
     """Dividing before subtracting the top score made ``inf - inf`` = NaN for a denormal T (sent as null)."""
     probs = softmax(scores, temperature)
-    assert all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in probs) and math.fsum(probs) == pytest.approx(1.0)
+    assert all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in probs) and math.fsum(
+        probs
+    ) == pytest.approx(1.0)
     assert probs.index(max(probs)) == scores.index(max(scores))
     assert non_finite({"probabilities": probs, "confidence": confidence(probs)}) is None
 
 
 def test_non_finite_names_where():
     assert non_finite({"probability": 0.5, "levels": [0.1, {"x": 2}]}) is None
-    assert non_finite({"probability": 0.5, "levels": [0.1, {"x": math.nan}]}) == ".levels[1].x"
+    assert (
+        non_finite({"probability": 0.5, "levels": [0.1, {"x": math.nan}]})
+        == ".levels[1].x"
+    )
     assert non_finite({"score": -math.inf}) == ".score"
     assert non_finite(math.inf) == "the value"

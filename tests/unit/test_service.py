@@ -7,9 +7,16 @@ from http import HTTPStatus
 import pytest
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature, Temperatures
+from vllm.entrypoints.generate.decisions.calibration.temperature import (
+    Temperature,
+    Temperatures,
+)
 from vllm.entrypoints.generate.decisions.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.errors import BackendUnavailable, DecisionError, NotReadyError
+from vllm.entrypoints.generate.decisions.errors import (
+    BackendUnavailable,
+    DecisionError,
+    NotReadyError,
+)
 from vllm.entrypoints.generate.decisions.questions import (
     CHOICE,
     NOUL,
@@ -29,7 +36,11 @@ def noul(text="Urgent?"):
 
 
 def choice(n):
-    return CHOICE.compile(ChoiceQuestion(instructions="Which?", criteria={f"o{i}": None for i in range(n)}))
+    return CHOICE.compile(
+        ChoiceQuestion(
+            instructions="Which?", criteria={f"o{i}": None for i in range(n)}
+        )
+    )
 
 
 async def started(backend, **env):
@@ -46,9 +57,15 @@ async def test_answers_carry_probabilities_confidence_and_audit():
     assert answer.probabilities == pytest.approx([0.75, 0.25])
     assert answer.fields == {"probability": pytest.approx(0.75)}
     assert answer.confidence == pytest.approx(0.5)
-    assert answer.backend.option_logits == {"true": math.log(0.6), "false": math.log(0.2)}
+    assert answer.backend.option_logits == {
+        "true": math.log(0.6),
+        "false": math.log(0.2),
+    }
     audit = answer.audit.as_json()
-    assert audit["temperature_source"] == "default" and audit["calibration_temperature"] == 1.0
+    assert (
+        audit["temperature_source"] == "default"
+        and audit["calibration_temperature"] == 1.0
+    )
     assert audit["temperature_scope"] == "server"
     assert audit["option_mass"] == pytest.approx(0.8)
     assert audit["render_version"] == "scripted-1" and audit["served_model"] == "served"
@@ -63,9 +80,13 @@ async def test_questions_are_read_concurrently():
 
 
 async def test_a_failed_question_does_not_stop_the_others():
-    service = await started(ScriptedBackend(lambda q: None if q.instructions == "bad" else [0.0, -1.0]))
+    service = await started(
+        ScriptedBackend(lambda q: None if q.instructions == "bad" else [0.0, -1.0])
+    )
     decision = await service.decide(ask("s", [noul("good"), noul("bad")], "r"))
-    assert isinstance(decision.results[0], Answer) and isinstance(decision.results[1], Failure)
+    assert isinstance(decision.results[0], Answer) and isinstance(
+        decision.results[1], Failure
+    )
     assert decision.first_failure() is None
 
 
@@ -86,23 +107,34 @@ async def test_an_unexpected_fault_becomes_a_500_failure():
 
 async def test_configured_and_per_request_temperatures():
     scores = [math.log(0.9), math.log(0.1)]
-    service = await started(ScriptedBackend(lambda q: scores), VLLM_TYPED_DECISIONS_TEMPERATURE="2.0")
+    service = await started(
+        ScriptedBackend(lambda q: scores), VLLM_TYPED_DECISIONS_TEMPERATURE="2.0"
+    )
     (a,) = (await service.decide(ask("s", [noul()], "r"))).results
     assert applied(a) == (2.0, "configured", "server")
     assert a.probabilities[0] == pytest.approx(3 / 4)
     (b,) = (await service.decide(ask("s", [noul()], "r", temperature=1.0))).results
-    assert applied(b) == (1.0, "request", "request") and b.probabilities[0] == pytest.approx(0.9)
+    assert applied(b) == (1.0, "request", "request") and b.probabilities[
+        0
+    ] == pytest.approx(0.9)
 
 
 CALIBRATED = Temperatures(
     Temperature(2.0, "calibrated", "server"),
-    {"choice": Temperature(4.0, "calibrated", "choice"), "noul": Temperature(1.0, "calibrated", "noul")},
+    {
+        "choice": Temperature(4.0, "calibrated", "choice"),
+        "noul": Temperature(1.0, "calibrated", "noul"),
+    },
 )
 
 
 def applied(answer):
     audit = answer.audit.as_json()
-    return audit["calibration_temperature"], audit["temperature_source"], audit["temperature_scope"]
+    return (
+        audit["calibration_temperature"],
+        audit["temperature_source"],
+        audit["temperature_scope"],
+    )
 
 
 async def calibrated_service(backend, **env):
@@ -114,7 +146,9 @@ async def calibrated_service(backend, **env):
     return service
 
 
-async def test_each_question_gets_its_types_temperature_unless_the_request_sets_one(caplog):
+async def test_each_question_gets_its_types_temperature_unless_the_request_sets_one(
+    caplog,
+):
     scores = [math.log(0.9), math.log(0.1)]
     service = await calibrated_service(ScriptedBackend(lambda q: scores))
     score = SCORE.compile(ScoreQuestion(criteria=["low", "high"]))
@@ -125,14 +159,23 @@ async def test_each_question_gets_its_types_temperature_unless_the_request_sets_
         (2.0, "calibrated", "server"),  # no fit of its own: the server-wide one
     ]
     assert decision.results[0].probabilities[0] == pytest.approx(0.9)
-    assert decision.results[1].probabilities[0] == pytest.approx(0.9**0.25 / (0.9**0.25 + 0.1**0.25))
-    requested = await service.decide(ask("s", [noul(), choice(2)], "r", temperature=3.0))
+    assert decision.results[1].probabilities[0] == pytest.approx(
+        0.9**0.25 / (0.9**0.25 + 0.1**0.25)
+    )
+    requested = await service.decide(
+        ask("s", [noul(), choice(2)], "r", temperature=3.0)
+    )
     assert [applied(a) for a in requested.results] == [(3.0, "request", "request")] * 2
-    assert "decisions ready: backend=scripted, T=2.00 (calibrated, server); choice T=4.00 (calibrated), " in caplog.text
+    assert (
+        "decisions ready: backend=scripted, T=2.00 (calibrated, server); choice T=4.00 (calibrated), "
+        in caplog.text
+    )
 
 
 async def test_a_configured_temperature_beats_calibration_for_every_type():
-    service = await calibrated_service(ScriptedBackend(lambda q: [0.0, -1.0]), VLLM_TYPED_DECISIONS_TEMPERATURE="1.5")
+    service = await calibrated_service(
+        ScriptedBackend(lambda q: [0.0, -1.0]), VLLM_TYPED_DECISIONS_TEMPERATURE="1.5"
+    )
     decision = await service.decide(ask("s", [noul(), choice(2)], "r"))
     assert [applied(a) for a in decision.results] == [(1.5, "configured", "server")] * 2
 
@@ -147,8 +190,16 @@ def test_temperatures_precedence():
 @pytest.mark.parametrize(
     ("env", "questions", "variable"),
     [
-        ({"VLLM_TYPED_DECISIONS_MAX_QUESTIONS": "2"}, [noul()] * 3, "VLLM_TYPED_DECISIONS_MAX_QUESTIONS"),
-        ({"VLLM_TYPED_DECISIONS_MAX_CHOICES": "3"}, [choice(4)], "VLLM_TYPED_DECISIONS_MAX_CHOICES"),
+        (
+            {"VLLM_TYPED_DECISIONS_MAX_QUESTIONS": "2"},
+            [noul()] * 3,
+            "VLLM_TYPED_DECISIONS_MAX_QUESTIONS",
+        ),
+        (
+            {"VLLM_TYPED_DECISIONS_MAX_CHOICES": "3"},
+            [choice(4)],
+            "VLLM_TYPED_DECISIONS_MAX_CHOICES",
+        ),
         (
             {"VLLM_TYPED_DECISIONS_MAX_LEVELS": "2"},
             [SCORE.compile(ScoreQuestion(criteria=["a", "b", "c"]))],
@@ -156,7 +207,9 @@ def test_temperatures_precedence():
         ),
     ],
 )
-async def test_limits_refuse_before_any_read_and_name_the_setting(env, questions, variable):
+async def test_limits_refuse_before_any_read_and_name_the_setting(
+    env, questions, variable
+):
     backend = ScriptedBackend(lambda q: pytest.fail("no read may happen over a limit"))
     service = await started(backend, **env)
     with pytest.raises(DecisionError, match=variable) as caught:
@@ -169,10 +222,15 @@ async def test_not_ready_then_unavailable():
     service = DecisionService(Settings.from_env({}), backend, "served")
     with pytest.raises(NotReadyError, match="decisions are starting") as starting:
         await service.decide(ask("s", [noul()], "r"))
-    assert starting.value.retry_after == 5 and starting.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+    assert (
+        starting.value.retry_after == 5
+        and starting.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+    )
 
     async def broken_start():
-        raise BackendUnavailable("the model never answers with a letter (see /home/op/models/m/config.json)")
+        raise BackendUnavailable(
+            "the model never answers with a letter (see /home/op/models/m/config.json)"
+        )
 
     backend.start = broken_start  # type: ignore[method-assign]
     with pytest.raises(BackendUnavailable):
@@ -180,7 +238,10 @@ async def test_not_ready_then_unavailable():
     # A backend's own refusal says why and what to change; a local path in it is left out.
     with pytest.raises(DecisionError, match="never answers") as caught:
         await service.decide(ask("s", [noul()], "r"))
-    assert caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE and "/home/op" not in caught.value.message
+    assert (
+        caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+        and "/home/op" not in caught.value.message
+    )
 
 
 async def test_while_starting_the_refusal_names_the_step_running_and_its_progress():
@@ -196,14 +257,20 @@ async def test_while_starting_the_refusal_names_the_step_running_and_its_progres
         await calibrated.wait()
         return Calibrated(Temperatures(Temperature(2.0, "calibrated", "server")))
 
-    service = DecisionService(Settings.from_env({}), backend, "served", starter=slow_start)
+    service = DecisionService(
+        Settings.from_env({}), backend, "served", starter=slow_start
+    )
     starting = asyncio.ensure_future(service.start(slow_calibration))
     await asyncio.sleep(0.01)
-    with pytest.raises(NotReadyError, match="^decisions are starting: self-check; retry shortly$"):
+    with pytest.raises(
+        NotReadyError, match="^decisions are starting: self-check; retry shortly$"
+    ):
         await service.decide(ask("s", [noul()], "r"))
     checked.set()
     await asyncio.sleep(0.01)
-    with pytest.raises(NotReadyError, match="calibration, 3 of 40 reads, time left unknown yet"):
+    with pytest.raises(
+        NotReadyError, match="calibration, 3 of 40 reads, time left unknown yet"
+    ):
         await service.decide(ask("s", [noul()], "r"))
     calibrated.set()
     await starting
@@ -215,14 +282,21 @@ async def test_a_failed_calibration_makes_decisions_unavailable_not_starting_for
     async def broken():
         raise RuntimeError("the question file vanished")
 
-    service = DecisionService(Settings.from_env({}), ScriptedBackend(lambda q: [0.0, 0.0]), "served")
+    service = DecisionService(
+        Settings.from_env({}), ScriptedBackend(lambda q: [0.0, 0.0]), "served"
+    )
     with pytest.raises(RuntimeError):
         await service.start(broken)
     await asyncio.wait_for(service.readiness.settled(), 1)
     # A fault's own text (it may hold paths or secrets) stays in the log; the refusal names its kind only.
-    with pytest.raises(DecisionError, match=r"unavailable: the startup work failed \(RuntimeError\)") as caught:
+    with pytest.raises(
+        DecisionError, match=r"unavailable: the startup work failed \(RuntimeError\)"
+    ) as caught:
         await service.decide(ask("s", [noul()], "r"))
-    assert not isinstance(caught.value, NotReadyError) and "vanished" not in caught.value.message
+    assert (
+        not isinstance(caught.value, NotReadyError)
+        and "vanished" not in caught.value.message
+    )
 
 
 @pytest.mark.parametrize(
@@ -237,21 +311,30 @@ async def test_a_failed_calibration_makes_decisions_unavailable_not_starting_for
 )
 async def test_a_backend_fault_is_one_refusal_not_nan(scores, needle):
     faulty = {"Faulty?"}
-    service = await started(ScriptedBackend(lambda q: scores if q.instructions in faulty else [-0.1, -2.5]))
+    service = await started(
+        ScriptedBackend(lambda q: scores if q.instructions in faulty else [-0.1, -2.5])
+    )
     decision = await service.decide(ask("state", [noul("Faulty?"), noul("Fine?")], "r"))
     failure, answer = decision.results
     assert isinstance(failure, Failure) and needle in failure.error.message
     assert failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
     assert "'scripted'" in failure.error.message
-    assert isinstance(answer, Answer) and all(math.isfinite(p) for p in answer.probabilities)
+    assert isinstance(answer, Answer) and all(
+        math.isfinite(p) for p in answer.probabilities
+    )
 
 
 async def test_scores_of_other_number_types_are_accepted():
     import numpy as np
 
-    service = await started(ScriptedBackend(lambda q: [np.float32(-0.1), np.float64(-2.0)]))
+    service = await started(
+        ScriptedBackend(lambda q: [np.float32(-0.1), np.float64(-2.0)])
+    )
     (answer,) = (await service.decide(ask("state", [noul()], "r"))).results
-    assert isinstance(answer, Answer) and type(answer.backend.option_logits["true"]) is float
+    assert (
+        isinstance(answer, Answer)
+        and type(answer.backend.option_logits["true"]) is float
+    )
 
 
 async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads():
@@ -267,27 +350,56 @@ async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads
     backend = Busy(lambda q: [-0.1, -2.5], delay=30)
     service = await started(backend)
     with pytest.raises(EngineBusyError) as caught:
-        await asyncio.wait_for(service.decide(ask("state", [noul("Slow?"), noul("Busy?"), noul("Slow too?")], "r")), 5)
-    assert caught.value.retry_after and caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+        await asyncio.wait_for(
+            service.decide(
+                ask("state", [noul("Slow?"), noul("Busy?"), noul("Slow too?")], "r")
+            ),
+            5,
+        )
+    assert (
+        caught.value.retry_after
+        and caught.value.status == HTTPStatus.SERVICE_UNAVAILABLE
+    )
     assert "--max-num-queued-reqs" in caught.value.message
     assert backend.in_flight == 0  # the slow reads were cancelled, not left running
 
 
 @pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-4, 5000.0])
-async def test_a_request_temperature_outside_the_range_is_refused_naming_the_settings(temperature):
-    backend = ScriptedBackend(lambda q: pytest.fail("no read for a refused temperature"))
+async def test_a_request_temperature_outside_the_range_is_refused_naming_the_settings(
+    temperature,
+):
+    backend = ScriptedBackend(
+        lambda q: pytest.fail("no read for a refused temperature")
+    )
     service = await started(backend)
-    with pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MIN_TEMPERATURE and .*MAX_TEMPERATURE") as caught:
+    with pytest.raises(
+        DecisionError,
+        match="VLLM_TYPED_DECISIONS_MIN_TEMPERATURE and .*MAX_TEMPERATURE",
+    ) as caught:
         await service.decide(ask("s", [noul()], "r", temperature=temperature))
-    assert caught.value.status == HTTPStatus.BAD_REQUEST and caught.value.param == "extra.calibration_temperature"
+    assert (
+        caught.value.status == HTTPStatus.BAD_REQUEST
+        and caught.value.param == "extra.calibration_temperature"
+    )
 
 
 async def test_the_range_is_the_servers_and_its_ends_apply():
-    service = await started(ScriptedBackend(lambda q: [0.0, -1.0]), VLLM_TYPED_DECISIONS_MAX_TEMPERATURE="10")
+    service = await started(
+        ScriptedBackend(lambda q: [0.0, -1.0]),
+        VLLM_TYPED_DECISIONS_MAX_TEMPERATURE="10",
+    )
     for temperature in (0.001, 10.0):
-        (answer,) = (await service.decide(ask("s", [noul()], "r", temperature=temperature))).results
-        assert isinstance(answer, Answer) and answer.audit.calibration_temperature == temperature
-    with pytest.raises(DecisionError, match="outside the temperatures this server applies, 0.001 to 10.0"):
+        (answer,) = (
+            await service.decide(ask("s", [noul()], "r", temperature=temperature))
+        ).results
+        assert (
+            isinstance(answer, Answer)
+            and answer.audit.calibration_temperature == temperature
+        )
+    with pytest.raises(
+        DecisionError,
+        match="outside the temperatures this server applies, 0.001 to 10.0",
+    ):
         await service.decide(ask("s", [noul()], "r", temperature=10.5))
 
 
@@ -301,7 +413,10 @@ async def test_an_answer_field_that_is_not_a_number_is_refused_not_sent_as_null(
     question = Broken().compile(NoulQuestion(instructions="Urgent?"))
     service = await started(ScriptedBackend(lambda q: [0.0, -1.0]))
     broken, fine = (await service.decide(ask("s", [question, noul()], "req-7"))).results
-    assert isinstance(broken, Failure) and broken.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert (
+        isinstance(broken, Failure)
+        and broken.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    )
     assert "req-7" in broken.error.message and isinstance(fine, Answer)
 
 
@@ -311,26 +426,51 @@ async def test_a_fault_in_a_read_is_refused_without_its_text():
 
     service = await started(ScriptedBackend(read))
     (failure,) = (await service.decide(ask("s", [noul()], "req-9"))).results
-    assert isinstance(failure, Failure) and failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
-    assert "sk-123" not in failure.error.message and "/home" not in failure.error.message
+    assert (
+        isinstance(failure, Failure)
+        and failure.error.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    )
+    assert (
+        "sk-123" not in failure.error.message and "/home" not in failure.error.message
+    )
     assert "req-9" in failure.error.message
 
 
 async def test_a_backend_that_cant_serve_the_model_is_a_400_saying_what_to_change():
     async def starter(chosen):
         if chosen.name == "canvas":
-            raise BackendUnavailable("the canvas backend needs a diffusion model (see /opt/models/gemma)")
+            raise BackendUnavailable(
+                "the canvas backend needs a diffusion model (see /opt/models/gemma)"
+            )
         if chosen.name == "encoder":
-            raise OSError("[Errno 2] No such file: '/home/op/.cache/hf/laya/config.json'")
+            raise OSError(
+                "[Errno 2] No such file: '/home/op/.cache/hf/laya/config.json'"
+            )
 
-    service = DecisionService(Settings.from_env({}), ScriptedBackend(lambda q: [0.0, -1.0]), "served", starter=starter)
+    service = DecisionService(
+        Settings.from_env({}),
+        ScriptedBackend(lambda q: [0.0, -1.0]),
+        "served",
+        starter=starter,
+    )
     await service.start()
     with pytest.raises(DecisionError) as refused:
         await service.decide(ask("s", [noul()], "r", backend="canvas"))
     message = refused.value.message
-    assert refused.value.status == HTTPStatus.BAD_REQUEST and refused.value.param == "extra.backend"
-    assert "needs a diffusion model" in message and "leave extra.backend out" in message and "/opt" not in message
+    assert (
+        refused.value.status == HTTPStatus.BAD_REQUEST
+        and refused.value.param == "extra.backend"
+    )
+    assert (
+        "needs a diffusion model" in message
+        and "leave extra.backend out" in message
+        and "/opt" not in message
+    )
     with pytest.raises(DecisionError) as fault:
         await service.decide(ask("s", [noul()], "req-3", backend="encoder"))
     assert fault.value.status == HTTPStatus.INTERNAL_SERVER_ERROR
-    assert "/home" not in fault.value.message and "Errno" not in fault.value.message and "req-3" in fault.value.message
+    assert (
+        "/home" not in fault.value.message
+        and "Errno" not in fault.value.message
+        and "req-3" in fault.value.message
+    )

@@ -24,14 +24,24 @@ pytestmark = pytest.mark.vllm032
 
 def test_defaults():
     s = Settings.from_env({})
-    assert (s.max_questions, s.max_choices, s.max_levels, s.temperature) == (64, 255, 10, None)
+    assert (s.max_questions, s.max_choices, s.max_levels, s.temperature) == (
+        64,
+        255,
+        10,
+        None,
+    )
     assert s.backend.name is None
 
 
 def test_backend_spec_arguments_are_typed():
     spec = parse_backend_spec("canvas:samples=5,ratio=0.5,exact=true,mode=fast")
     assert spec.name == "canvas"
-    assert dict(spec.args) == {"samples": 5, "ratio": 0.5, "exact": True, "mode": "fast"}
+    assert dict(spec.args) == {
+        "samples": 5,
+        "ratio": 0.5,
+        "exact": True,
+        "mode": "fast",
+    }
 
 
 def fresh_vllm_envs():
@@ -73,7 +83,9 @@ def test_vllm_knows_every_variable_we_read(our_variables_only):
         our_variables_only.setenv(name, "lots")
     envs = fresh_vllm_envs()
     strictly_validated(envs, our_variables_only)
-    assert {name: envs.environment_variables[name]() for name in VARIABLES[1:]} == dict.fromkeys(VARIABLES[1:], "lots")
+    assert {
+        name: envs.environment_variables[name]() for name in VARIABLES[1:]
+    } == dict.fromkeys(VARIABLES[1:], "lots")
 
 
 @pytest.mark.parametrize("version", ["0.30", "0.32"])
@@ -87,8 +99,19 @@ def test_the_patch_names_no_setting_settings_py_is_the_one_list(version):
 def test_a_name_no_setting_reads_is_refused_by_name(our_variables_only):
     typo = PREFIX + "MAX_QUESTION"
     our_variables_only.setenv(typo, "8")
-    strictly_validated(fresh_vllm_envs(), our_variables_only)  # declared by prefix: vLLM lets it through ...
-    with pytest.raises(SettingsError, match=f"^{typo} is not a setting.*did you mean {PREFIX}MAX_QUESTIONS"):
-        check_environment({ENABLE_VARIABLE: "1", typo: "8"})  # ... and we refuse it before the engine starts
-    assert unknown_variables({typo: "8", PREFIX + "ZZZ": "", PREFIX + "BACKEND": "logit"}) == [typo, PREFIX + "ZZZ"]
-    assert check_environment({ENABLE_VARIABLE: "0", typo: "8"}) is None  # off: none of ours is read
+    strictly_validated(
+        fresh_vllm_envs(), our_variables_only
+    )  # declared by prefix: vLLM lets it through ...
+    with pytest.raises(
+        SettingsError,
+        match=f"^{typo} is not a setting.*did you mean {PREFIX}MAX_QUESTIONS",
+    ):
+        check_environment(
+            {ENABLE_VARIABLE: "1", typo: "8"}
+        )  # ... and we refuse it before the engine starts
+    assert unknown_variables(
+        {typo: "8", PREFIX + "ZZZ": "", PREFIX + "BACKEND": "logit"}
+    ) == [typo, PREFIX + "ZZZ"]
+    assert (
+        check_environment({ENABLE_VARIABLE: "0", typo: "8"}) is None
+    )  # off: none of ours is read

@@ -42,7 +42,10 @@ def test_switch_off_words_and_unset(value):
 
 @pytest.mark.parametrize("value", NOT_SWITCHES)
 def test_switch_refuses_other_words_naming_the_accepted_ones(value):
-    with pytest.raises(SettingsError, match=rf"^{ENABLE_VARIABLE}='{value}': expected 1, true, yes or on .* empty"):
+    with pytest.raises(
+        SettingsError,
+        match=rf"^{ENABLE_VARIABLE}='{value}': expected 1, true, yes or on .* empty",
+    ):
         decisions_enabled({ENABLE_VARIABLE: value})
 
 
@@ -50,7 +53,12 @@ def test_switch_refuses_other_words_naming_the_accepted_ones(value):
 LENIENT = [
     ("BACKEND", "", "backend", settings.BackendSpec(None, {})),
     ("BACKEND", " logit ", "backend", settings.BackendSpec("logit", {})),
-    ("BACKEND", "canvas: samples=5 , exact=TRUE", "backend", settings.BackendSpec("canvas", {"samples": 5, "exact": True})),
+    (
+        "BACKEND",
+        "canvas: samples=5 , exact=TRUE",
+        "backend",
+        settings.BackendSpec("canvas", {"samples": 5, "exact": True}),
+    ),
     ("TEMPERATURE", "", "temperature", None),
     ("TEMPERATURE", " 2.5 ", "temperature", 2.5),
     ("MIN_TEMPERATURE", "", "min_temperature", settings.DEFAULT_MIN_TEMPERATURE),
@@ -67,7 +75,12 @@ LENIENT = [
     ("MAX_BODY_BYTES", "1_048_576", "max_body_bytes", 1 << 20),
     ("MAX_INPUT_CHARS", "", "max_input_chars", settings.DEFAULT_MAX_INPUT_CHARS),
     ("MAX_INPUT_CHARS", "1", "max_input_chars", 1),
-    ("MAX_REQUEST_CHARS", "", "max_request_chars", 4 * settings.DEFAULT_MAX_INPUT_CHARS),
+    (
+        "MAX_REQUEST_CHARS",
+        "",
+        "max_request_chars",
+        4 * settings.DEFAULT_MAX_INPUT_CHARS,
+    ),
     ("MAX_REQUEST_CHARS", "2000", "max_request_chars", 2000),
     ("MAX_JSON_DEPTH", "", "max_json_depth", settings.DEFAULT_MAX_JSON_DEPTH),
     ("MAX_JSON_DEPTH", " 8 ", "max_json_depth", 8),
@@ -99,7 +112,7 @@ LENIENT = [
     ("PRIOR_CACHE_BYTES", "65536", "prior_cache_bytes", 65536),
     ("MAX_ADAPTERS", "", "max_adapters", 16),
     ("MAX_ADAPTERS", " 2 ", "max_adapters", 2),
-]  # fmt: skip
+]
 
 # (variable, value, part of the message that says what is accepted)
 REFUSED = [
@@ -118,34 +131,82 @@ REFUSED = [
     ("MIN_TEMPERATURE", "nan", "a number from 0.000001 to 1"),
     ("MAX_TEMPERATURE", "0.5", "a number from 1 to 1000000"),
     ("MAX_TEMPERATURE", "inf", "a number from 1 to 1000000"),
-    ("MAX_QUESTIONS", "many", "a whole number of at least 1, or empty for the default, 64"),
+    (
+        "MAX_QUESTIONS",
+        "many",
+        "a whole number of at least 1, or empty for the default, 64",
+    ),
     ("MAX_QUESTIONS", "0", "a whole number of at least 1"),
     ("MAX_QUESTIONS", "1.5", "a whole number of at least 1"),
     ("MAX_QUESTIONS", "1e3", "a whole number of at least 1"),
-    ("MAX_QUESTIONS", "9" * 5000, "a whole number of at least 1"),  # past int()'s digit limit
+    (
+        "MAX_QUESTIONS",
+        "9" * 5000,
+        "a whole number of at least 1",
+    ),  # past int()'s digit limit
     ("MAX_CHOICES", "1", "a whole number of at least 2, or empty for the default, 255"),
     ("MAX_LEVELS", "ten", "a whole number of at least 2"),
     ("MAX_BODY_BYTES", "32MB", "a whole number of at least 1024"),
     ("MAX_BODY_BYTES", "1000", "a whole number of at least 1024"),
     ("MAX_INPUT_CHARS", "-1", "a whole number of at least 1"),
-    ("MAX_REQUEST_CHARS", "0", "a whole number of at least 1, or empty for the default, 4000000"),
-    ("MAX_JSON_DEPTH", "deep", "a whole number of at least 1, or empty for the default, 800"),
+    (
+        "MAX_REQUEST_CHARS",
+        "0",
+        "a whole number of at least 1, or empty for the default, 4000000",
+    ),
+    (
+        "MAX_JSON_DEPTH",
+        "deep",
+        "a whole number of at least 1, or empty for the default, 800",
+    ),
     ("MIN_OPTION_MASS", "half", "a number from 0 to 1, or empty for the default, 0.5"),
     ("MIN_OPTION_MASS", "1.5", "a number from 0 to 1"),
     ("MIN_OPTION_MASS", "nan", "a number from 0 to 1"),
-    ("CALIBRATION", "of", "expected 1, true, yes or on .* or the path of a question file"),
-    ("CALIBRATION", "/no/such/questions.jsonl", "or the path of a question file, and no such file exists"),
-    ("STARTUP_WAIT", "soon", "a finite number above 0, or empty for the default, 900.0"),
+    (
+        "CALIBRATION",
+        "of",
+        "expected 1, true, yes or on .* or the path of a question file",
+    ),
+    (
+        "CALIBRATION",
+        "/no/such/questions.jsonl",
+        "or the path of a question file, and no such file exists",
+    ),
+    (
+        "STARTUP_WAIT",
+        "soon",
+        "a finite number above 0, or empty for the default, 900.0",
+    ),
     ("STARTUP_WAIT", "0", "a finite number above 0"),
     ("DEBIAS", "sideways", "expected off, rotate or rotate:N with N >= 1"),
-    ("BULK_IN_FLIGHT", "0", "a whole number of at least 1, or empty for the default, 256"),
-    ("BULK_WINDOW", "lots", "a whole number of at least 1, or empty for the default, 4096"),
+    (
+        "BULK_IN_FLIGHT",
+        "0",
+        "a whole number of at least 1, or empty for the default, 256",
+    ),
+    (
+        "BULK_WINDOW",
+        "lots",
+        "a whole number of at least 1, or empty for the default, 4096",
+    ),
     ("DEBIAS", "rotate:0", "expected off, rotate or rotate:N"),
     ("DEBIAS", "rotate:²", "expected off, rotate or rotate:N"),  # a digit int() refuses
     ("DEBIAS", "off:2", "expected off, rotate or rotate:N"),
-    ("PRIOR", "content", "expected one of auto, off, content-free, fitted, content-free\\+fitted, or empty for auto"),
-    ("PRIOR_CACHE", "0", "a whole number of at least 1, or empty for the default, 4096"),
-    ("PRIOR_CACHE_BYTES", "64MB", "a whole number of at least 65536, or empty for the default, 67108864"),
+    (
+        "PRIOR",
+        "content",
+        "expected one of auto, off, content-free, fitted, content-free\\+fitted, or empty for auto",
+    ),
+    (
+        "PRIOR_CACHE",
+        "0",
+        "a whole number of at least 1, or empty for the default, 4096",
+    ),
+    (
+        "PRIOR_CACHE_BYTES",
+        "64MB",
+        "a whole number of at least 65536, or empty for the default, 67108864",
+    ),
     ("MAX_ADAPTERS", "0", "a whole number of at least 1, or empty for the default, 16"),
 ]
 
@@ -156,8 +217,12 @@ def test_lenient_values(variable, value, field, expected):
 
 
 @pytest.mark.parametrize(("variable", "value", "accepted"), REFUSED)
-def test_refused_values_name_the_variable_and_what_it_accepts(variable, value, accepted):
-    with pytest.raises(SettingsError, match=rf"^{PREFIX}{variable}=.*{accepted}") as refused:
+def test_refused_values_name_the_variable_and_what_it_accepts(
+    variable, value, accepted
+):
+    with pytest.raises(
+        SettingsError, match=rf"^{PREFIX}{variable}=.*{accepted}"
+    ) as refused:
         Settings.from_env({PREFIX + variable: value})
     assert "\n" not in str(refused.value)
 
@@ -171,20 +236,32 @@ def test_prior_words_are_the_corrections_and_auto():
 def test_every_variable_is_covered_here():
     assert {PREFIX + v for v, *_ in LENIENT} | {ENABLE_VARIABLE} == set(VARIABLES)
     # CALIBRATION_DIR takes any path; whether it is writable is found (and logged) when a result is saved.
-    assert {PREFIX + v for v, *_ in REFUSED} == set(VARIABLES) - {ENABLE_VARIABLE, PREFIX + "CALIBRATION_DIR"}
+    assert {PREFIX + v for v, *_ in REFUSED} == set(VARIABLES) - {
+        ENABLE_VARIABLE,
+        PREFIX + "CALIBRATION_DIR",
+    }
 
 
 def test_the_request_budget_follows_the_input_limit_unless_set():
     env = {PREFIX + "MAX_INPUT_CHARS": "1000"}
     assert Settings.from_env(env).max_request_chars == 4000
-    assert Settings.from_env({**env, PREFIX + "MAX_REQUEST_CHARS": "1500"}).max_request_chars == 1500
+    assert (
+        Settings.from_env(
+            {**env, PREFIX + "MAX_REQUEST_CHARS": "1500"}
+        ).max_request_chars
+        == 1500
+    )
     with pytest.raises(settings.SettingsError, match="empty for the default, 4000"):
         Settings.from_env({**env, PREFIX + "MAX_REQUEST_CHARS": "many"})
 
 
 def test_defaults_where_unset():
     unset = Settings.from_env({})
-    assert (unset.calibration, unset.debias, unset.startup_wait) == ("on", settings.DEFAULT_DEBIAS, 900.0)
+    assert (unset.calibration, unset.debias, unset.startup_wait) == (
+        "on",
+        settings.DEFAULT_DEBIAS,
+        900.0,
+    )
     assert unset.calibration_dir.endswith("decisions-calibration")
 
 
@@ -221,7 +298,9 @@ def test_vllm_envs_reads_the_switch_without_raising(clean_env, value):
     assert vllm.envs.environment_variables[ENABLE_VARIABLE]() is (value in ON)
     for variable in VARIABLES[1:]:
         clean_env.setenv(variable, value)
-    envs = fresh_vllm_envs()  # the settings are declared by prefix, as vllm/envs.py finds them at import
+    envs = (
+        fresh_vllm_envs()
+    )  # the settings are declared by prefix, as vllm/envs.py finds them at import
     for variable in VARIABLES[1:]:
         assert envs.environment_variables[variable]() == value
 
@@ -234,7 +313,9 @@ def serve_args():
     return make_arg_parser(FlexibleArgumentParser()).parse_args
 
 
-def test_vllm_serve_argument_check_refuses_a_bad_value_before_the_engine(clean_env, serve_args):
+def test_vllm_serve_argument_check_refuses_a_bad_value_before_the_engine(
+    clean_env, serve_args
+):
     from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
     args = serve_args(["--model", "m"])

@@ -12,7 +12,10 @@ import pytest
 from vllm.entrypoints.generate.decisions import deployment_lock
 from vllm.entrypoints.generate.decisions.bulk.ray_data import Board
 from vllm.entrypoints.generate.decisions.calibration import store
-from vllm.entrypoints.generate.decisions.deployment_lock import once_per_server, share_records
+from vllm.entrypoints.generate.decisions.deployment_lock import (
+    once_per_server,
+    share_records,
+)
 
 KEY = {"model": "m"}
 
@@ -33,11 +36,16 @@ async def test_the_first_to_ask_makes_the_record_and_the_others_wait_for_it():
 async def test_a_failed_maker_hands_the_work_to_one_waiter():
     board = Board()
     assert await board.take("r", 30) is None
-    first, second = asyncio.ensure_future(board.take("r", 30)), asyncio.ensure_future(board.take("r", 30))
+    first, second = (
+        asyncio.ensure_future(board.take("r", 30)),
+        asyncio.ensure_future(board.take("r", 30)),
+    )
     await asyncio.sleep(0.05)
     await board.give("r", None)  # making it failed
     done, pending = await asyncio.wait({first, second}, timeout=0.5)
-    assert [task.result() for task in done] == [None] and len(pending) == 1  # one makes it, one waits on
+    assert [task.result() for task in done] == [None] and len(
+        pending
+    ) == 1  # one makes it, one waits on
     await board.give("r", {"t": 2.0})
     assert await pending.pop() == {"t": 2.0}
 
@@ -70,7 +78,9 @@ def shared():
     share_records(None)
 
 
-async def test_one_process_makes_the_record_and_another_with_its_own_folder_takes_it(tmp_path, shared):
+async def test_one_process_makes_the_record_and_another_with_its_own_folder_takes_it(
+    tmp_path, shared
+):
     made = []
 
     async def produce(name: str) -> dict:
@@ -81,18 +91,33 @@ async def test_one_process_makes_the_record_and_another_with_its_own_folder_take
     def node(n: int) -> Path:
         return tmp_path / f"node-{n}"
 
-    results = await asyncio.gather(*(once_per_server(node(n), KEY, "calibration", 30, lambda n=n: produce(f"node-{n}"),
-                                                     lambda saved: True) for n in range(2)))  # fmt: skip
+    results = await asyncio.gather(
+        *(
+            once_per_server(
+                node(n),
+                KEY,
+                "calibration",
+                30,
+                lambda n=n: produce(f"node-{n}"),
+                lambda saved: True,
+            )
+            for n in range(2)
+        )
+    )
     assert len(made) == 1 and shared.given == [{"t": 1.25}]
     assert sorted(loaded for _, loaded in results) == [False, True]
     assert all(record == {"t": 1.25} for record, _ in results)
-    for n in range(2):  # each folder holds the record, so a restart on that node loads it from disk
+    for n in range(
+        2
+    ):  # each folder holds the record, so a restart on that node loads it from disk
         assert store.load(node(n), KEY, "calibration")["t"] == 1.25
 
 
 async def test_a_record_the_caller_cant_reuse_is_made_again(tmp_path, shared):
     await shared.board.take(store.path_for(tmp_path, KEY, "startup").stem, 30)
-    await shared.board.give(store.path_for(tmp_path, KEY, "startup").stem, {"run": "another run"})
+    await shared.board.give(
+        store.path_for(tmp_path, KEY, "startup").stem, {"run": "another run"}
+    )
 
     async def produce() -> dict:
         return {"run": "this run"}
@@ -108,9 +133,14 @@ async def test_a_maker_that_raises_gives_the_work_up(tmp_path, shared):
         raise RuntimeError("engine gone")
 
     with pytest.raises(RuntimeError, match="engine gone"):
-        await once_per_server(tmp_path, KEY, "calibration", 30, produce, lambda saved: True)
+        await once_per_server(
+            tmp_path, KEY, "calibration", 30, produce, lambda saved: True
+        )
     assert shared.given == [None]
-    assert await shared.board.take(store.path_for(tmp_path, KEY, "calibration").stem, 30) is None  # free to make
+    assert (
+        await shared.board.take(store.path_for(tmp_path, KEY, "calibration").stem, 30)
+        is None
+    )  # free to make
 
 
 def test_a_named_run_is_kept_by_the_servers_run_naming():

@@ -14,7 +14,12 @@ from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
     stencil_check,
 )
 from vllm.entrypoints.generate.decisions.prompting.prompt import chat, question_text
-from vllm.entrypoints.generate.decisions.questions import CHOICE, NOUL, ChoiceQuestion, NoulQuestion
+from vllm.entrypoints.generate.decisions.questions import (
+    CHOICE,
+    NOUL,
+    ChoiceQuestion,
+    NoulQuestion,
+)
 
 from .fakes import TokenizerHost
 
@@ -39,7 +44,11 @@ QUESTIONS = [
     NOUL.compile(NoulQuestion(instructions=":) punctuation first")),
     NOUL.compile(NoulQuestion(instructions="")),
     NOUL.compile(NoulQuestion(instructions="\n\nstarts with blank lines")),
-    CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={f"team {i}": None for i in range(30)})),
+    CHOICE.compile(
+        ChoiceQuestion(
+            instructions="Which team?", criteria={f"team {i}": None for i in range(30)}
+        )
+    ),
 ]
 
 
@@ -59,15 +68,23 @@ async def test_stencil_prompts_are_the_full_rendering(any_tokenizer):
         shared += await build_stencil(host, state) is not None
         for question in QUESTIONS:
             expected = await host.render_chat(chat(state, body(question)))
-            assert await pool.prompt_ids(state, body(question)) == expected, (state[:40], question.instructions)
-    assert shared >= len(STATES) - 3  # only states with no clean cut near their end go without
+            assert await pool.prompt_ids(state, body(question)) == expected, (
+                state[:40],
+                question.instructions,
+            )
+    assert (
+        shared >= len(STATES) - 3
+    )  # only states with no clean cut near their end go without
 
 
 async def test_questions_in_flight_share_one_rendering(smollm2_tokenizer):
     host = TokenizerHost(smollm2_tokenizer)
     pool = StencilPool(host)
     state = "A long state. " * 300
-    bodies = [body(NOUL.compile(NoulQuestion(instructions=f"Question {i}?"))) for i in range(16)]
+    bodies = [
+        body(NOUL.compile(NoulQuestion(instructions=f"Question {i}?")))
+        for i in range(16)
+    ]
     prompts = await asyncio.gather(*(pool.prompt_ids(state, b) for b in bodies))
     assert host.renders == 1
     assert not pool._shared  # nothing outlives the reads that used it
@@ -82,7 +99,9 @@ async def test_a_failed_build_fails_every_reader_and_is_dropped(smollm2_tokenize
             raise RuntimeError("template exploded")
 
     pool = StencilPool(Broken(smollm2_tokenizer))
-    results = await asyncio.gather(*(pool.prompt_ids("s", "q") for _ in range(3)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(pool.prompt_ids("s", "q") for _ in range(3)), return_exceptions=True
+    )
     assert all(isinstance(r, RuntimeError) for r in results)
     assert not pool._shared
 
@@ -100,13 +119,19 @@ async def test_a_template_that_rewrites_the_text_switches_it_off(smollm2_tokeniz
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | replace('\\n', ' ') }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    assert not await stencil_check(TokenizerHost(smollm2_tokenizer, chat_template=rewriting))
+    assert not await stencil_check(
+        TokenizerHost(smollm2_tokenizer, chat_template=rewriting)
+    )
 
 
-@pytest.mark.parametrize("state", [f"contains the placeholder {PLACEHOLDER} itself", "tiny"])
+@pytest.mark.parametrize(
+    "state", [f"contains the placeholder {PLACEHOLDER} itself", "tiny"]
+)
 async def test_states_without_a_stencil_render_in_full(smollm2_tokenizer, state):
     host = TokenizerHost(smollm2_tokenizer)
     b = body(QUESTIONS[0])
     if PLACEHOLDER in state:
         assert await build_stencil(host, state) is None
-    assert await StencilPool(host).prompt_ids(state, b) == await host.render_chat(chat(state, b))
+    assert await StencilPool(host).prompt_ids(state, b) == await host.render_chat(
+        chat(state, b)
+    )

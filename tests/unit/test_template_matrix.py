@@ -16,7 +16,10 @@ import sys
 import pytest
 
 from vllm.entrypoints.generate.decisions.prompting.answer_slot import ANSWER_CUE
-from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION, SYSTEM_PROMPT
+from vllm.entrypoints.generate.decisions.prompting.prompt import (
+    RENDER_VERSION,
+    SYSTEM_PROMPT,
+)
 
 from ..conftest import ROOT
 from ..templates.families import FAMILIES, Family
@@ -28,15 +31,35 @@ GOLDEN = ROOT / "tests" / "golden" / f"templates-{RENDER_VERSION}.json"
 # per request (the stencil).
 EXPECTED = {
     "llama3": (True, "", True),
-    "qwen3": (True, "", True),  # enable_thinking=False: the template closes an empty block itself
+    "qwen3": (
+        True,
+        "",
+        True,
+    ),  # enable_thinking=False: the template closes an empty block itself
     "deepseek-r1": (True, "</think>\n", True),  # the generation prompt opens <think>
     "gemma2": (False, "", True),  # the template refuses a system role
-    "gemma3": (True, "", True),  # the template folds the system message into the user turn
+    "gemma3": (
+        True,
+        "",
+        True,
+    ),  # the template folds the system message into the user turn
     "phi4": (True, "", True),
-    "mistral-v7": (True, "", False),  # mistral_common renders token ids, not text: rendered per question
-    "gpt-oss": (True, "<|channel|>final<|message|>", True),  # harmony: the final channel, no analysis
+    "mistral-v7": (
+        True,
+        "",
+        False,
+    ),  # mistral_common renders token ids, not text: rendered per question
+    "gpt-oss": (
+        True,
+        "<|channel|>final<|message|>",
+        True,
+    ),  # harmony: the final channel, no analysis
     "granite": (True, "", True),
-    "smollm3": (True, "", True),  # enable_thinking=False (/no_think): an empty think block
+    "smollm3": (
+        True,
+        "",
+        True,
+    ),  # enable_thinking=False (/no_think): an empty think block
     "glm4": (True, "", True),
 }
 
@@ -55,7 +78,9 @@ def checks(family: Family):
 
 def pinned_prompts() -> dict[str, dict]:
     """Each family's pinned decision prompt: its text and its length in tokens."""
-    assert GOLDEN.exists(), f"no pinned prompts for {RENDER_VERSION}: run python -m tests.unit.test_template_matrix"
+    assert GOLDEN.exists(), (
+        f"no pinned prompts for {RENDER_VERSION}: run python -m tests.unit.test_template_matrix"
+    )
     return json.loads(GOLDEN.read_text())
 
 
@@ -73,7 +98,9 @@ def test_the_decision_prompt_on_each_family(family, pinned):
     found = checks(family)
     assert (found.system_role, found.closing, found.stencil) == EXPECTED[family.name]
     assert SYSTEM_PROMPT in found.prompt and found.prompt.endswith(ANSWER_CUE)
-    if family.reasoning:  # thinking is off or closed: no reasoning block is left open before the answer
+    if (
+        family.reasoning
+    ):  # thinking is off or closed: no reasoning block is left open before the answer
         opener, closer = family.reasoning
         assert found.prompt.count(opener) == found.prompt.count(closer)
     assert found.markers == 26
@@ -82,8 +109,12 @@ def test_the_decision_prompt_on_each_family(family, pinned):
 
 
 def pins(found) -> dict:
-    return {"prompt": found.prompt, "tokens": found.prompt_tokens, "words_prompt": found.words_prompt,
-            "words_tokens": found.words_prompt_tokens}  # fmt: skip
+    return {
+        "prompt": found.prompt,
+        "tokens": found.prompt_tokens,
+        "words_prompt": found.words_prompt,
+        "words_tokens": found.words_prompt_tokens,
+    }
 
 
 if __name__ == "__main__":

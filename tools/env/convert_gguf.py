@@ -29,20 +29,29 @@ def convert(gguf_path: str, out_dir: str) -> str:
     folder, name = os.path.split(os.path.abspath(gguf_path))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
-        sys.exit(f"convert_gguf.py: {gguf_path} has no chat template (tokenizer.chat_template): refusing to build")
+        sys.exit(
+            f"convert_gguf.py: {gguf_path} has no chat template (tokenizer.chat_template): refusing to build"
+        )
     loaded = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+        folder,
+        gguf_file=name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
     )
     state = loaded.state_dict()
     broken = [key for key, tensor in state.items() if not torch.isfinite(tensor).all()]
     if broken:
-        sys.exit(f"convert_gguf.py: {gguf_path} dequantized to non-finite values in {broken[:5]}")
+        sys.exit(
+            f"convert_gguf.py: {gguf_path} dequantized to non-finite values in {broken[:5]}"
+        )
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the saved weights are plain bf16
     config.architectures = [type(loaded).__name__]
     model = type(loaded)(config).to(torch.bfloat16)
-    model.load_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()}, strict=True)
+    model.load_state_dict(
+        {k: v.to(torch.bfloat16) for k, v in state.items()}, strict=True
+    )
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

@@ -38,13 +38,21 @@ class PlainLettersBackend(DecisionBackend[PlainLettersOptions]):
     render_version = "plain-letters-1"
 
     async def read(
-        self, state: str, question: CompiledQuestion, request_id: str, options: PlainLettersOptions | None = None
+        self,
+        state: str,
+        question: CompiledQuestion,
+        request_id: str,
+        options: PlainLettersOptions | None = None,
     ) -> Reading:
         options = options or self.options or PlainLettersOptions()
         letters = [chr(ord("A") + i) for i in range(len(question.options))]
         if len(letters) > 26:
-            raise DecisionError(f"plain-letters reads at most 26 options, got {len(letters)}")
-        prompt = await self.host.render_chat(standard_messages(state, question, letters))
+            raise DecisionError(
+                f"plain-letters reads at most 26 options, got {len(letters)}"
+            )
+        prompt = await self.host.render_chat(
+            standard_messages(state, question, letters)
+        )
         ids = []
         for letter in letters:
             encoded = self.host.encode((" " if options.space else "") + letter)
@@ -78,8 +86,14 @@ class SentimentType(QuestionType):
         return question.instructions or "What is the overall sentiment of the document?"
 
     def options(self, question: SentimentQuestion) -> list[Option]:
-        return [Option(key=label, value=label, text=label.capitalize()) for label in self.LABELS]
+        return [
+            Option(key=label, value=label, text=label.capitalize())
+            for label in self.LABELS
+        ]
 
     def answer(self, probabilities, options) -> dict[str, Any]:
         best = max(range(len(options)), key=lambda i: probabilities[i])
-        return {"label": options[best].value, "positive_minus_negative": probabilities[2] - probabilities[0]}
+        return {
+            "label": options[best].value,
+            "positive_minus_negative": probabilities[2] - probabilities[0],
+        }

@@ -11,14 +11,24 @@ import math
 import os
 from typing import Any
 
-from vllm.entrypoints.generate.decisions import CompiledQuestion, DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions import (
+    CompiledQuestion,
+    DecisionBackend,
+    Reading,
+)
 
 
 class FaultyBackend(DecisionBackend):
     name = "faulty"
     render_version = "faulty-1"
 
-    async def read(self, state: str, question: CompiledQuestion, request_id: str, options: Any = None) -> Reading:
+    async def read(
+        self,
+        state: str,
+        question: CompiledQuestion,
+        request_id: str,
+        options: Any = None,
+    ) -> Reading:
         count = len(question.options)
         scores = {
             "nan": [math.nan] * count,
@@ -26,10 +36,18 @@ class FaultyBackend(DecisionBackend):
         }.get(question.instructions, [-0.5] + [-1.5] * (count - 1))
         if question.instructions == "raise":
             raise RuntimeError("the faulty plugin raised on purpose")
-        return Reading(scores=scores, forward_passes=0, input_tokens=0, cached_input_tokens=0, readout="faulty")
+        return Reading(
+            scores=scores,
+            forward_passes=0,
+            input_tokens=0,
+            cached_input_tokens=0,
+            readout="faulty",
+        )
 
 
 def register_broken() -> None:
     """The ``broken`` entry point: fails when the variable is set, registers nothing otherwise."""
     if os.environ.get("DECISIONS_TEST_PLUGIN_BROKEN"):
-        raise ImportError("this plugin is broken on purpose (DECISIONS_TEST_PLUGIN_BROKEN is set)")
+        raise ImportError(
+            "this plugin is broken on purpose (DECISIONS_TEST_PLUGIN_BROKEN is set)"
+        )

@@ -14,7 +14,13 @@ from .errors import BackendUnavailable, DecisionError
 from .host import BackendHost, Generation, TokenRead
 from .prompting.chat_template import takes_system_role
 from .prompting.prompt import messages as standard_messages
-from .questions import CompiledQuestion, Option, OptionsLimit, QuestionModel, QuestionType
+from .questions import (
+    CompiledQuestion,
+    Option,
+    OptionsLimit,
+    QuestionModel,
+    QuestionType,
+)
 from .read_context import ReadContext
 from .registry import register_backend, register_question_type
 

@@ -72,8 +72,13 @@ class ServedModels:
     adapter), at most ``limit`` of them, the least recently used set aside for a new one (its saved
     calibration brings it back without measuring again)."""
 
-    def __init__(self, serving_models: OpenAIServingModels, build: Build, start: Start,
-                 limit: int = DEFAULT_MAX_ADAPTERS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        serving_models: OpenAIServingModels,
+        build: Build,
+        start: Start,
+        limit: int = DEFAULT_MAX_ADAPTERS,
+    ) -> None:
         from vllm.entrypoints.serve.engine.serving import BaseServing
 
         self.serving_models = serving_models
@@ -96,12 +101,18 @@ class ServedModels:
         refusal = await self._vllm._check_model(named)
         if refusal is not None:
             error = refusal.error
-            raise DecisionError(error.message, HTTPStatus(error.code), param=error.param)
+            raise DecisionError(
+                error.message, HTTPStatus(error.code), param=error.param
+            )
         return self._vllm._maybe_get_adapters(named)
 
     def _current(self, held: AdapterService | None) -> bool:
         """Whether vLLM still serves ``held``'s adapter as it was when its service was built."""
-        return held is not None and self.serving_models.lora_requests.get(held.adapter.lora_name) is held.adapter
+        return (
+            held is not None
+            and self.serving_models.lora_requests.get(held.adapter.lora_name)
+            is held.adapter
+        )
 
     async def service_for(self, adapter: LoRARequest) -> DecisionService:
         """The decision service of ``adapter``'s folder, built and its startup begun the first time it is
@@ -114,7 +125,9 @@ class ServedModels:
                 if not self._current(held):
                     self._make_room()
                     service = await self._build(adapter)
-                    held = AdapterService(adapter, service, asyncio.create_task(self._start(service)))
+                    held = AdapterService(
+                        adapter, service, asyncio.create_task(self._start(service))
+                    )
                     self._services[identity] = held
         assert held is not None
         self._services.move_to_end(identity)
@@ -126,15 +139,23 @@ class ServedModels:
         """Set aside the least recently used services whose startup has finished until a new one fits;
         when every one is still starting, refuse (503) rather than start more at once."""
         while len(self._services) >= self.limit:
-            idle = next((key for key, held in self._services.items() if held.started.done()), None)
+            idle = next(
+                (key for key, held in self._services.items() if held.started.done()),
+                None,
+            )
             if idle is None:
                 raise NotReadyError(
                     f"{len(self._services)} LoRA adapters' decision services are starting, the most at once "
                     f"({PREFIX}MAX_ADAPTERS={self.limit}); retry shortly"
                 )
             held = self._services.pop(idle)
-            logger.info("decisions through LoRA adapter %r set aside: %d adapters in use (%sMAX_ADAPTERS); "
-                        "its calibration stays saved", held.adapter.lora_name, self.limit, PREFIX)  # fmt: skip
+            logger.info(
+                "decisions through LoRA adapter %r set aside: %d adapters in use (%sMAX_ADAPTERS); "
+                "its calibration stays saved",
+                held.adapter.lora_name,
+                self.limit,
+                PREFIX,
+            )
 
     async def start_loaded(self) -> None:
         """Start every adapter vLLM serves now (``--lora-modules``), one after another."""
@@ -150,21 +171,30 @@ class ServedModels:
         for identity, held in list(self._services.items()):
             if not self._current(held):
                 name = held.adapter.lora_name
-                logger.info("decisions through LoRA adapter %r dropped: it is %s", name,
-                            "loaded again" if name in served else "unloaded")  # fmt: skip
+                logger.info(
+                    "decisions through LoRA adapter %r dropped: it is %s",
+                    name,
+                    "loaded again" if name in served else "unloaded",
+                )
                 held.started.cancel()
                 del self._services[identity]
 
     def services(self) -> dict[str, DecisionService]:
         """Each service by the name of the adapter it reads through."""
-        return {held.adapter.lora_name: held.service for held in self._services.values()}
+        return {
+            held.adapter.lora_name: held.service for held in self._services.values()
+        }
 
 
 def adapter_identity(adapter: LoRARequest) -> str:
     """Which adapter a LoRARequest loads: its folder with the path resolved (``x``, ``./x``, ``x/`` and
     ``x/.`` are one), or its path as given where that is no local folder (a hub id)."""
     path = adapter.lora_path
-    return "path:" + os.path.realpath(path) if path and os.path.exists(path) else f"name:{path or adapter.lora_name}"
+    return (
+        "path:" + os.path.realpath(path)
+        if path and os.path.exists(path)
+        else f"name:{path or adapter.lora_name}"
+    )
 
 
 def weights_sha256(path: str) -> str:
@@ -172,7 +202,11 @@ def weights_sha256(path: str) -> str:
     same weights; an adapter that isn't a local folder (a hub id vLLM downloads) is keyed by its path."""
     folder = Path(path)
     digest = hashlib.sha256()
-    files = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()] if folder.is_dir() else []
+    files = (
+        [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+        if folder.is_dir()
+        else []
+    )
     if not files:
         digest.update(f"path:{path}".encode())
     for file in files:

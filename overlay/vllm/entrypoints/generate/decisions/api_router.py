@@ -33,7 +33,9 @@ async def list_models(raw_request: Request) -> Response:
 
     vLLM does not know a model's release date; ``release_date`` is the day this server started.
     """
-    listing = (await raw_request.app.state.openai_serving_models.show_available_models()).model_dump()
+    listing = (
+        await raw_request.app.state.openai_serving_models.show_available_models()
+    ).model_dump()
     listing["models"] = [
         {
             "name": card["id"],
@@ -56,10 +58,20 @@ def wire_at(path: str) -> Wire:
 def take_over(app: FastAPI, router: APIRouter) -> None:
     """Drop the app's routes answering a path and method that ``router`` answers, then add ``router``'s:
     vLLM 0.32 answers ``POST /v1/systemone`` itself, and with decisions on that path is ours."""
-    ours = {(route.path, method) for route in router.routes if isinstance(route, APIRoute) for method in route.methods}
+    ours = {
+        (route.path, method)
+        for route in router.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    }
     for route in [r for r in app.router.routes if isinstance(r, APIRoute)]:
         if taken := sorted(m for m in route.methods if (route.path, m) in ours):
-            logger.info("typed decisions answer %s %s in place of %s", "/".join(taken), route.path, route.name)
+            logger.info(
+                "typed decisions answer %s %s in place of %s",
+                "/".join(taken),
+                route.path,
+                route.name,
+            )
             app.router.routes.remove(route)
     app.include_router(router)
 

@@ -45,7 +45,9 @@ def answered_by_decision_route(scope: Scope) -> bool:
     app = scope.get("app")
     for route in getattr(getattr(app, "router", None), "routes", ()):
         if route.matches(scope)[0] is Match.FULL:
-            return bool(getattr(route, "checks_decision_authorization", False))  # routing.py
+            return bool(
+                getattr(route, "checks_decision_authorization", False)
+            )  # routing.py
     return False
 
 
@@ -62,8 +64,14 @@ class DecisionAuthentication(AuthenticationMiddleware):
             return super().__call__(scope, receive, send)
         scope[AUTHORIZED] = self.verify_token(Headers(scope=scope))
         if answered_by_decision_route(scope):
-            return self.app(scope, receive, send)  # the route refuses a bad key in its wire's shape
-        if guarded_by_us(scope) and not scope[AUTHORIZED] and scope.get("method") != "OPTIONS":
+            return self.app(
+                scope, receive, send
+            )  # the route refuses a bad key in its wire's shape
+        if (
+            guarded_by_us(scope)
+            and not scope[AUTHORIZED]
+            and scope.get("method") != "OPTIONS"
+        ):
             return self.refuse(scope, receive, send)
         return super().__call__(scope, receive, send)
 
@@ -71,4 +79,6 @@ class DecisionAuthentication(AuthenticationMiddleware):
     def refuse(scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+        return JSONResponse({"error": "Unauthorized"}, status_code=401)(
+            scope, receive, send
+        )

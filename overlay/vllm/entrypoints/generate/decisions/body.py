@@ -66,8 +66,10 @@ def _gzip(data: bytes, limit: int) -> bytes:
 def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
     """The body as JSON bytes: checked against ``limit`` before and after decoding."""
     if len(raw) > limit:
-        raise DecisionError(f"request body of {len(raw)} bytes is over the limit of {limit} ({LIMIT_HINT})",
-                            HTTPStatus.REQUEST_ENTITY_TOO_LARGE)  # fmt: skip
+        raise DecisionError(
+            f"request body of {len(raw)} bytes is over the limit of {limit} ({LIMIT_HINT})",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
     encoding = (encoding or "identity").strip().lower()
     if encoding == "identity":
         return raw
@@ -90,8 +92,10 @@ def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
             f"could not decode the {encoding} request body: it is not a complete, valid {encoding} stream"
         ) from None
     if len(body) > limit:
-        raise DecisionError(f"decoded request body is over the limit of {limit} bytes ({LIMIT_HINT})",
-                            HTTPStatus.REQUEST_ENTITY_TOO_LARGE)  # fmt: skip
+        raise DecisionError(
+            f"decoded request body is over the limit of {limit} bytes ({LIMIT_HINT})",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
     return body
 
 
@@ -103,20 +107,33 @@ def parse_json(body: bytes) -> Any:
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DecisionError(f"the request body is not valid UTF-8 (at byte {exc.start}); JSON must be UTF-8") from None
+        raise DecisionError(
+            f"the request body is not valid UTF-8 (at byte {exc.start}); JSON must be UTF-8"
+        ) from None
     try:
-        parsed = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json, parse_float=_finite)
+        parsed = json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_not_json,
+            parse_float=_finite,
+        )
     except json.JSONDecodeError as exc:
         raise DecisionError(
             f"the request body is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
         ) from None
     except RecursionError:
-        raise DecisionError("the request body's JSON is nested too deeply to parse") from None
-    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise DecisionError(
+            "the request body's JSON is nested too deeply to parse"
+        ) from None
+    except (
+        ValueError
+    ):  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise DecisionError(
             f"the request body has a number of more than {sys.get_int_max_str_digits()} digits; no field takes one"
         ) from None
-    if SURROGATE_ESCAPE.search(text):  # only \uD800-\uDFFF escapes can make text that isn't Unicode
+    if SURROGATE_ESCAPE.search(
+        text
+    ):  # only \uD800-\uDFFF escapes can make text that isn't Unicode
         _refuse_lone_surrogates(parsed)
     return parsed
 
@@ -148,7 +165,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise DecisionError(f"key {key!r} appears twice in one JSON object of the request body")
+            raise DecisionError(
+                f"key {key!r} appears twice in one JSON object of the request body"
+            )
         result[key] = value
     return result
 
@@ -157,9 +176,13 @@ def _finite(text: str) -> float:
     """A JSON number as a float, refused when it is too large for one (``1e999`` would read as infinity)."""
     value = float(text)
     if math.isinf(value):
-        raise DecisionError(f"the number {text[:40]} in the request body is too large for a 64-bit float")
+        raise DecisionError(
+            f"the number {text[:40]} in the request body is too large for a 64-bit float"
+        )
     return value
 
 
 def _not_json(constant: str) -> Any:
-    raise DecisionError(f"{constant} is not a JSON number; the request body must be standard JSON")
+    raise DecisionError(
+        f"{constant} is not a JSON number; the request body must be standard JSON"
+    )

@@ -39,7 +39,10 @@ def json_depth(value: Any, limit: int) -> int:
         deepest = max(deepest, depth)
         if deepest > limit:
             break
-        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+        stack.extend(
+            (child, depth + 1)
+            for child in (item.values() if isinstance(item, dict) else item)
+        )
     return deepest
 
 
@@ -70,7 +73,9 @@ class RenderBudget:
             raise OverLimitError(over_request_message(self.max_chars))
 
 
-_OPEN: ContextVar[RenderBudget | None] = ContextVar("decision_render_budget", default=None)
+_OPEN: ContextVar[RenderBudget | None] = ContextVar(
+    "decision_render_budget", default=None
+)
 
 
 def open_budget() -> RenderBudget | None:

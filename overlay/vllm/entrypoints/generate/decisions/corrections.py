@@ -57,13 +57,21 @@ class Corrections:
     """The server's prior setting, calibration's choices, and the content-free reads shared by every
     request (cached per question fingerprint)."""
 
-    def __init__(self, setting: str, cache_size: int, cache_bytes: int | None = None) -> None:
+    def __init__(
+        self, setting: str, cache_size: int, cache_bytes: int | None = None
+    ) -> None:
         self.setting = setting
         self.cache = PriorCache(cache_size, cache_bytes)
         self.reads: Mapping[str, TypeReads] = {}
 
-    def resolve(self, question: CompiledQuestion, asked: Asked, temperatures: Temperatures,
-                requested_t: float | None, calibrated: bool = True) -> Resolved:  # fmt: skip
+    def resolve(
+        self,
+        question: CompiledQuestion,
+        asked: Asked,
+        temperatures: Temperatures,
+        requested_t: float | None,
+        calibrated: bool = True,
+    ) -> Resolved:
         """How ``question`` is read; ``calibrated``: by the backend calibration measured."""
         qtype = question.qtype.name
         reads = self.reads.get(qtype) if calibrated else None
@@ -85,8 +93,15 @@ class Corrections:
             )
         applied = temperatures.applied(qtype, requested_t)
         chosen = reads is not None and choice is reads.chosen and mode == choice.mode
-        if applied.source == "calibrated" and reads is not None and candidate is not None and not chosen:
-            scope = ":".join(part for part in (qtype, "question" if own else layout, mode) if part)
+        if (
+            applied.source == "calibrated"
+            and reads is not None
+            and candidate is not None
+            and not chosen
+        ):
+            scope = ":".join(
+                part for part in (qtype, "question" if own else layout, mode) if part
+            )
             applied = Temperature(candidate.temperature, "calibrated", scope)
         laid = layout if asked.layout is None and reads is not None else None
         return Resolved(Correction(mode, self.cache, bias), laid, applied)

@@ -79,7 +79,9 @@ class DebiasedReading:
     corrected: list[float] | None = None
 
 
-def orders(question: CompiledQuestion, debias: Debias, order_independent: bool = False) -> list[list[int]]:
+def orders(
+    question: CompiledQuestion, debias: Debias, order_independent: bool = False
+) -> list[list[int]]:
     """The option orders to read, each a list of indices into ``question.options`` in prompt order; one,
     the client's, for a backend whose readings don't depend on the order."""
     count = len(question.options)
@@ -90,79 +92,138 @@ def orders(question: CompiledQuestion, debias: Debias, order_independent: bool =
         return [forward] if debias.rotations == 1 else [forward, forward[::-1]]
     # By what the prompt shows, so options that render alike on both wires (a boolean false and the
     # string "false") land in the same place; the key only breaks ties between identical texts.
-    canonical = sorted(range(count), key=lambda i: (question.options[i].text, question.options[i].key))
+    canonical = sorted(
+        range(count), key=lambda i: (question.options[i].text, question.options[i].key)
+    )
     wanted = min(count, debias.rotations or DEFAULT_ROTATIONS)
     shifts = sorted({round(j * count / wanted) for j in range(wanted)})
     return [canonical[s:] + canonical[:s] for s in shifts]
 
 
-async def read_question(backend: DecisionBackend, question: CompiledQuestion, context: ReadContext[Any],
-                        debias: Debias, correction: Correction = NO_CORRECTION) -> DebiasedReading:  # fmt: skip
+async def read_question(
+    backend: DecisionBackend,
+    question: CompiledQuestion,
+    context: ReadContext[Any],
+    debias: Debias,
+    correction: Correction = NO_CORRECTION,
+) -> DebiasedReading:
     """The backend's reading of ``question`` under ``context``, debiased and corrected as asked; scores in
     the client's option order. Content-free reads not yet cached go to the engine with the real ones."""
     plan = orders(question, debias, backend.order_independent)
     several = len(plan) > 1
     reads: list[Awaitable[Any]] = [
-        backend_read(backend, reordered(question, order), context.part(f"r{i}") if several else context)
+        backend_read(
+            backend,
+            reordered(question, order),
+            context.part(f"r{i}") if several else context,
+        )
         for i, order in enumerate(plan)
     ]
     content_free = uses_content_free(correction.mode) and correction.cache is not None
     if content_free:
-        reads += [prior_read(backend, reordered(question, order), context.part(f"p{i}"), correction)
-                  for i, order in enumerate(plan)]  # fmt: skip
+        reads += [
+            prior_read(
+                backend, reordered(question, order), context.part(f"p{i}"), correction
+            )
+            for i, order in enumerate(plan)
+        ]
     results = await gather_or_cancel(reads)
     readings: list[Reading] = list(results[: len(plan)])
     priors: list[PriorRead] = list(results[len(plan) :])
     per_order = [
-        in_client_order(checked_scores(reading, len(question.options), backend.name), order)
+        in_client_order(
+            checked_scores(reading, len(question.options), backend.name), order
+        )
         for reading, order in zip(readings, plan, strict=True)
     ]
     rows = [log_softmax(row) for row in per_order]
     single = debias.mode == "off" or backend.order_independent
-    read = DebiasedReading(readings[0]) if single else combined(question, debias, plan, readings, rows)
+    read = (
+        DebiasedReading(readings[0])
+        if single
+        else combined(question, debias, plan, readings, rows)
+    )
     read.rows = rows
     read.positions = [in_client_order(range(len(order)), order) for order in plan]
     if content_free:
-        read.priors = [in_client_order(p.logprobs, order) for p, order in zip(priors, plan, strict=True)]
+        read.priors = [
+            in_client_order(p.logprobs, order)
+            for p, order in zip(priors, plan, strict=True)
+        ]
     if correction.mode != "off":
         fitted = correction.bias if uses_fitted(correction.mode) else None
         read.corrected = adjusted(read.rows, read.positions, read.priors, fitted)
         read.prior = prior_audit(
-            question, read, correction.mode, fitted, all(p.cached for p in priors) if priors else None
+            question,
+            read,
+            correction.mode,
+            fitted,
+            all(p.cached for p in priors) if priors else None,
         )
     return read
 
 
-async def prior_read(backend: DecisionBackend, question: CompiledQuestion, context: ReadContext[Any],
-                     correction: Correction) -> PriorRead:  # fmt: skip
+async def prior_read(
+    backend: DecisionBackend,
+    question: CompiledQuestion,
+    context: ReadContext[Any],
+    correction: Correction,
+) -> PriorRead:
     """``question``'s content-free log-probabilities in the order given, from the cache or read now (about
     each neutral input in place of ``context``'s state)."""
     assert correction.cache is not None
-    key = fingerprint(backend.name, backend.render_version, context.options, question.qtype.name,
-                      question.instructions, [o.text for o in question.options])  # fmt: skip
+    key = fingerprint(
+        backend.name,
+        backend.render_version,
+        context.options,
+        question.qtype.name,
+        question.instructions,
+        [o.text for o in question.options],
+    )
 
     async def neutral() -> list[float]:
-        reads = [backend_read(backend, question, context.with_state(text, f"{context.request_id}-{i}"))
-                 for i, text in enumerate(NEUTRAL_INPUTS)]  # fmt: skip
+        reads = [
+            backend_read(
+                backend, question, context.with_state(text, f"{context.request_id}-{i}")
+            )
+            for i, text in enumerate(NEUTRAL_INPUTS)
+        ]
         readings = await gather_or_cancel(reads)
-        return mean_log_probabilities([checked_scores(r, len(question.options), backend.name) for r in readings])
+        return mean_log_probabilities(
+            [checked_scores(r, len(question.options), backend.name) for r in readings]
+        )
 
     return await correction.cache.get(key, neutral)
 
 
-def prior_audit(question: CompiledQuestion, read: DebiasedReading, mode: str, fitted: list[float] | None,
-                cached: bool | None) -> PriorAudit:  # fmt: skip
+def prior_audit(
+    question: CompiledQuestion,
+    read: DebiasedReading,
+    mode: str,
+    fitted: list[float] | None,
+    cached: bool | None,
+) -> PriorAudit:
     keys = [o.key for o in question.options]
     scores = read.corrected or []
     bias = None
     if fitted is not None:
         zero = [[0.0] * len(keys) for _ in read.rows]
-        bias = dict(zip(keys, adjusted(zero, read.positions, None, fitted), strict=True))
+        bias = dict(
+            zip(keys, adjusted(zero, read.positions, None, fitted), strict=True)
+        )
     content_free = None
     if read.priors is not None:
-        content_free = {k: sum(p[i] for p in read.priors) / len(read.priors) for i, k in enumerate(keys)}
-    return PriorAudit(mode=mode, content_free=content_free, cached=cached, bias=bias,
-                      adjusted_logits=dict(zip(keys, scores, strict=True)))  # fmt: skip
+        content_free = {
+            k: sum(p[i] for p in read.priors) / len(read.priors)
+            for i, k in enumerate(keys)
+        }
+    return PriorAudit(
+        mode=mode,
+        content_free=content_free,
+        cached=cached,
+        bias=bias,
+        adjusted_logits=dict(zip(keys, scores, strict=True)),
+    )
 
 
 def reordered(question: CompiledQuestion, order: Sequence[int]) -> CompiledQuestion:
@@ -178,19 +239,28 @@ def in_client_order(values: Sequence[T], order: Sequence[int]) -> list[T]:
     return back
 
 
-def combined(question: CompiledQuestion, debias: Debias, plan: list[list[int]], readings: Sequence[Reading],
-             rows: list[list[float]]) -> DebiasedReading:  # fmt: skip
+def combined(
+    question: CompiledQuestion,
+    debias: Debias,
+    plan: list[list[int]],
+    readings: Sequence[Reading],
+    rows: list[list[float]],
+) -> DebiasedReading:
     """The readings averaged; ``rows`` are their log-probabilities in the client's option order."""
     scores = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
     if all(s == -math.inf for s in scores):
-        raise DecisionError("the rotations of this question agree on no option (each gives the others zero)")
+        raise DecisionError(
+            "the rotations of this question agree on no option (each gives the others zero)"
+        )
     keys = [o.key for o in question.options]
     tops = [keys[top_index(row)] for row in rows]
     winner = keys[top_index(scores)]
     masses = [r.option_mass for r in readings if r.option_mass is not None]
     first = readings[0]
     rotations = [
-        Rotation(first=keys[order[0]], reversed=question.qtype.ordered and i > 0, top=top)
+        Rotation(
+            first=keys[order[0]], reversed=question.qtype.ordered and i > 0, top=top
+        )
         for i, (order, top) in enumerate(zip(plan, tops, strict=True))
     ]
     audit = DebiasAudit(

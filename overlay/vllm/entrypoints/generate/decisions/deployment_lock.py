@@ -36,16 +36,21 @@ POLL_S = 0.25
 
 
 @asynccontextmanager
-async def exclusive(path: Path, wait_s: float, what: str,
-                    waiting: Callable[[], None] | None = None) -> AsyncIterator[bool]:  # fmt: skip
+async def exclusive(
+    path: Path, wait_s: float, what: str, waiting: Callable[[], None] | None = None
+) -> AsyncIterator[bool]:
     """Hold the lock at ``path`` for the block; yields False when going ahead without it (the folder
     can't hold a lock file, or ``wait_s`` ran out). ``waiting`` is told when another process holds it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        logger.warning("decision %s: no lock file at %s (%s); other API-server processes may repeat it",
-                       what, path, exc)  # fmt: skip
+        logger.warning(
+            "decision %s: no lock file at %s (%s); other API-server processes may repeat it",
+            what,
+            path,
+            exc,
+        )
         yield False
         return
     try:
@@ -59,7 +64,9 @@ async def exclusive(path: Path, wait_s: float, what: str,
         os.close(fd)
 
 
-async def _acquire(fd: int, wait_s: float, what: str, waiting: Callable[[], None] | None) -> bool:
+async def _acquire(
+    fd: int, wait_s: float, what: str, waiting: Callable[[], None] | None
+) -> bool:
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
@@ -69,13 +76,21 @@ async def _acquire(fd: int, wait_s: float, what: str, waiting: Callable[[], None
         except BlockingIOError:
             pass
         if not announced:
-            logger.info("decision %s: another API-server process is doing it; waiting for its result", what)
+            logger.info(
+                "decision %s: another API-server process is doing it; waiting for its result",
+                what,
+            )
             if waiting is not None:
                 waiting()
             announced = True
         if time.monotonic() >= deadline:
-            logger.warning("decision %s: waited %g s for another API-server process (%sSTARTUP_WAIT); "
-                           "doing it here", what, wait_s, PREFIX)  # fmt: skip
+            logger.warning(
+                "decision %s: waited %g s for another API-server process (%sSTARTUP_WAIT); "
+                "doing it here",
+                what,
+                wait_s,
+                PREFIX,
+            )
             return False
         await asyncio.sleep(POLL_S)
 
@@ -103,10 +118,15 @@ def share_records(shared: SharedRecords | None) -> None:
     _SHARED = shared
 
 
-async def once_per_server(directory: Path, key: dict[str, Any], kind: str, wait_s: float,
-                          produce: Callable[[], Awaitable[dict[str, Any]]],
-                          reusable: Callable[[dict[str, Any]], bool],
-                          waiting: Callable[[], None] | None = None) -> tuple[dict[str, Any], bool]:  # fmt: skip
+async def once_per_server(
+    directory: Path,
+    key: dict[str, Any],
+    kind: str,
+    wait_s: float,
+    produce: Callable[[], Awaitable[dict[str, Any]]],
+    reusable: Callable[[dict[str, Any]], bool],
+    waiting: Callable[[], None] | None = None,
+) -> tuple[dict[str, Any], bool]:
     """The record of ``kind`` for ``key``, and whether it was loaded: a saved record that ``reusable``
     accepts (made by another API-server process of this server, or for calibration by an earlier
     run), else one ``produce`` makes now and saves for the others. Under the lock, so one process
@@ -116,25 +136,44 @@ async def once_per_server(directory: Path, key: dict[str, Any], kind: str, wait_
         if saved is not None and reusable(saved):
             return saved, True
         name = store.path_for(directory, key, kind).stem
-        if _SHARED is not None and (shared := await _SHARED.take(name, wait_s)) is not None and reusable(shared):
-            logger.info("decision %s: adopting the record another process of this deployment made", kind)
+        if (
+            _SHARED is not None
+            and (shared := await _SHARED.take(name, wait_s)) is not None
+            and reusable(shared)
+        ):
+            logger.info(
+                "decision %s: adopting the record another process of this deployment made",
+                kind,
+            )
             _save(directory, key, shared, kind)
             return shared, True
         record: dict[str, Any] | None = None
         try:
             record = await produce()
         finally:
-            if _SHARED is not None:  # given even when producing raised, so that a waiting process takes over
+            if (
+                _SHARED is not None
+            ):  # given even when producing raised, so that a waiting process takes over
                 await _SHARED.give(name, record)
         _save(directory, key, record, kind)
         return record, False
 
 
-def _save(directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str) -> None:
+def _save(
+    directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str
+) -> None:
     try:
-        logger.info("decision %s saved to %s", kind, store.save(directory, key, record, kind))
+        logger.info(
+            "decision %s saved to %s", kind, store.save(directory, key, record, kind)
+        )
     except OSError as exc:
-        logger.warning("decision %s not saved (%sCALIBRATION_DIR=%s): %s", kind, PREFIX, directory, exc)
+        logger.warning(
+            "decision %s not saved (%sCALIBRATION_DIR=%s): %s",
+            kind,
+            PREFIX,
+            directory,
+            exc,
+        )
 
 
 def this_run(record: dict[str, Any]) -> bool:

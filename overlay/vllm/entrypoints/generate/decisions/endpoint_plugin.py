@@ -45,11 +45,15 @@ class DecisionsEndpoint:
     def attach_router(self, app: FastAPI) -> None:
         register_decisions_api_router(app)
 
-    async def init_state(self, engine_client: EngineClient | None, state: State, args: Namespace) -> None:
+    async def init_state(
+        self, engine_client: EngineClient | None, state: State, args: Namespace
+    ) -> None:
         # vLLM's render server has no engine; its one task ("render") is not among ours, so it never
         # lists this plugin, but a plugin must not fail there.
         if engine_client is None:
-            logger.warning("typed decisions need an engine; none on this server, so none are served")
+            logger.warning(
+                "typed decisions need an engine; none on this server, so none are served"
+            )
             return
         await init_decisions_state(engine_client, state, args)
 

@@ -17,7 +17,12 @@ class DecisionError(Exception):
     # Seconds a client should wait before retrying (sent as Retry-After), for temporary refusals.
     retry_after: int | None = None
 
-    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: HTTPStatus = HTTPStatus.BAD_REQUEST,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -41,7 +46,9 @@ class NotReadyError(DecisionError):
     """Startup work (self-check, calibration) has not finished; the client should retry. The message says
     which step is running and how far along it is (readiness.py); ``retry_after`` fits the time left."""
 
-    def __init__(self, message: str = f"{STARTING}; retry shortly", retry_after: int = 5) -> None:
+    def __init__(
+        self, message: str = f"{STARTING}; retry shortly", retry_after: int = 5
+    ) -> None:
         super().__init__(message, HTTPStatus.SERVICE_UNAVAILABLE)
         self.retry_after = retry_after
 
@@ -53,7 +60,10 @@ class EngineBusyError(DecisionError):
     retry_after = 1
 
     def __init__(self, reason: str) -> None:
-        super().__init__(f"the engine is at its queue limit ({reason}); retry shortly", HTTPStatus.SERVICE_UNAVAILABLE)
+        super().__init__(
+            f"the engine is at its queue limit ({reason}); retry shortly",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )
 
 
 class BackendUnavailable(RuntimeError):
@@ -61,7 +71,9 @@ class BackendUnavailable(RuntimeError):
 
 
 # An absolute local path (POSIX, home-relative or Windows), as exception texts and some messages hold them.
-LOCAL_PATH = re.compile(r"(?:(?<![\w.:/])~?/(?:[^\s/'\"(),;:]+/)+[^\s/'\"(),;:]*|\b[A-Za-z]:\\[^\s'\"(),;]+)")
+LOCAL_PATH = re.compile(
+    r"(?:(?<![\w.:/])~?/(?:[^\s/'\"(),;:]+/)+[^\s/'\"(),;:]*|\b[A-Za-z]:\\[^\s'\"(),;]+)"
+)
 
 
 def without_paths(message: str) -> str:

@@ -106,7 +106,9 @@ class BackendHost(ABC):
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens."""
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+    def encode_with_offsets(
+        self, text: str
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
         """:meth:`encode` with each token's (start, end) character span (None: not available)."""
         return None
 
@@ -117,7 +119,9 @@ class BackendHost(ABC):
         """:meth:`encode` in a worker thread: a long text must not hold up the server's other clients."""
         return await asyncio.to_thread(self.encode, text)
 
-    async def encode_with_offsets_async(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+    async def encode_with_offsets_async(
+        self, text: str
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
         """:meth:`encode_with_offsets` in a worker thread."""
         return await asyncio.to_thread(self.encode_with_offsets, text)
 
@@ -127,7 +131,11 @@ class BackendHost(ABC):
 
     @abstractmethod
     async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], context: ReadContext[Any] | str, fp32: bool = False
+        self,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        context: ReadContext[Any] | str,
+        fp32: bool = False,
     ) -> TokenRead:
         """One forward pass over ``prompt_ids``: the next-token log-probability of each of
         ``token_ids`` over the full vocabulary. No token is kept. ``fp32``: recompute the returned
@@ -135,16 +143,24 @@ class BackendHost(ABC):
 
     @abstractmethod
     async def read_top_logprobs(
-        self, prompt_ids: list[int], k: int, context: ReadContext[Any] | str, fp32: bool = False
+        self,
+        prompt_ids: list[int],
+        k: int,
+        context: ReadContext[Any] | str,
+        fp32: bool = False,
     ) -> TokenRead:
         """One forward pass over ``prompt_ids``: the ``k`` most likely next tokens and their
         log-probabilities (``k = -1``: the whole vocabulary); ``fp32`` as for :meth:`read_token_logprobs`."""
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str
+    ) -> Generation:
         """Greedy generation of up to ``max_tokens`` tokens (for backends that read generated text)."""
         raise DecisionError("this host cannot generate", HTTPStatus.NOT_IMPLEMENTED)
 
-    async def pool(self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str) -> Any:
+    async def pool(
+        self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str
+    ) -> Any:
         """One pooling pass (for pooling models, e.g. ``token_classify``): the pooler's output as lists."""
         raise DecisionError("this host cannot pool", HTTPStatus.NOT_IMPLEMENTED)
 
@@ -159,7 +175,9 @@ class BackendHost(ABC):
         """A read-only canvas read (diffusion models): the canvas after ``prompt_ids`` starts as
         ``canvas_ids``, only its first position may change, the engine denoises at most ``max_steps``
         times, and the result is the log-probability of each of ``token_ids`` at that first position."""
-        raise DecisionError("this engine has no canvas read (patches/00572)", HTTPStatus.NOT_IMPLEMENTED)
+        raise DecisionError(
+            "this engine has no canvas read (patches/00572)", HTTPStatus.NOT_IMPLEMENTED
+        )
 
     def checkpoint_config(self) -> dict[str, Any]:
         """The served checkpoint's ``config.json`` as a dict."""
@@ -189,22 +207,29 @@ class VllmHost(BackendHost):
         self.served_model = served_model
         model_config = engine_client.model_config
         self.max_model_len = model_config.max_model_len
-        self.architectures = tuple(getattr(model_config.hf_config, "architectures", None) or ())
+        self.architectures = tuple(
+            getattr(model_config.hf_config, "architectures", None) or ()
+        )
         self.max_logprobs = model_config.max_logprobs
         self.logprobs_mode = str(model_config.logprobs_mode)
         self.trust_remote_code = bool(model_config.trust_remote_code)
         self.vocab_size = int(model_config.get_vocab_size())
         # Under data parallelism with vLLM's internal load balancer, reads about one state go to one replica.
         parallel = engine_client.vllm_config.parallel_config
-        self.replicas = 1 if parallel.local_engines_only else parallel.data_parallel_size
+        self.replicas = (
+            1 if parallel.local_engines_only else parallel.data_parallel_size
+        )
         # A diffusion model, and a vLLM that reads canvases: 0.32 itself, 0.30 with patches/00572.
         self.canvas_reads = bool(getattr(model_config, "is_diffusion", False)) and (
-            BUILT_IN_CANVAS_READ or importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
+            BUILT_IN_CANVAS_READ
+            or importlib.util.find_spec("vllm.v1.sample.canvas_read") is not None
         )
         self._model_config = model_config
         self.logit_dtype = str(model_config.head_dtype).removeprefix("torch.")
         self.fp32_reads_missing = fp32_reads_missing(engine_client.vllm_config)
-        self.priority_scheduling = engine_client.vllm_config.scheduler_config.policy == "priority"
+        self.priority_scheduling = (
+            engine_client.vllm_config.scheduler_config.policy == "priority"
+        )
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
         self.max_logprob_token_ids = MAX_LOGPROB_TOKEN_IDS
@@ -229,7 +254,9 @@ class VllmHost(BackendHost):
     def chat_template(self) -> Any:
         """The chat template reads render with: ``--chat-template``'s, else the tokenizer's own."""
         return (
-            self._chat_template if self._chat_template is not None else getattr(self.tokenizer, "chat_template", None)
+            self._chat_template
+            if self._chat_template is not None
+            else getattr(self.tokenizer, "chat_template", None)
         )
 
     @property
@@ -246,71 +273,124 @@ class VllmHost(BackendHost):
         prompt = await self._render(messages, tokenize=False)
         return prompt.get("prompt")
 
-    async def _render(self, messages: list[dict[str, str]], tokenize: bool) -> dict[str, Any]:
+    async def _render(
+        self, messages: list[dict[str, str]], tokenize: bool
+    ) -> dict[str, Any]:
         try:
-            return await self._render_with(messages, {**self._chat_template_kwargs, "tokenize": tokenize})
+            return await self._render_with(
+                messages, {**self._chat_template_kwargs, "tokenize": tokenize}
+            )
         except Exception:
             # Some templates refuse the thinking-off switch; render those without it.
             if "enable_thinking" not in self._chat_template_kwargs:
                 raise
-            kwargs = {k: v for k, v in self._chat_template_kwargs.items() if k != "enable_thinking"}
+            kwargs = {
+                k: v
+                for k, v in self._chat_template_kwargs.items()
+                if k != "enable_thinking"
+            }
             prompt = await self._render_with(messages, {**kwargs, "tokenize": tokenize})
             self._chat_template_kwargs = kwargs
             return prompt
 
-    async def _render_with(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> dict[str, Any]:
+    async def _render_with(
+        self, messages: list[dict[str, str]], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         from vllm.renderers.params import ChatParams
 
-        params = ChatParams(chat_template=self._chat_template, chat_template_kwargs=kwargs)
+        params = ChatParams(
+            chat_template=self._chat_template, chat_template_kwargs=kwargs
+        )
         _, prompt = await self.renderer.render_messages_async(messages, params)
         return cast(dict[str, Any], prompt)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
+    def encode_with_offsets(
+        self, text: str
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
         try:
-            encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        except (NotImplementedError, TypeError, ValueError):  # slow or custom tokenizers have no offsets
+            encoded = self.tokenizer(
+                text, add_special_tokens=False, return_offsets_mapping=True
+            )
+        except (
+            NotImplementedError,
+            TypeError,
+            ValueError,
+        ):  # slow or custom tokenizers have no offsets
             return None
-        return list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]
+        return list(encoded["input_ids"]), [
+            tuple(span) for span in encoded["offset_mapping"]
+        ]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids))
 
     async def encode_async(self, text: str) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, self.encode, text)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._tokenizing, self.encode, text
+        )
 
-    async def encode_with_offsets_async(self, text: str) -> tuple[list[int], list[tuple[int, int]]] | None:
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, self.encode_with_offsets, text)
+    async def encode_with_offsets_async(
+        self, text: str
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._tokenizing, self.encode_with_offsets, text
+        )
 
     def special_token_ids(self) -> frozenset[int]:
         return self._special_ids
 
     async def read_token_logprobs(
-        self, prompt_ids: list[int], token_ids: list[int], context: ReadContext[Any] | str, fp32: bool = False
+        self,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        context: ReadContext[Any] | str,
+        fp32: bool = False,
     ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
         # logprob_token_ids returns full-vocabulary log-probabilities of exactly these ids.
         # prompt_logprobs stays unset: it would switch off prefix-cache reads. A read keeps no text,
         # so nothing is detokenized.
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=token_ids, detokenize=False,
-                                extra_args=self._fp32_args(fp32))  # fmt: skip
-        return only(await self._read(prompt_ids, params, self._context(context), "exact"), token_ids)
+        params = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            logprob_token_ids=token_ids,
+            detokenize=False,
+            extra_args=self._fp32_args(fp32),
+        )
+        return only(
+            await self._read(prompt_ids, params, self._context(context), "exact"),
+            token_ids,
+        )
 
     async def read_top_logprobs(
-        self, prompt_ids: list[int], k: int, context: ReadContext[Any] | str, fp32: bool = False
+        self,
+        prompt_ids: list[int],
+        k: int,
+        context: ReadContext[Any] | str,
+        fp32: bool = False,
     ) -> TokenRead:
         from vllm.sampling_params import SamplingParams
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False,
-                                extra_args=self._fp32_args(fp32))  # fmt: skip
+        params = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            logprobs=k,
+            detokenize=False,
+            extra_args=self._fp32_args(fp32),
+        )
         return await self._read(prompt_ids, params, self._context(context), "top_k")
 
     def _fp32_args(self, fp32: bool) -> dict[str, Any] | None:
         """``extra_args`` asking patches/exact-logprobs for fp32 values (None: not asked, or no patch)."""
-        return {"fp32_logprobs": True} if fp32 and self.fp32_reads_missing is None else None
+        return (
+            {"fp32_logprobs": True}
+            if fp32 and self.fp32_reads_missing is None
+            else None
+        )
 
     async def read_canvas(
         self,
@@ -323,47 +403,89 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(**canvas_read_args(canvas_ids, token_ids, max_steps))
-        return only(await self._read(prompt_ids, params, self._context(context), "canvas"), token_ids)
+        return only(
+            await self._read(prompt_ids, params, self._context(context), "canvas"),
+            token_ids,
+        )
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str
+    ) -> Generation:
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         read, final = self._context(context), None
-        with engine_admission(), engine_read("generate"):  # metrics.py: engine-read latency
+        with (
+            engine_admission(),
+            engine_read("generate"),
+        ):  # metrics.py: engine-read latency
             self._log(read, prompt_ids, params)
-            async for output in self.engine_client.generate(engine_input(prompt_ids, read), params, read.request_id,
-                                                            lora_request=read.adapter, priority=read.priority,
-                                                            data_parallel_rank=self._replica(read)):  # fmt: skip
+            async for output in self.engine_client.generate(
+                engine_input(prompt_ids, read),
+                params,
+                read.request_id,
+                lora_request=read.adapter,
+                priority=read.priority,
+                data_parallel_rank=self._replica(read),
+            ):
                 final = output
         if final is None or not final.outputs:
-            raise DecisionError("the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR)
+            raise DecisionError(
+                "the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR
+            )
         out = final.outputs[0]
-        return Generation(out.text, list(out.token_ids), len(prompt_ids), int(final.num_cached_tokens or 0))
+        return Generation(
+            out.text,
+            list(out.token_ids),
+            len(prompt_ids),
+            int(final.num_cached_tokens or 0),
+        )
 
-    async def pool(self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str) -> Any:
+    async def pool(
+        self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str
+    ) -> Any:
         from vllm.pooling_params import PoolingParams
 
         read, final = self._context(context), None
         try:
             params = PoolingParams(task=cast(Any, task))
-            with engine_admission(), engine_read("pool"):  # metrics.py: engine-read latency
+            with (
+                engine_admission(),
+                engine_read("pool"),
+            ):  # metrics.py: engine-read latency
                 self._log(read, prompt_ids, params)
-                async for output in self.engine_client.encode(engine_input(prompt_ids, read), params, read.request_id,
-                                                              lora_request=read.adapter,
-                                                              priority=read.priority):  # fmt: skip
+                async for output in self.engine_client.encode(
+                    engine_input(prompt_ids, read),
+                    params,
+                    read.request_id,
+                    lora_request=read.adapter,
+                    priority=read.priority,
+                ):
                     final = output
         except ValueError as exc:  # the served model doesn't support this pooling task
-            raise DecisionError(f"pooling ({task}) is not available on this model: {without_paths(str(exc))}") from None
+            raise DecisionError(
+                f"pooling ({task}) is not available on this model: {without_paths(str(exc))}"
+            ) from None
         if final is None:
-            raise DecisionError("the engine returned no pooling output", HTTPStatus.INTERNAL_SERVER_ERROR)
+            raise DecisionError(
+                "the engine returned no pooling output",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+            )
         data = final.outputs.data
         return data.tolist() if hasattr(data, "tolist") else data
 
-    def _log(self, context: ReadContext[Any], prompt_ids: list[int], params: Any) -> None:
+    def _log(
+        self, context: ReadContext[Any], prompt_ids: list[int], params: Any
+    ) -> None:
         if self.request_logger is not None:
-            self.request_logger.log_inputs(context.request_id, None, prompt_ids, None, params=params,
-                                           lora_request=context.adapter)  # fmt: skip
+            self.request_logger.log_inputs(
+                context.request_id,
+                None,
+                prompt_ids,
+                None,
+                params=params,
+                lora_request=context.adapter,
+            )
 
     def for_adapter(self, adapter: LoRARequest) -> VllmHost:
         """This host reading through LoRA ``adapter`` wherever a read's context names no adapter: the
@@ -375,7 +497,11 @@ class VllmHost(BackendHost):
     def _context(self, context: ReadContext[Any] | str) -> ReadContext[Any]:
         """A read's context, naming this host's adapter when it names none."""
         read = as_context(context)
-        return replace(read, adapter=self.adapter) if read.adapter is None and self.adapter is not None else read
+        return (
+            replace(read, adapter=self.adapter)
+            if read.adapter is None and self.adapter is not None
+            else read
+        )
 
     def checkpoint_config(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._model_config.hf_config.to_dict())
@@ -389,17 +515,26 @@ class VllmHost(BackendHost):
     def _replica(self, context: ReadContext[Any]) -> int | None:
         return replica_for(self.replicas, context.state_sha256)
 
-    async def _read(self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str) -> TokenRead:
+    async def _read(
+        self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str
+    ) -> TokenRead:
         final = None
         with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
             self._log(context, prompt_ids, params)
-            async for output in self.engine_client.generate(engine_input(prompt_ids, context), params,
-                                                            context.request_id, lora_request=context.adapter,
-                                                            priority=context.priority,
-                                                            data_parallel_rank=self._replica(context)):  # fmt: skip
+            async for output in self.engine_client.generate(
+                engine_input(prompt_ids, context),
+                params,
+                context.request_id,
+                lora_request=context.adapter,
+                priority=context.priority,
+                data_parallel_rank=self._replica(context),
+            ):
                 final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
-            raise DecisionError("the engine returned no log-probabilities", HTTPStatus.INTERNAL_SERVER_ERROR)
+            raise DecisionError(
+                "the engine returned no log-probabilities",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+            )
         position = final.outputs[0].logprobs[0]
         return TokenRead(
             logprobs={int(t): float(p.logprob) for t, p in position.items()},
@@ -421,14 +556,19 @@ def fp32_reads_missing(vllm_config: Any) -> str | None:
     if str(vllm_config.model_config.head_dtype) == "torch.float32":
         return None  # the LM head computes fp32 logits already
     if importlib.util.find_spec("vllm.v1.sample.exact_logprobs") is None:
-        return "this vLLM lacks patches/exact-logprobs-v0.30.patch (install.sh applies it)"
+        return (
+            "this vLLM lacks patches/exact-logprobs-v0.30.patch (install.sh applies it)"
+        )
     from vllm.v1.sample.exact_logprobs import unsupported_reason
 
     return unsupported_reason(vllm_config)
 
 
 def canvas_read_args(
-    canvas_ids: list[int], token_ids: list[int], max_steps: int, built_in: bool = BUILT_IN_CANVAS_READ
+    canvas_ids: list[int],
+    token_ids: list[int],
+    max_steps: int,
+    built_in: bool = BUILT_IN_CANVAS_READ,
 ) -> dict[str, Any]:
     """``SamplingParams`` arguments for :meth:`BackendHost.read_canvas`: the canvas after the prompt starts
     as ``canvas_ids``, only its position 0 may change, the engine denoises at most ``max_steps`` times, and
@@ -450,15 +590,26 @@ def canvas_read_args(
         }
         max_tokens = len(canvas_ids)
     else:
-        extra = {"canvas_read": {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}}
+        extra = {
+            "canvas_read": {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
+        }
         max_tokens = 1
-    return {"max_tokens": max_tokens, "logprob_token_ids": token_ids, "detokenize": False, "extra_args": extra}
+    return {
+        "max_tokens": max_tokens,
+        "logprob_token_ids": token_ids,
+        "detokenize": False,
+        "extra_args": extra,
+    }
 
 
 def only(read: TokenRead, token_ids: Sequence[int]) -> TokenRead:
     """``read`` without the tokens nobody asked for (the engine adds the sampled one)."""
     wanted = set(token_ids)
-    return TokenRead({t: v for t, v in read.logprobs.items() if t in wanted}, read.prompt_tokens, read.cached_tokens)
+    return TokenRead(
+        {t: v for t, v in read.logprobs.items() if t in wanted},
+        read.prompt_tokens,
+        read.cached_tokens,
+    )
 
 
 @contextmanager

@@ -64,13 +64,21 @@ def adapter_label(name: str) -> str:
 OUTCOMES = ("ok", "client_error", "unavailable", "server_error", "cancelled")
 
 # Why a request or a question was refused.
-INVALID_REQUEST = "invalid_request"  # a 4xx: a body, a field or a question that breaks a rule
+INVALID_REQUEST = (
+    "invalid_request"  # a 4xx: a body, a field or a question that breaks a rule
+)
 OVER_LIMIT = "over_limit"  # a configured limit (VLLM_TYPED_DECISIONS_MAX_*, body size) or the context
 UNAUTHORIZED = "unauthorized"  # a missing or wrong API key
 NOT_READY = "not_ready"  # startup work (self-check, calibration) not finished
-ENGINE_BUSY = "engine_busy"  # the engine's queue is full (--max-num-queued-reqs / -tokens)
-UNAVAILABLE = "unavailable"  # any other 503: startup failed, a backend that can't start or read
-BACKEND_ERROR = "backend_error"  # a 5xx from the read path: the backend, the host or the engine
+ENGINE_BUSY = (
+    "engine_busy"  # the engine's queue is full (--max-num-queued-reqs / -tokens)
+)
+UNAVAILABLE = (
+    "unavailable"  # any other 503: startup failed, a backend that can't start or read
+)
+BACKEND_ERROR = (
+    "backend_error"  # a 5xx from the read path: the backend, the host or the engine
+)
 INTERNAL_ERROR = "internal_error"  # an exception that escaped the route (a bug)
 REASONS = (
     INVALID_REQUEST,
@@ -89,29 +97,89 @@ READ_KINDS = ("exact", "top_k", "canvas", "pool", "generate")
 TEMPERATURE_SOURCES = ("configured", "calibrated", "default")
 
 # Whole requests: a few ms on a GPU with a warm prefix cache, up to minutes for many questions on a CPU.
-REQUEST_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+REQUEST_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
 # One forward pass: about a millisecond on a GPU, about 0.1 s for SmolLM2 on a CPU, more when queued.
-ENGINE_READ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ENGINE_READ_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 # The next-token mass on the option labels; finer near 1, where a good answer slot puts it, and one
 # edge at 0.5, the self-check's default minimum (VLLM_TYPED_DECISIONS_MIN_OPTION_MASS).
-OPTION_MASS_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+OPTION_MASS_BUCKETS = (
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    0.95,
+    0.99,
+    1.0,
+)
 
 
 class DecisionMetrics:
     """The metric objects, registered in ``registry`` (the default one: what vLLM's ``/metrics`` serves
     in a single API-server process; under several, their files in PROMETHEUS_MULTIPROC_DIR)."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, model_name: str, registry: CollectorRegistry | None = None
+    ) -> None:
         self.model_name = model_name
         self.registry = registry if registry is not None else REGISTRY
         r = self.registry
-        self.requests = Counter("vllm:decision_requests", "Decision requests, by endpoint and outcome.",
-                                ["model_name", "endpoint", "outcome"], registry=r)  # fmt: skip
+        self.requests = Counter(
+            "vllm:decision_requests",
+            "Decision requests, by endpoint and outcome.",
+            ["model_name", "endpoint", "outcome"],
+            registry=r,
+        )
         self.questions = Counter(
             "vllm:decision_questions",
             "Decision questions, by endpoint, question type, backend, readout, outcome (answered, refused) and "
             "LoRA adapter (empty: the base model).",
-            ["model_name", "endpoint", "question_type", "backend", "readout", "outcome", "adapter"],
+            [
+                "model_name",
+                "endpoint",
+                "question_type",
+                "backend",
+                "readout",
+                "outcome",
+                "adapter",
+            ],
             registry=r,
         )
         self.refusals = Counter(
@@ -165,8 +233,16 @@ class DecisionMetrics:
                     self.refusals.labels(model_name, endpoint, level, reason)
 
     def unregister(self) -> None:
-        for metric in (self.requests, self.questions, self.refusals, self.request_latency,
-                       self.engine_read_latency, self.option_mass, self.temperature, self.temperature_source):  # fmt: skip
+        for metric in (
+            self.requests,
+            self.questions,
+            self.refusals,
+            self.request_latency,
+            self.engine_read_latency,
+            self.option_mass,
+            self.temperature,
+            self.temperature_source,
+        ):
             # Already gone when vLLM rebuilt its own stat logger, which unregisters every vllm: collector.
             with suppress(KeyError):
                 self.registry.unregister(metric)
@@ -175,7 +251,9 @@ class DecisionMetrics:
 _active: DecisionMetrics | None = None
 
 
-def init_metrics(model_name: str, registry: CollectorRegistry | None = None) -> DecisionMetrics:
+def init_metrics(
+    model_name: str, registry: CollectorRegistry | None = None
+) -> DecisionMetrics:
     """Create the metrics in this process (again: the earlier ones are unregistered first)."""
     global _active
     if _active is not None:
@@ -195,7 +273,9 @@ class Observation:
 
 
 # The request being handled; the service's tasks and the host's reads see it too (tasks copy the context).
-_observation: ContextVar[Observation | None] = ContextVar("decision_observation", default=None)
+_observation: ContextVar[Observation | None] = ContextVar(
+    "decision_observation", default=None
+)
 
 
 def endpoint_label(path: str) -> str:
@@ -216,7 +296,10 @@ def refusal_reason(status: int, error: DecisionError | None = None) -> str:
         return NOT_READY
     if isinstance(error, EngineBusyError):
         return ENGINE_BUSY
-    if isinstance(error, OverLimitError) or status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+    if (
+        isinstance(error, OverLimitError)
+        or status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    ):
         return OVER_LIMIT
     if status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
         return UNAUTHORIZED
@@ -249,7 +332,11 @@ def observed_route(path: str, handler: Handler[ResponseT]) -> Handler[ResponseT]
         except asyncio.CancelledError:
             raise
         except BaseException:
-            record_request(observation, HTTPStatus.INTERNAL_SERVER_ERROR, time.perf_counter() - started)
+            record_request(
+                observation,
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                time.perf_counter() - started,
+            )
             raise
         finally:
             _observation.reset(token)
@@ -280,7 +367,9 @@ def record_request(observation: Observation, status: int, seconds: float) -> Non
         metrics.refusals.labels(model, endpoint, "request", reason).inc()
 
 
-def record_questions(results: Sequence[Answer | Failure], backend: str, adapter: str = "") -> None:
+def record_questions(
+    results: Sequence[Answer | Failure], backend: str, adapter: str = ""
+) -> None:
     """A request's questions decided by ``backend`` (through LoRA ``adapter``): each answered or refused,
     and each answer's option mass (when its backend reports one)."""
     observation = _observation.get()
@@ -289,18 +378,32 @@ def record_questions(results: Sequence[Answer | Failure], backend: str, adapter:
     metrics = _active
     if metrics is None:
         return
-    model, endpoint = metrics.model_name, observation.endpoint if observation is not None else OTHER
+    model, endpoint = (
+        metrics.model_name,
+        observation.endpoint if observation is not None else OTHER,
+    )
     adapter = adapter_label(adapter)
     for result in results:
         qtype = result.question.qtype.name
         if isinstance(result, Answer):
             audit = result.audit
-            metrics.questions.labels(model, endpoint, qtype, result.backend.name, audit.readout, "answered",
-                                     adapter).inc()  # fmt: skip
+            metrics.questions.labels(
+                model,
+                endpoint,
+                qtype,
+                result.backend.name,
+                audit.readout,
+                "answered",
+                adapter,
+            ).inc()
             if audit.option_mass is not None and math.isfinite(audit.option_mass):
-                metrics.option_mass.labels(model, qtype, result.backend.name, adapter).observe(audit.option_mass)
+                metrics.option_mass.labels(
+                    model, qtype, result.backend.name, adapter
+                ).observe(audit.option_mass)
         else:
-            metrics.questions.labels(model, endpoint, qtype, backend, "none", "refused", adapter).inc()
+            metrics.questions.labels(
+                model, endpoint, qtype, backend, "none", "refused", adapter
+            ).inc()
             reason = refusal_reason(result.error.status, result.error)
             metrics.refusals.labels(model, endpoint, "question", reason).inc()
 
@@ -314,7 +417,9 @@ def engine_read(kind: str) -> Iterator[None]:
     metrics = _active
     if metrics is not None:
         phase = "request" if _observation.get() is not None else "startup"
-        metrics.engine_read_latency.labels(metrics.model_name, kind, phase).observe(time.perf_counter() - started)
+        metrics.engine_read_latency.labels(metrics.model_name, kind, phase).observe(
+            time.perf_counter() - started
+        )
 
 
 def record_temperatures(temperatures: Temperatures, adapter: str = "") -> None:
@@ -326,6 +431,10 @@ def record_temperatures(temperatures: Temperatures, adapter: str = "") -> None:
     adapter = adapter_label(adapter)
     scopes = {"server": temperatures.server, **temperatures.by_type}
     for scope, applied in scopes.items():
-        metrics.temperature.labels(metrics.model_name, scope, adapter).set(applied.value)
+        metrics.temperature.labels(metrics.model_name, scope, adapter).set(
+            applied.value
+        )
         for source in {*TEMPERATURE_SOURCES, applied.source}:
-            metrics.temperature_source.labels(metrics.model_name, scope, source, adapter).set(source == applied.source)
+            metrics.temperature_source.labels(
+                metrics.model_name, scope, source, adapter
+            ).set(source == applied.source)

@@ -28,8 +28,19 @@ logger = init_logger(__name__)
 
 # The files of a model folder that decide what it reads: configs and indexes, weights, tokenizer files,
 # chat templates and remote code. Hidden files and the rest (README, images) are not read.
-MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".txt", ".jinja",
-                       ".py", ".tiktoken")  # fmt: skip
+MODEL_FILE_SUFFIXES = (
+    ".json",
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".model",
+    ".txt",
+    ".jinja",
+    ".py",
+    ".tiktoken",
+)
 HASH_CACHE = "content-hashes.json"
 BLOCK = 1 << 22
 
@@ -37,10 +48,15 @@ BLOCK = 1 << 22
 def model_files(folder: Path) -> list[Path]:
     """The files at the top of ``folder`` that decide what the model reads, by name."""
     return sorted(
-        (path for path in folder.iterdir()
-         if not path.name.startswith(".") and path.suffix in MODEL_FILE_SUFFIXES and path.is_file()),
+        (
+            path
+            for path in folder.iterdir()
+            if not path.name.startswith(".")
+            and path.suffix in MODEL_FILE_SUFFIXES
+            and path.is_file()
+        ),
         key=lambda path: path.name,
-    )  # fmt: skip
+    )
 
 
 def file_sha256(path: Path, cache: dict[str, Any]) -> tuple[str, int]:
@@ -50,7 +66,11 @@ def file_sha256(path: Path, cache: dict[str, Any]) -> tuple[str, int]:
     stat = os.stat(real)
     stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
     held = cache.get(real)
-    if isinstance(held, dict) and held.get("stamp") == stamp and isinstance(held.get("sha256"), str):
+    if (
+        isinstance(held, dict)
+        and held.get("stamp") == stamp
+        and isinstance(held.get("sha256"), str)
+    ):
         return held["sha256"], 0
     digest = hashlib.sha256()
     with open(real, "rb") as handle:
@@ -76,15 +96,23 @@ def folder_sha256(folder: Path, cache_dir: Path) -> str:
         hashed += read
         digest.update(f"{path.name}\0{sha}\n".encode())
     if hashed:
-        logger.info("decision startup key: hashed %.0f MB of model files in %s (%.1f s; kept for the next start)",
-                    hashed / 1e6, folder, time.monotonic() - started)  # fmt: skip
+        logger.info(
+            "decision startup key: hashed %.0f MB of model files in %s (%.1f s; kept for the next start)",
+            hashed / 1e6,
+            folder,
+            time.monotonic() - started,
+        )
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
             temporary = cache_path.with_suffix(f".tmp{os.getpid()}")
             temporary.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
             temporary.replace(cache_path)
         except OSError as exc:
-            logger.warning("decision startup key: can't keep the model files' hashes in %s: %s", cache_dir, exc)
+            logger.warning(
+                "decision startup key: can't keep the model files' hashes in %s: %s",
+                cache_dir,
+                exc,
+            )
     return digest.hexdigest()
 
 
@@ -100,28 +128,49 @@ def local_folder(name: str, revision: str | None) -> Path | None:
         return None
 
 
-def content_key(model: str, revision: str | None, tokenizer: str | None, tokenizer_revision: str | None,
-                cache_dir: str) -> dict[str, Any]:  # fmt: skip
+def content_key(
+    model: str,
+    revision: str | None,
+    tokenizer: str | None,
+    tokenizer_revision: str | None,
+    cache_dir: str,
+) -> dict[str, Any]:
     """The model's files (and a separate ``--tokenizer``'s) by content; None where no local folder holds them."""
     key: dict[str, Any] = {}
-    for name, (path, rev) in {"model": (model, revision), "tokenizer": (tokenizer, tokenizer_revision)}.items():
+    for name, (path, rev) in {
+        "model": (model, revision),
+        "tokenizer": (tokenizer, tokenizer_revision),
+    }.items():
         if name == "tokenizer" and (path is None or path == model):
             continue
         folder = local_folder(str(path), rev)
         if folder is None:
-            logger.warning("decision startup key: %s %r is no local folder; saved results are keyed by its name "
-                           "and revision only", name, path)  # fmt: skip
-        key[f"{name}_files_sha256"] = folder_sha256(folder, Path(cache_dir)) if folder is not None else None
+            logger.warning(
+                "decision startup key: %s %r is no local folder; saved results are keyed by its name "
+                "and revision only",
+                name,
+                path,
+            )
+        key[f"{name}_files_sha256"] = (
+            folder_sha256(folder, Path(cache_dir)) if folder is not None else None
+        )
     return key
 
 
 def chat_template_sha256(template: Any) -> str:
     """The chat template the server renders with, by content (None, a tokenizer without one, included)."""
-    return hashlib.sha256(json.dumps(template, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(template, sort_keys=True, default=str).encode()
+    ).hexdigest()
 
 
-def deployment(model_config: Any, served_model: str, chat_template: Any, chat_template_kwargs: dict[str, Any],
-               logit_dtype: str | None = None) -> dict[str, Any]:  # fmt: skip
+def deployment(
+    model_config: Any,
+    served_model: str,
+    chat_template: Any,
+    chat_template_kwargs: dict[str, Any],
+    logit_dtype: str | None = None,
+) -> dict[str, Any]:
     """What identifies the served model for saved startup work, short of its files' content
     (:func:`content_key`, added when the startup work begins)."""
     import vllm

@@ -43,8 +43,13 @@ def load_plugins() -> list[str]:
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 record_failure(point.name, reason)
-                logger.error("decision plugin %r (%s, %s) failed to load and is left out: %s",
-                             point.name, point.value, group, reason)  # fmt: skip
+                logger.error(
+                    "decision plugin %r (%s, %s) failed to load and is left out: %s",
+                    point.name,
+                    point.value,
+                    group,
+                    reason,
+                )
                 continue
             loaded.append(f"{GROUPS[group]} {point.name}")
     if loaded:
@@ -54,10 +59,15 @@ def load_plugins() -> list[str]:
 
 def register_target(group: str, target: object) -> None:
     """Register what one entry point named, if its group takes that; TypeError otherwise."""
-    if group == BACKENDS and isinstance(target, type) and issubclass(target, DecisionBackend):
+    if (
+        group == BACKENDS
+        and isinstance(target, type)
+        and issubclass(target, DecisionBackend)
+    ):
         register_backend(target)
     elif group == QUESTION_TYPES and (
-        isinstance(target, QuestionType) or (isinstance(target, type) and issubclass(target, QuestionType))
+        isinstance(target, QuestionType)
+        or (isinstance(target, type) and issubclass(target, QuestionType))
     ):
         register_question_type(target)
     elif callable(target) and not isinstance(target, type):
@@ -65,7 +75,9 @@ def register_target(group: str, target: object) -> None:
     elif isinstance(target, ModuleType):
         pass  # loading it imported it: a module registers what it has on import (decorators)
     else:
-        raise TypeError(f"a {GROUPS[group]} entry point must name {ACCEPTED[group]}, not {described(target)}")
+        raise TypeError(
+            f"a {GROUPS[group]} entry point must name {ACCEPTED[group]}, not {described(target)}"
+        )
 
 
 def described(target: object) -> str:

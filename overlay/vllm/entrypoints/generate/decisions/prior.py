@@ -52,8 +52,12 @@ def uses_fitted(mode: str) -> bool:
     return mode.endswith("fitted")
 
 
-def adjusted(rows: Sequence[Sequence[float]], positions: Sequence[Sequence[int]],
-             priors: Sequence[Sequence[float]] | None, bias: Sequence[float] | None) -> list[float]:  # fmt: skip
+def adjusted(
+    rows: Sequence[Sequence[float]],
+    positions: Sequence[Sequence[int]],
+    priors: Sequence[Sequence[float]] | None,
+    bias: Sequence[float] | None,
+) -> list[float]:
     """A question's score per option, the readings averaged: each reading's log-probabilities (in the
     client's option order), less its content-free prior when given, plus the bias of the position each
     option had in that reading when given (positions past the bias's end get none)."""
@@ -79,12 +83,23 @@ class PriorRead:
     cached: bool
 
 
-def fingerprint(backend: str, render_version: str, options: Any, qtype: str, instructions: str,
-                option_texts: Sequence[str]) -> str:  # fmt: skip
+def fingerprint(
+    backend: str,
+    render_version: str,
+    options: Any,
+    qtype: str,
+    instructions: str,
+    option_texts: Sequence[str],
+) -> str:
     """What a content-free read depends on: the backend and its options, the prompt's version, and the
     question as read (its type, criterion and option texts in the order read)."""
-    dumped = options.model_dump(mode="json") if isinstance(options, BaseModel) else options
-    return json.dumps([backend, render_version, dumped, qtype, instructions, list(option_texts)], sort_keys=True)
+    dumped = (
+        options.model_dump(mode="json") if isinstance(options, BaseModel) else options
+    )
+    return json.dumps(
+        [backend, render_version, dumped, qtype, instructions, list(option_texts)],
+        sort_keys=True,
+    )
 
 
 # What one cached entry costs besides its values: the digest, the table slot, the future and the list.
@@ -114,7 +129,9 @@ class PriorCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, key: str, read: Callable[[], Awaitable[list[float]]]) -> PriorRead:
+    async def get(
+        self, key: str, read: Callable[[], Awaitable[list[float]]]
+    ) -> PriorRead:
         digest = hashlib.sha256(key.encode()).digest()
         entry = self._entries.get(digest)
         if entry is not None:
@@ -145,7 +162,8 @@ class PriorCache:
     def _evict(self) -> None:
         """The least recently used out until both bounds hold (the newest entry stays)."""
         while len(self._entries) > 1 and (
-            len(self._entries) > self.size or (self.max_bytes is not None and self.bytes > self.max_bytes)
+            len(self._entries) > self.size
+            or (self.max_bytes is not None and self.bytes > self.max_bytes)
         ):
             _, (_, cost) = self._entries.popitem(last=False)
             self.bytes -= cost

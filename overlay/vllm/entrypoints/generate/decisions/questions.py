@@ -85,7 +85,9 @@ def content_text(content: Content | None, limit: int = DEFAULT_MAX_INPUT_CHARS) 
     if isinstance(content, str):
         return content
     budget = open_budget()
-    check_depth(content, budget.max_depth if budget is not None else DEFAULT_MAX_JSON_DEPTH)
+    check_depth(
+        content, budget.max_depth if budget is not None else DEFAULT_MAX_JSON_DEPTH
+    )
     chunks, size = [], 0
     try:
         for chunk in _INDENTED.iterencode(content):
@@ -127,13 +129,19 @@ class QuestionType(ABC):
         """The closed option set, in the order the prompt lists it."""
 
     @abstractmethod
-    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
         """The type's own answer fields for calibrated probabilities over ``options``."""
 
-    def compile(self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> CompiledQuestion:
+    def compile(
+        self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> CompiledQuestion:
         """The question as backends read it; a text longer than ``max_chars`` (the server's
         VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS) is refused, naming the setting."""
-        compiled = CompiledQuestion(self, self.instructions(question), tuple(self.options(question)), question)
+        compiled = CompiledQuestion(
+            self, self.instructions(question), tuple(self.options(question)), question
+        )
         return within(compiled, max_chars)
 
 
@@ -141,23 +149,38 @@ class ContentQuestionType(QuestionType):
     """A type whose texts are Jev content (text or any JSON value), rendered within the server's limit
     as they are compiled: the built-in types."""
 
-    def instructions(self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
+    def instructions(
+        self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> str:
         return content_text(getattr(question, "instructions", None), max_chars)
 
     @abstractmethod
-    def options(self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]: ...
+    def options(
+        self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]: ...
 
-    def compile(self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> CompiledQuestion:
+    def compile(
+        self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> CompiledQuestion:
         options = tuple(self.options(question, max_chars))
-        return within(CompiledQuestion(self, self.instructions(question, max_chars), options, question), max_chars)
+        return within(
+            CompiledQuestion(
+                self, self.instructions(question, max_chars), options, question
+            ),
+            max_chars,
+        )
 
 
 def within(question: CompiledQuestion, max_chars: int) -> CompiledQuestion:
     """``question``, when each of its texts is at most ``max_chars`` long."""
-    longest = max([len(question.instructions), *(len(o.text) for o in question.options)])
+    longest = max(
+        [len(question.instructions), *(len(o.text) for o in question.options)]
+    )
     if longest > max_chars:
-        raise OverLimitError(f"a question's text is {longest} characters; the limit is {max_chars} "
-                             f"(set {PREFIX}MAX_INPUT_CHARS to raise it)")  # fmt: skip
+        raise OverLimitError(
+            f"a question's text is {longest} characters; the limit is {max_chars} "
+            f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+        )
     return question
 
 
@@ -180,11 +203,20 @@ class NoulQuestion(QuestionModel):
     criteria: NoulCriteria | None = None
 
 
-def yes_no_options(when_yes: Content | None = None, when_no: Content | None = None,
-                   max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> tuple[Option, Option]:  # fmt: skip
+def yes_no_options(
+    when_yes: Content | None = None,
+    when_no: Content | None = None,
+    max_chars: int = DEFAULT_MAX_INPUT_CHARS,
+) -> tuple[Option, Option]:
     def option(key: str, value: bool, word: str, when: Content | None) -> Option:
         description = content_text(when, max_chars)
-        return Option(key, value, f"{word}: {description}" if description else word, word.lower(), description)
+        return Option(
+            key,
+            value,
+            f"{word}: {description}" if description else word,
+            word.lower(),
+            description,
+        )
 
     return option("true", True, "Yes", when_yes), option("false", False, "No", when_no)
 
@@ -193,11 +225,15 @@ class NoulType(ContentQuestionType):
     name = "noul"
     model = NoulQuestion
 
-    def options(self, question: NoulQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]:
+    def options(
+        self, question: NoulQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]:
         criteria = question.criteria or NoulCriteria()
         return yes_no_options(criteria.true, criteria.false, max_chars)
 
-    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
         return {"probability": probabilities[0]}
 
 
@@ -210,15 +246,21 @@ class ChoiceQuestion(QuestionModel):
     criteria: dict[str, Content | None] = Field(min_length=2)
 
 
-def choice_options(items: Sequence[tuple[StrictStr | StrictBool, Content | None]],
-                   max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> tuple[Option, ...]:  # fmt: skip
+def choice_options(
+    items: Sequence[tuple[StrictStr | StrictBool, Content | None]],
+    max_chars: int = DEFAULT_MAX_INPUT_CHARS,
+) -> tuple[Option, ...]:
     """Options for choice values (strings or booleans, kept typed), described or not."""
     options = []
     for value, content in items:
         shown = value if isinstance(value, str) else json.dumps(value)
         description = content_text(content, max_chars)
         text = f"{shown}: {description}" if description else shown
-        options.append(Option(json.dumps(value, ensure_ascii=False), value, text, shown, description))
+        options.append(
+            Option(
+                json.dumps(value, ensure_ascii=False), value, text, shown, description
+            )
+        )
     return tuple(options)
 
 
@@ -227,10 +269,14 @@ class ChoiceType(ContentQuestionType):
     model = ChoiceQuestion
     options_limit = OptionsLimit("max_choices", "choices")
 
-    def options(self, question: ChoiceQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]:
+    def options(
+        self, question: ChoiceQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]:
         return choice_options(list(question.criteria.items()), max_chars)
 
-    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
         return {"choice": options[top_index(probabilities)].value}
 
 
@@ -247,7 +293,13 @@ class ScoreQuestion(QuestionModel):
 def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...]:
     """Options for ordered levels, lowest first; a level shows as ``label`` or ``label: description``."""
     return tuple(
-        Option(str(i), i, f"{label}: {description}" if description else label, label, description or "")
+        Option(
+            str(i),
+            i,
+            f"{label}: {description}" if description else label,
+            label,
+            description or "",
+        )
         for i, (label, description) in enumerate(levels)
     )
 
@@ -258,10 +310,16 @@ class ScoreType(ContentQuestionType):
     ordered = True
     options_limit = OptionsLimit("max_levels", "levels")
 
-    def options(self, question: ScoreQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Sequence[Option]:
-        return level_options([(content_text(level, max_chars), None) for level in question.criteria])
+    def options(
+        self, question: ScoreQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]:
+        return level_options(
+            [(content_text(level, max_chars), None) for level in question.criteria]
+        )
 
-    def answer(self, probabilities: Sequence[float], options: Sequence[Option]) -> dict[str, Any]:
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
         return {"score": sum(i * p for i, p in enumerate(probabilities))}
 
 

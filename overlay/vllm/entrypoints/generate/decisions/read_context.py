@@ -41,7 +41,9 @@ class ReadContext(Generic[OptionsT]):
     adapter: LoRARequest | None = None
 
     @classmethod
-    def about(cls, state: str, request_id: str, options: Any = None) -> ReadContext[Any]:
+    def about(
+        cls, state: str, request_id: str, options: Any = None
+    ) -> ReadContext[Any]:
         return cls(state, sha256_of(state), request_id, options)
 
     def part(self, suffix: str) -> ReadContext[OptionsT]:
@@ -53,10 +55,16 @@ class ReadContext(Generic[OptionsT]):
 
     def with_state(self, state: str, request_id: str) -> ReadContext[OptionsT]:
         """A read about another text (the content-free prior's neutral inputs), with these options."""
-        return replace(self, state=state, state_sha256=sha256_of(state), request_id=request_id)
+        return replace(
+            self, state=state, state_sha256=sha256_of(state), request_id=request_id
+        )
 
 
 def as_context(context: ReadContext[Any] | str) -> ReadContext[Any]:
     """A host method's read context; a bare request id (plugins written before contexts) reads with no
     state named, so vLLM balances it on its own under data parallelism."""
-    return context if isinstance(context, ReadContext) else ReadContext("", "", context, None)
+    return (
+        context
+        if isinstance(context, ReadContext)
+        else ReadContext("", "", context, None)
+    )

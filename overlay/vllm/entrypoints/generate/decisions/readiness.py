@@ -52,7 +52,11 @@ class Progress:
         if self.done >= self.total:
             return f"{counted}, fitting"
         left = self.seconds_left(now)
-        return f"{counted}, " + (f"about {math.ceil(left)} s left" if left is not None else "time left unknown yet")
+        return f"{counted}, " + (
+            f"about {math.ceil(left)} s left"
+            if left is not None
+            else "time left unknown yet"
+        )
 
 
 class Readiness:
@@ -91,7 +95,9 @@ class Readiness:
         first_estimate = progress.done < ESTIMATE_AFTER <= progress.done + by
         progress.done += by
         now = self.clock()
-        if (first_estimate or now - self._logged >= LOG_EVERY_S) and progress.done < progress.total:
+        if (
+            first_estimate or now - self._logged >= LOG_EVERY_S
+        ) and progress.done < progress.total:
             self._logged = now
             logger.info("decision %s: %s", self.step, progress.describe(now))
 
@@ -123,7 +129,10 @@ class Readiness:
     def check(self) -> None:
         """Refuse while not ready: 503 with the reason after a failure, else 503 saying what is running."""
         if self.failure is not None:
-            raise DecisionError(f"decisions are unavailable: {self.failure}", HTTPStatus.SERVICE_UNAVAILABLE)
+            raise DecisionError(
+                f"decisions are unavailable: {self.failure}",
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
         if not self.ready:
             raise NotReadyError(self.message(), self.retry_after())
 
@@ -138,11 +147,19 @@ class Readiness:
             doing = self.progress.describe(self.clock())
         else:
             doing = None
-        return f"{STARTING}: {self.step}" + (f", {doing}" if doing else "") + "; retry shortly"
+        return (
+            f"{STARTING}: {self.step}"
+            + (f", {doing}" if doing else "")
+            + "; retry shortly"
+        )
 
     def retry_after(self) -> int:
         """Seconds a client should wait: the time left where it is estimated (within 5 to 15 s), else 5."""
-        left = self.progress.seconds_left(self.clock()) if self.progress and not self.waiting_for_other else None
+        left = (
+            self.progress.seconds_left(self.clock())
+            if self.progress and not self.waiting_for_other
+            else None
+        )
         if left is None:
             return RETRY_AFTER_S
         return min(max(math.ceil(left), RETRY_AFTER_S), RETRY_AFTER_MAX_S)

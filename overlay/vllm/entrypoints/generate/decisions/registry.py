@@ -54,7 +54,9 @@ class Registry:
             registry._backends[name] = None
             registry._built_in_backends.add(name)
         for qtype in (NOUL, CHOICE, SCORE):
-            registry._question_types[qtype.name] = registry._built_in_types[qtype.name] = qtype
+            registry._question_types[qtype.name] = registry._built_in_types[
+                qtype.name
+            ] = qtype
         return registry
 
     # --- backends -----------------------------------------------------------------------------
@@ -63,19 +65,28 @@ class Registry:
         """Make a backend selectable by its ``name``; a name already taken by another class is refused
         unless ``override`` (registering the same class again changes nothing)."""
         if not (isinstance(cls, type) and issubclass(cls, DecisionBackend)):
-            raise TypeError(f"a backend must be a DecisionBackend subclass, not {cls!r}")
+            raise TypeError(
+                f"a backend must be a DecisionBackend subclass, not {cls!r}"
+            )
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"backend {cls.__qualname__} sets no name (the class attribute `name`)")
+            raise ValueError(
+                f"backend {cls.__qualname__} sets no name (the class attribute `name`)"
+            )
         if name in self._backends and not override:
             current = self.backend_class(name)
             if current is not cls:
-                raise ValueError(f"backend name {name!r} is already taken by {self._describe(current)}; "
-                                 "register with override=True to replace it on purpose")  # fmt: skip
+                raise ValueError(
+                    f"backend name {name!r} is already taken by {self._describe(current)}; "
+                    "register with override=True to replace it on purpose"
+                )
         if cls.legacy_read:  # Python hides the class's DeprecationWarning by default: the operator reads this
-            logger.warning("decision backend %r implements the deprecated read(state, question, request_id, "
-                           "options); it works, but should move to read(question, context) "
-                           "(backends/README.md)", name)  # fmt: skip
+            logger.warning(
+                "decision backend %r implements the deprecated read(state, question, request_id, "
+                "options); it works, but should move to read(question, context) "
+                "(backends/README.md)",
+                name,
+            )
         self._backends[name] = cls
         return cls
 
@@ -103,22 +114,32 @@ class Registry:
         name = getattr(cls, "name", None)
         return name in self._built_in_backends and built_in_backend(name) is cls
 
-    def choose_backend(self, spec: BackendSpec, architectures: tuple[str, ...]) -> type[DecisionBackend]:
+    def choose_backend(
+        self, spec: BackendSpec, architectures: tuple[str, ...]
+    ) -> type[DecisionBackend]:
         """The configured backend, else one claiming the model's architecture (plugins first), else
         whichever is registered as ``logit``."""
         if spec.name:
             chosen = self.backend_class(spec.name)
             if chosen is None:
-                raise SettingsError(f"{PREFIX}BACKEND={spec.name!r}: unknown backend; registered: "
-                                    f"{', '.join(self.backend_names())}" + self.failures_detail())  # fmt: skip
+                raise SettingsError(
+                    f"{PREFIX}BACKEND={spec.name!r}: unknown backend; registered: "
+                    f"{', '.join(self.backend_names())}" + self.failures_detail()
+                )
             return chosen
         # Every built-in is imported here: its architectures are on its class.
         classes = [self.backend_class(name) for name in list(self._backends)]
-        claimants = [c for c in classes if c is not None and set(c.architectures) & set(architectures)]
+        claimants = [
+            c
+            for c in classes
+            if c is not None and set(c.architectures) & set(architectures)
+        ]
         claimants.sort(key=self.is_built_in_backend)
         default = claimants[0] if claimants else self.backend_class(DEFAULT_BACKEND)
         if default is None:
-            raise SettingsError(f"{PREFIX}BACKEND: none set, and no backend named {DEFAULT_BACKEND!r} is registered")
+            raise SettingsError(
+                f"{PREFIX}BACKEND: none set, and no backend named {DEFAULT_BACKEND!r} is registered"
+            )
         return default
 
     def _describe(self, cls: type[DecisionBackend] | None) -> str:
@@ -135,19 +156,27 @@ class Registry:
         instance, changes nothing)."""
         kind = qtype if isinstance(qtype, type) else type(qtype)
         if not issubclass(kind, QuestionType):
-            raise TypeError(f"a question type must be a QuestionType subclass or instance, not {qtype!r}")
+            raise TypeError(
+                f"a question type must be a QuestionType subclass or instance, not {qtype!r}"
+            )
         name = getattr(kind, "name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"question type {kind.__qualname__} sets no name (the class attribute `name`)")
+            raise ValueError(
+                f"question type {kind.__qualname__} sets no name (the class attribute `name`)"
+            )
         if name in RESERVED_TYPE_NAMES:
-            raise ValueError(f"question type name {name!r} is reserved by OpenAI's format")
+            raise ValueError(
+                f"question type name {name!r} is reserved by OpenAI's format"
+            )
         current = self._question_types.get(name)
         if current is not None and (current is qtype or type(current) is kind):
             return current
         if current is not None and not override:
             built_in = "the built-in " if self.built_in_question_type(current) else ""
-            raise ValueError(f"question type name {name!r} is already taken by {built_in}{type(current).__qualname__}; "
-                             "register with override=True to replace it on purpose")  # fmt: skip
+            raise ValueError(
+                f"question type name {name!r} is already taken by {built_in}{type(current).__qualname__}; "
+                "register with override=True to replace it on purpose"
+            )
         instance = qtype() if isinstance(qtype, type) else qtype
         self._question_types[name] = instance
         return instance
@@ -177,7 +206,9 @@ class Registry:
         """:meth:`failures_note` with each plugin's reason, for the operator's eyes only."""
         if not self._failures:
             return ""
-        return "; plugins that failed to load: " + ", ".join(f"{n} ({why})" for n, why in self._failures.items())
+        return "; plugins that failed to load: " + ", ".join(
+            f"{n} ({why})" for n, why in self._failures.items()
+        )
 
     def failures_note(self) -> str:
         """A clause for refusals that might be explained by a plugin that failed to load."""
@@ -195,12 +226,16 @@ def backend_options(cls: type[DecisionBackend], args: Mapping[str, Any]) -> Any:
     """Validate startup arguments against the backend's options model; unknown ones fail."""
     if cls.options_model is None:
         if args:
-            raise SettingsError(f"{PREFIX}BACKEND: backend {cls.name!r} takes no arguments, got {sorted(args)}")
+            raise SettingsError(
+                f"{PREFIX}BACKEND: backend {cls.name!r} takes no arguments, got {sorted(args)}"
+            )
         return None
     try:
         return cls.options_model(**args)
     except ValueError as exc:
-        raise SettingsError(f"{PREFIX}BACKEND: bad arguments for backend {cls.name!r}: {exc}") from None
+        raise SettingsError(
+            f"{PREFIX}BACKEND: bad arguments for backend {cls.name!r}: {exc}"
+        ) from None
 
 
 # --- the server registry's operations, as functions (the plugin API and the callers') -----------
@@ -209,8 +244,12 @@ def backend_options(cls: type[DecisionBackend], args: Mapping[str, Any]) -> Any:
 @overload
 def register_backend(cls: B, /, *, override: bool = False) -> B: ...
 @overload
-def register_backend(cls: None = None, /, *, override: bool = False) -> Callable[[B], B]: ...
-def register_backend(cls: B | None = None, /, *, override: bool = False) -> B | Callable[[B], B]:
+def register_backend(
+    cls: None = None, /, *, override: bool = False
+) -> Callable[[B], B]: ...
+def register_backend(
+    cls: B | None = None, /, *, override: bool = False
+) -> B | Callable[[B], B]:
     """Make a backend selectable by name; as a class decorator, ``@register_backend`` or
     ``@register_backend(override=True)`` (to replace a backend of the same name on purpose)."""
     if cls is None:
@@ -219,7 +258,9 @@ def register_backend(cls: B | None = None, /, *, override: bool = False) -> B | 
 
 
 @overload
-def register_question_type(qtype: QuestionType | type[QuestionType], /, *, override: bool = False) -> QuestionType: ...
+def register_question_type(
+    qtype: QuestionType | type[QuestionType], /, *, override: bool = False
+) -> QuestionType: ...
 @overload
 def register_question_type(
     qtype: None = None, /, *, override: bool = False
@@ -246,7 +287,9 @@ def backend_class(name: str) -> type[DecisionBackend] | None:
     return REGISTRY.backend_class(name)
 
 
-def choose_backend(spec: BackendSpec, architectures: tuple[str, ...]) -> type[DecisionBackend]:
+def choose_backend(
+    spec: BackendSpec, architectures: tuple[str, ...]
+) -> type[DecisionBackend]:
     return REGISTRY.choose_backend(spec, architectures)
 
 

@@ -62,8 +62,13 @@ class AuditRecord(BaseModel):
     """``extra.audit``: what produced the numbers, enough to reproduce or question them."""
 
     BASIC: ClassVar[tuple[str, ...]] = (
-        "calibration_temperature", "temperature_source", "temperature_scope", "readout", "forward_passes", "adapter",
-    )  # fmt: skip
+        "calibration_temperature",
+        "temperature_source",
+        "temperature_scope",
+        "readout",
+        "forward_passes",
+        "adapter",
+    )
 
     served_model: str
     # The LoRA adapter the reads went through (None: the base model); served_model then names it too.
@@ -87,11 +92,17 @@ class AuditRecord(BaseModel):
 
     def as_json(self, basic: bool = False) -> dict[str, Any]:
         # The base model's answers name no adapter.
-        nested = {"backend", "debias", "prior"} | ({"adapter"} if self.adapter is None else set())
+        nested = {"backend", "debias", "prior"} | (
+            {"adapter"} if self.adapter is None else set()
+        )
         record = {
             **self.backend,
             **self.model_dump(exclude=nested),
             **(self.debias.model_dump() if self.debias is not None else {}),
-            **({"prior": self.prior.model_dump(exclude_none=True)} if self.prior is not None else {}),
+            **(
+                {"prior": self.prior.model_dump(exclude_none=True)}
+                if self.prior is not None
+                else {}
+            ),
         }
         return {k: record[k] for k in self.BASIC if k in record} if basic else record

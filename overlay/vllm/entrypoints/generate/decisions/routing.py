@@ -48,16 +48,25 @@ PARSE_IN_THREAD_BYTES = 64 * 1024
 async def request_body(request: Request) -> Any:
     """The body as JSON: size-limited, decoded and parsed strictly (body.py)."""
     service = getattr(request.app.state, "decision_service", None)
-    limit = service.settings.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
+    limit = (
+        service.settings.max_body_bytes
+        if service is not None
+        else DEFAULT_MAX_BODY_BYTES
+    )
     raw, encoding = await request.body(), request.headers.get("content-encoding")
     if len(raw) < PARSE_IN_THREAD_BYTES and not encoding:
         return parse_json(decode_body(raw, encoding, limit))
-    return await asyncio.to_thread(lambda: parse_json(decode_body(raw, encoding, limit)))
+    return await asyncio.to_thread(
+        lambda: parse_json(decode_body(raw, encoding, limit))
+    )
 
 
 def authorized(request: Request) -> bool:
     """Fail closed: with a key configured, only a verdict of True from auth.py lets a request through."""
-    return not key_required(getattr(request.app.state, "args", None)) or request.scope.get(AUTHORIZED) is True
+    return (
+        not key_required(getattr(request.app.state, "args", None))
+        or request.scope.get(AUTHORIZED) is True
+    )
 
 
 def decision_route(wire: Wire) -> type[APIRoute]:
@@ -66,7 +75,9 @@ def decision_route(wire: Wire) -> type[APIRoute]:
     header)."""
 
     async def answered(body: Any, raw_request: Request, request_id: str) -> Reply:
-        return await wire.answer(lambda: decision_service(raw_request), body, request_id)
+        return await wire.answer(
+            lambda: decision_service(raw_request), body, request_id
+        )
 
     # vLLM's wrappers find the request as the second argument; with_cancellation gives None when the client left.
     answer_unless_cancelled = with_cancellation(load_aware_call(answered))
@@ -81,9 +92,13 @@ def decision_route(wire: Wire) -> type[APIRoute]:
             # trailing newline, so "/v1/decisions\n" (sent as %0A) would be answered here.
             self.path_regex = re.compile(re.escape(path) + r"\Z")
 
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        def get_route_handler(
+            self,
+        ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             if self.path not in wire.paths:
-                raise ValueError(f"{self.path} is not one of this wire's paths ({', '.join(wire.paths)})")
+                raise ValueError(
+                    f"{self.path} is not one of this wire's paths ({', '.join(wire.paths)})"
+                )
 
             async def handle_decision(request: Request) -> Response:
                 started = time.perf_counter()
@@ -98,7 +113,9 @@ def decision_route(wire: Wire) -> type[APIRoute]:
                     body = await request_body(request)
                 except DecisionError as exc:
                     reply: Reply | None = wire.refusal(exc)
-                except ClientDisconnect:  # the client left before its body arrived: cancelled, not a fault
+                except (
+                    ClientDisconnect
+                ):  # the client left before its body arrived: cancelled, not a fault
                     reply = None
                 else:
                     reply = await answer_unless_cancelled(body, request, request_id)
@@ -106,11 +123,17 @@ def decision_route(wire: Wire) -> type[APIRoute]:
                 response = reply.response() if reply is not None else Response()
                 # vLLM's own middleware echoes X-Request-Id when --enable-request-id-headers is on.
                 echoes = getattr(request.app.state, "decision_echo_request_id", True)
-                for header in ((REQUEST_ID_HEADER,) if echoes else ()) + wire.id_headers:
+                for header in (
+                    (REQUEST_ID_HEADER,) if echoes else ()
+                ) + wire.id_headers:
                     response.headers[header] = request_id
-                response.headers[LATENCY_HEADER] = f"{(time.perf_counter() - started) * 1000:.1f}"
+                response.headers[LATENCY_HEADER] = (
+                    f"{(time.perf_counter() - started) * 1000:.1f}"
+                )
                 return response
 
-            return observed_route(self.path, handle_decision)  # metrics.py: counted and timed
+            return observed_route(
+                self.path, handle_decision
+            )  # metrics.py: counted and timed
 
     return DecisionRoute

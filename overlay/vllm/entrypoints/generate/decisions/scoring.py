@@ -20,7 +20,9 @@ def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
     top = max(scores)
     if top == -math.inf:
         return [1.0 / len(scores)] * len(scores)
-    weights = [math.exp((s - top) / temperature) if s != -math.inf else 0.0 for s in scores]
+    weights = [
+        math.exp((s - top) / temperature) if s != -math.inf else 0.0 for s in scores
+    ]
     total = math.fsum(weights)
     return [w / total for w in weights]
 

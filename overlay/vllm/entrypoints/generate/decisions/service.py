@@ -23,7 +23,14 @@ from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
 from .concurrency import gather_or_cancel
 from .corrections import Asked, Calibrated, Corrections
 from .debias import read_question
-from .errors import BackendUnavailable, DecisionError, EngineBusyError, OverLimitError, internal_error, without_paths
+from .errors import (
+    BackendUnavailable,
+    DecisionError,
+    EngineBusyError,
+    OverLimitError,
+    internal_error,
+    without_paths,
+)
 from .metrics import record_questions, record_temperatures
 from .questions import CompiledQuestion, QuestionType
 from .read_context import ReadContext
@@ -51,7 +58,9 @@ def check_question_count(settings: Settings, count: int) -> None:
         )
 
 
-def check_option_count(settings: Settings, qtype: QuestionType, count: int, name: str) -> None:
+def check_option_count(
+    settings: Settings, qtype: QuestionType, count: int, name: str
+) -> None:
     """Refuses more options than ``qtype``'s own limit allows (a wire calls it before compiling the question)."""
     if (limit := qtype.options_limit) is None:
         return
@@ -64,14 +73,23 @@ def check_option_count(settings: Settings, qtype: QuestionType, count: int, name
 
 def request_chars(request: DecisionRequest) -> int:
     """The characters of a request's input and every text of its questions, as compiled."""
-    texts = (len(q.instructions) + sum(len(o.text) for o in q.options) for q in request.questions)
+    texts = (
+        len(q.instructions) + sum(len(o.text) for o in q.options)
+        for q in request.questions
+    )
     return len(request.state) + sum(texts)
 
 
 class DecisionService:
-    def __init__(self, settings: Settings, backend: DecisionBackend, served_model: str,
-                 starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None,
-                 readiness: Readiness | None = None, adapter: LoRARequest | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        backend: DecisionBackend,
+        served_model: str,
+        starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None,
+        readiness: Readiness | None = None,
+        adapter: LoRARequest | None = None,
+    ) -> None:
         self.settings = settings
         self.backend = backend
         # Other registered backends, built with their defaults the first time a request names one.
@@ -89,11 +107,19 @@ class DecisionService:
         self.deployment: dict[str, Any] = {"model": served_model}
         # Whether requests can be answered yet; while not, what startup is doing (or why it failed).
         self.readiness = readiness or Readiness()
-        configured = Temperature(settings.temperature, "configured", SERVER) if settings.temperature else None
+        configured = (
+            Temperature(settings.temperature, "configured", SERVER)
+            if settings.temperature
+            else None
+        )
         self.temperatures = Temperatures(configured or DEFAULT)
-        self.corrections = Corrections(settings.prior, settings.prior_cache, settings.prior_cache_bytes)
+        self.corrections = Corrections(
+            settings.prior, settings.prior_cache, settings.prior_cache_bytes
+        )
 
-    async def start(self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None) -> None:
+    async def start(
+        self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None
+    ) -> None:
         """Startup work: the backend's own checks, then (unless a temperature is configured) calibration,
         each a step of ``self.readiness`` (startup.py hands it to calibration for its progress). Requests
         get 503 naming the step until this finishes; if anything in it fails, 503 with the reason."""
@@ -103,17 +129,38 @@ class DecisionService:
             if calibrate is not None and self.temperatures.server.source == "default":
                 self.readiness.begin(CALIBRATION)
                 calibrated = await calibrate()
-                self.temperatures, self.corrections.reads = calibrated.temperatures, calibrated.reads
-        except (BackendUnavailable, SettingsError) as exc:  # ours: the message says why and what to change
+                self.temperatures, self.corrections.reads = (
+                    calibrated.temperatures,
+                    calibrated.reads,
+                )
+        except (
+            BackendUnavailable,
+            SettingsError,
+        ) as exc:  # ours: the message says why and what to change
             self.readiness.fail(without_paths(str(exc)))
             raise
-        except Exception as exc:  # a fault: its text stays in the server's log (start_service logs it)
-            self.readiness.fail(f"the startup work failed ({type(exc).__name__}); the server's log says why")
+        except (
+            Exception
+        ) as exc:  # a fault: its text stays in the server's log (start_service logs it)
+            self.readiness.fail(
+                f"the startup work failed ({type(exc).__name__}); the server's log says why"
+            )
             raise
         self.readiness.succeed()
-        record_temperatures(self.temperatures, self.adapter_name)  # metrics.py: the temperature gauges
-        through = f" through LoRA adapter {self.adapter_name!r}" if self.adapter is not None else ""
-        logger.info("decisions ready%s: backend=%s, %s", through, self.backend.name, self.temperatures.describe())
+        record_temperatures(
+            self.temperatures, self.adapter_name
+        )  # metrics.py: the temperature gauges
+        through = (
+            f" through LoRA adapter {self.adapter_name!r}"
+            if self.adapter is not None
+            else ""
+        )
+        logger.info(
+            "decisions ready%s: backend=%s, %s",
+            through,
+            self.backend.name,
+            self.temperatures.describe(),
+        )
 
     @property
     def adapter_name(self) -> str:
@@ -127,8 +174,10 @@ class DecisionService:
         requests built any other way.)"""
         s = self.settings
         if len(request.state) > s.max_input_chars:
-            raise OverLimitError(f"the input is {len(request.state)} characters; the limit is {s.max_input_chars} "
-                                 f"(set {PREFIX}MAX_INPUT_CHARS to raise it)")  # fmt: skip
+            raise OverLimitError(
+                f"the input is {len(request.state)} characters; the limit is {s.max_input_chars} "
+                f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+            )
         questions = request.questions
         if not questions:
             raise DecisionError("a request needs at least one question")
@@ -137,12 +186,21 @@ class DecisionService:
             check_option_count(s, q.qtype, len(q.options), name)
         if request_chars(request) > s.max_request_chars:
             raise OverLimitError(over_request_message(s.max_request_chars))
-        if request.temperature is not None and (problem := s.temperature_problem(request.temperature)):
-            raise DecisionError(f"extra.calibration_temperature={problem}", param="extra.calibration_temperature")
-        if request.priority and not getattr(self.backend.host, "priority_scheduling", False):
+        if request.temperature is not None and (
+            problem := s.temperature_problem(request.temperature)
+        ):
+            raise DecisionError(
+                f"extra.calibration_temperature={problem}",
+                param="extra.calibration_temperature",
+            )
+        if request.priority and not getattr(
+            self.backend.host, "priority_scheduling", False
+        ):
             # vLLM's own APIs document the same refusal; its first-come scheduler would ignore the number.
-            raise DecisionError(f"priority {request.priority} needs vllm serve --scheduling-policy priority; this "
-                                "server schedules first come, first served (send 0 or leave priority out)")  # fmt: skip
+            raise DecisionError(
+                f"priority {request.priority} needs vllm serve --scheduling-policy priority; this "
+                "server schedules first come, first served (send 0 or leave priority out)"
+            )
 
     async def decide(self, request: DecisionRequest) -> Decision:
         """Answer every question of ``request``, concurrently; a failed question doesn't stop the rest.
@@ -152,7 +210,10 @@ class DecisionService:
         reaches backends whose reads draw randomness. A request whose ``model`` names a LoRA adapter is
         decided by that adapter's service (adapters.py); one naming no served model is refused (404).
         """
-        if self.models is not None and (adapter := await self.models.adapter(request.model)) is not None:
+        if (
+            self.models is not None
+            and (adapter := await self.models.adapter(request.model)) is not None
+        ):
             return await (await self.models.service_for(adapter)).decide(request)
         self.readiness.check()
         self.check_limits(request)
@@ -160,23 +221,39 @@ class DecisionService:
         overrides = dict(request.backend_options) if request.backend_options else None
         options = chosen.seeded(chosen.request_options(overrides), request.seed)
         layout_option = chosen.layout_option
-        asked = Asked(request.debias or self.settings.debias, request.prior,
-                      (overrides or {}).get(layout_option) if layout_option else None)  # fmt: skip
+        asked = Asked(
+            request.debias or self.settings.debias,
+            request.prior,
+            (overrides or {}).get(layout_option) if layout_option else None,
+        )
         # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
         # read (queue full) escapes, and then the other reads are cancelled and the request refused.
         # Engine request ids: decision-<request id>-<question>, so vLLM's request log shows whose reads they are.
-        contexts = [ReadContext(request.state, request.state_sha256, f"decision-{request.request_id}-{i}", options,
-                                request.cache_salt, request.priority, self.adapter)
-                    for i in range(len(request.questions))]  # fmt: skip
+        contexts = [
+            ReadContext(
+                request.state,
+                request.state_sha256,
+                f"decision-{request.request_id}-{i}",
+                options,
+                request.cache_salt,
+                request.priority,
+                self.adapter,
+            )
+            for i in range(len(request.questions))
+        ]
         reads = (
             self._answer(chosen, question, context, request.temperature, asked)
             for question, context in zip(request.questions, contexts, strict=True)
         )
         results = await gather_or_cancel(reads)
-        record_questions(results, chosen.name, self.adapter_name)  # metrics.py: questions, refusals, option mass
+        record_questions(
+            results, chosen.name, self.adapter_name
+        )  # metrics.py: questions, refusals, option mass
         return Decision(self.served_model, results)
 
-    async def backend_named(self, name: str | None, request_id: str = "") -> DecisionBackend:
+    async def backend_named(
+        self, name: str | None, request_id: str = ""
+    ) -> DecisionBackend:
         """The server's backend, or another registered one built (and started) with its defaults. One that
         can't serve this model is a 400 naming what to change (retrying can't help); any other failure to
         start it is a fault, logged under ``request_id``."""
@@ -190,13 +267,19 @@ class DecisionService:
                 if cls is None:
                     loaded = ", ".join(backend_names())
                     raise DecisionError(
-                        f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}" + failures_note()
+                        f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}"
+                        + failures_note()
                     )
                 try:
                     other = cls(self.backend.host, None, self.settings)
                     await self.starter(other)
                 except BackendUnavailable as exc:
-                    logger.warning("decision %s: backend %r can't serve this model: %s", request_id, name, exc)
+                    logger.warning(
+                        "decision %s: backend %r can't serve this model: %s",
+                        request_id,
+                        name,
+                        exc,
+                    )
                     raise DecisionError(
                         f"extra.backend={name!r}: backend {name!r} could not start for this model: "
                         f"{without_paths(str(exc))}; name another backend or leave extra.backend out "
@@ -204,19 +287,36 @@ class DecisionService:
                         param="extra.backend",
                     ) from None
                 except Exception:
-                    logger.exception("decision %s: backend %r failed to start", request_id, name)
+                    logger.exception(
+                        "decision %s: backend %r failed to start", request_id, name
+                    )
                     raise internal_error(request_id) from None
                 self._others[name] = other
         return self._others[name]
 
-    async def _answer(self, backend: DecisionBackend, question: CompiledQuestion, context: ReadContext[Any],
-                      requested: float | None, asked: Asked) -> Answer | Failure:  # fmt: skip
+    async def _answer(
+        self,
+        backend: DecisionBackend,
+        question: CompiledQuestion,
+        context: ReadContext[Any],
+        requested: float | None,
+        asked: Asked,
+    ) -> Answer | Failure:
         try:
-            how = self.corrections.resolve(question, asked, self.temperatures, requested,
-                                           calibrated=backend is self.backend)  # fmt: skip
+            how = self.corrections.resolve(
+                question,
+                asked,
+                self.temperatures,
+                requested,
+                calibrated=backend is self.backend,
+            )
             applied = how.temperature
-            laid_out = context.with_options(backend.with_layout(context.options, how.layout))
-            read = await read_question(backend, question, laid_out, asked.debias, how.correction)
+            laid_out = context.with_options(
+                backend.with_layout(context.options, how.layout)
+            )
+            read = await read_question(
+                backend, question, laid_out, asked.debias, how.correction
+            )
             reading = read.reading
             raw = checked_scores(reading, len(question.options), backend.name)
             scores = read.corrected if read.corrected is not None else raw
@@ -235,7 +335,11 @@ class DecisionService:
         fields = question.qtype.answer(probabilities, options)
         # The one check that every number an answer sends is real (softmax can't make one that isn't; a
         # question type's own fields might): a question that fails it is refused, never sent as null.
-        if (where := non_finite({"probabilities": probabilities, "confidence": made, **fields})) is not None:
+        if (
+            where := non_finite(
+                {"probabilities": probabilities, "confidence": made, **fields}
+            )
+        ) is not None:
             logger.error(
                 "decision %s: %s of a %s answer is not a finite number (scores %s, T=%r)",
                 context.request_id,

@@ -53,7 +53,9 @@ VARIABLES = (
 
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("0", "false", "no", "off", "")
-SWITCH_WORDS = "1, true, yes or on to switch on; 0, false, no, off or empty to switch off"
+SWITCH_WORDS = (
+    "1, true, yes or on to switch on; 0, false, no, off or empty to switch off"
+)
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
@@ -182,12 +184,18 @@ class Settings:
 
     def __post_init__(self) -> None:
         if not self.max_request_chars:
-            object.__setattr__(self, "max_request_chars", REQUEST_CHARS_PER_INPUT * self.max_input_chars)
+            object.__setattr__(
+                self,
+                "max_request_chars",
+                REQUEST_CHARS_PER_INPUT * self.max_input_chars,
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        max_input_chars = _int_at_least(env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1)
+        max_input_chars = _int_at_least(
+            env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1
+        )
         low, high = _temperature_range(env)
         temperature = _positive_float(env, PREFIX + "TEMPERATURE")
         if temperature is not None and not low <= temperature <= high:
@@ -201,23 +209,37 @@ class Settings:
             max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
-            max_body_bytes=_int_at_least(env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024),
+            max_body_bytes=_int_at_least(
+                env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024
+            ),
             max_input_chars=max_input_chars,
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
-            calibration_dir=env.get(PREFIX + "CALIBRATION_DIR", "").strip() or default_calibration_dir(env),
-            startup_wait=_positive_float(env, PREFIX + "STARTUP_WAIT", DEFAULT_STARTUP_WAIT),
+            calibration_dir=env.get(PREFIX + "CALIBRATION_DIR", "").strip()
+            or default_calibration_dir(env),
+            startup_wait=_positive_float(
+                env, PREFIX + "STARTUP_WAIT", DEFAULT_STARTUP_WAIT
+            ),
             debias=_debias(env),
             bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
             bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
             prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, "auto"),
             prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
-            prior_cache_bytes=_int_at_least(env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536),
-            max_adapters=_int_at_least(env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1),
-            max_request_chars=_int_at_least(
-                env, PREFIX + "MAX_REQUEST_CHARS", REQUEST_CHARS_PER_INPUT * max_input_chars, 1
+            prior_cache_bytes=_int_at_least(
+                env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536
             ),
-            max_json_depth=_int_at_least(env, PREFIX + "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1),
+            max_adapters=_int_at_least(
+                env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1
+            ),
+            max_request_chars=_int_at_least(
+                env,
+                PREFIX + "MAX_REQUEST_CHARS",
+                REQUEST_CHARS_PER_INPUT * max_input_chars,
+                1,
+            ),
+            max_json_depth=_int_at_least(
+                env, PREFIX + "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1
+            ),
             min_temperature=low,
             max_temperature=high,
         )
@@ -247,7 +269,9 @@ def check_environment(environ: Mapping[str, str] | None = None) -> Settings | No
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Names under our prefix that no setting reads, in sorted order: most likely typos."""
-    return sorted(name for name in environ if name.startswith(PREFIX) and name not in VARIABLES)
+    return sorted(
+        name for name in environ if name.startswith(PREFIX) and name not in VARIABLES
+    )
 
 
 def unknown_message(name: str) -> str:
@@ -280,14 +304,22 @@ def parse_backend_spec(text: str) -> BackendSpec:
     for item in filter(None, (part.strip() for part in arg_text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SettingsError(f"{PREFIX}BACKEND={text!r}: argument {item!r} is not key=value; "
-                                "expected name or name:key=value,key=value")  # fmt: skip
+            raise SettingsError(
+                f"{PREFIX}BACKEND={text!r}: argument {item!r} is not key=value; "
+                "expected name or name:key=value,key=value"
+            )
         args[key.strip()] = parse_value(value.strip())
     return BackendSpec(name.strip(), args)
 
 
-def _number(env: Mapping[str, str], name: str, kind: type[int] | type[float], default: Any,
-            valid: Callable[[float], bool], accepted: str) -> Any:  # fmt: skip
+def _number(
+    env: Mapping[str, str],
+    name: str,
+    kind: type[int] | type[float],
+    default: Any,
+    valid: Callable[[float], bool],
+    accepted: str,
+) -> Any:
     """A numeric setting: its default when unset or empty, else the parsed value if it is ``accepted``."""
     raw = env.get(name)
     if raw is None or not raw.strip():
@@ -298,16 +330,29 @@ def _number(env: Mapping[str, str], name: str, kind: type[int] | type[float], de
         value = None
     if value is None or not valid(value):
         empty = "none" if default is None else f"the default, {default}"
-        raise SettingsError(f"{name}={raw!r}: expected {accepted}, or empty for {empty}")
+        raise SettingsError(
+            f"{name}={raw!r}: expected {accepted}, or empty for {empty}"
+        )
     return value
 
 
 def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    return _number(env, name, int, default, lambda v: v >= minimum, f"a whole number of at least {minimum}")
+    return _number(
+        env,
+        name,
+        int,
+        default,
+        lambda v: v >= minimum,
+        f"a whole number of at least {minimum}",
+    )
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float | None = None) -> Any:
-    return _number(env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0")
+def _positive_float(
+    env: Mapping[str, str], name: str, default: float | None = None
+) -> Any:
+    return _number(
+        env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0"
+    )
 
 
 def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
@@ -333,7 +378,9 @@ def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
-    return _number(env, name, float, default, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
+    return _number(
+        env, name, float, default, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1"
+    )
 
 
 def _debias(env: Mapping[str, str]) -> Debias:
@@ -347,20 +394,26 @@ def _debias(env: Mapping[str, str]) -> Debias:
         raise SettingsError(f"{name}={exc}") from None
 
 
-def _choice(env: Mapping[str, str], name: str, accepted: tuple[str, ...], default: str) -> str:
+def _choice(
+    env: Mapping[str, str], name: str, accepted: tuple[str, ...], default: str
+) -> str:
     """One word of ``accepted`` (any case), or the default when unset or empty."""
     raw = env.get(name, "")
     word = raw.strip().lower()
     if not word:
         return default
     if word not in accepted:
-        raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(accepted)}, or empty for {default}")
+        raise SettingsError(
+            f"{name}={raw!r}: expected one of {', '.join(accepted)}, or empty for {default}"
+        )
     return word
 
 
 def default_calibration_dir(env: Mapping[str, str]) -> str:
     """Under $HF_HOME, which survives container rebuilds when the Hugging Face cache is mounted."""
-    hf_home = env.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    hf_home = env.get("HF_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "huggingface"
+    )
     return os.path.join(hf_home, "decisions-calibration")
 
 
@@ -383,5 +436,7 @@ def _calibration(env: Mapping[str, str]) -> str:
     except SettingsError:
         if os.path.isfile(text):
             return text
-    raise SettingsError(f"{name}={raw!r}: expected {SWITCH_WORDS} (on: the bundled question set), "
-                        "or the path of a question file, and no such file exists")  # fmt: skip
+    raise SettingsError(
+        f"{name}={raw!r}: expected {SWITCH_WORDS} (on: the bundled question set), "
+        "or the path of a question file, and no such file exists"
+    )

@@ -40,18 +40,25 @@ def served_model_name(args: Namespace) -> str:
     return names[0] if names else str(args.model)
 
 
-async def init_decisions_state(engine_client: EngineClient, state: State, args: Namespace) -> None:
+async def init_decisions_state(
+    engine_client: EngineClient, state: State, args: Namespace
+) -> None:
     """The decision service on the API server's app state; its startup work as a background task."""
-    service = build_service(engine_client, args, getattr(state, "openai_serving_models", None))
+    service = build_service(
+        engine_client, args, getattr(state, "openai_serving_models", None)
+    )
     state.decision_service = service
     # vLLM's own middleware echoes X-Request-Id under --enable-request-id-headers; the routes do otherwise.
-    state.decision_echo_request_id = not getattr(args, "enable_request_id_headers", False)
+    state.decision_echo_request_id = not getattr(
+        args, "enable_request_id_headers", False
+    )
     # Held so the task lives on; how it is going is service.readiness's to say.
     state.decision_startup = asyncio.create_task(start_service(service))
 
 
-def build_service(engine_client: EngineClient, args: Namespace,
-                  serving_models: Any = None) -> DecisionService:  # fmt: skip
+def build_service(
+    engine_client: EngineClient, args: Namespace, serving_models: Any = None
+) -> DecisionService:
     """Settings, plugins, host, backend and the decision service for ``vllm serve`` or ``vllm run-batch``
     (``args``: either's), its deployment's key for saved startup work on it. Nothing started yet.
     With vLLM's ``OpenAIServingModels``, a request's ``model`` is checked as vLLM checks it, and one
@@ -72,15 +79,34 @@ def build_service(engine_client: EngineClient, args: Namespace,
         else None,
         request_logger=request_logger(args),
     )
-    init_metrics(host.served_model)  # metrics.py: after vLLM's stat logger, in every API-server process
+    init_metrics(
+        host.served_model
+    )  # metrics.py: after vLLM's stat logger, in every API-server process
     config = engine_client.model_config
-    model = deployment(config, host.served_model, host.chat_template, host.chat_template_kwargs, host.logit_dtype)
-    content = Once(lambda: content_key(config.model, config.revision, getattr(config, "tokenizer", None),
-                                       getattr(config, "tokenizer_revision", None), settings.calibration_dir))  # fmt: skip
+    model = deployment(
+        config,
+        host.served_model,
+        host.chat_template,
+        host.chat_template_kwargs,
+        host.logit_dtype,
+    )
+    content = Once(
+        lambda: content_key(
+            config.model,
+            config.revision,
+            getattr(config, "tokenizer", None),
+            getattr(config, "tokenizer_revision", None),
+            settings.calibration_dir,
+        )
+    )
     service = new_service(settings, host, model, content=content)
-    logger.info("typed decisions enabled: backend %s (%s) for %s; loaded backends: %s", service.backend.name,
-                "configured" if settings.backend.name else "chosen for the model", host.architectures,
-                ", ".join(backend_names()))  # fmt: skip
+    logger.info(
+        "typed decisions enabled: backend %s (%s) for %s; loaded backends: %s",
+        service.backend.name,
+        "configured" if settings.backend.name else "chosen for the model",
+        host.architectures,
+        ", ".join(backend_names()),
+    )
     if serving_models is not None:
 
         async def adapter_service(adapter: Any) -> DecisionService:
@@ -90,21 +116,35 @@ def build_service(engine_client: EngineClient, args: Namespace,
             key = {**model, **await content(), "adapter_sha256": weights}
             return new_service(settings, host.for_adapter(adapter), key, adapter)
 
-        service.models = ServedModels(serving_models, adapter_service, start_service, settings.max_adapters)
+        service.models = ServedModels(
+            serving_models, adapter_service, start_service, settings.max_adapters
+        )
     return service
 
 
-def new_service(settings: Settings, host: VllmHost, model: dict[str, Any], adapter: Any = None,
-                content: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> DecisionService:  # fmt: skip
+def new_service(
+    settings: Settings,
+    host: VllmHost,
+    model: dict[str, Any],
+    adapter: Any = None,
+    content: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+) -> DecisionService:
     """The configured backend over ``host`` and a decision service for it, its startup work saved under
     ``model`` (the deployment's key, completed by ``content``, the model files' hashes, when the startup
     work begins) and to be started (:func:`start_service`)."""
     backend_cls = choose_backend(settings.backend, host.architectures)
-    backend = backend_cls(host, backend_options(backend_cls, settings.backend.args), settings)
+    backend = backend_cls(
+        host, backend_options(backend_cls, settings.backend.args), settings
+    )
     readiness = Readiness()
-    service = DecisionService(settings, backend, adapter.lora_name if adapter is not None else host.served_model,
-                              starter=lambda chosen: start_keyed(chosen, settings, model, content, readiness),
-                              readiness=readiness, adapter=adapter)  # fmt: skip
+    service = DecisionService(
+        settings,
+        backend,
+        adapter.lora_name if adapter is not None else host.served_model,
+        starter=lambda chosen: start_keyed(chosen, settings, model, content, readiness),
+        readiness=readiness,
+        adapter=adapter,
+    )
     service.deployment = model
     return service
 
@@ -113,11 +153,20 @@ def request_logger(args: Namespace) -> Any:
     """vLLM's request logger, as its own endpoints get it, when ``--enable-log-requests`` is on."""
     from vllm.entrypoints.serve.utils.request_logger import RequestLogger
 
-    return RequestLogger(max_log_len=args.max_log_len) if getattr(args, "enable_log_requests", False) else None
+    return (
+        RequestLogger(max_log_len=args.max_log_len)
+        if getattr(args, "enable_log_requests", False)
+        else None
+    )
 
 
-async def start_keyed(backend: DecisionBackend, settings: Settings, model: dict[str, Any],
-                      content: Callable[[], Awaitable[dict[str, Any]]] | None, readiness: Readiness) -> None:  # fmt: skip
+async def start_keyed(
+    backend: DecisionBackend,
+    settings: Settings,
+    model: dict[str, Any],
+    content: Callable[[], Awaitable[dict[str, Any]]] | None,
+    readiness: Readiness,
+) -> None:
     """The model files' hashes into ``model`` (the service's key, shared with its calibration), then
     the backend's start once per server."""
     if content is not None:
@@ -138,13 +187,21 @@ class Once:
         return dict(await asyncio.shield(self._task))
 
 
-async def start_backend_once(backend: DecisionBackend, settings: Settings, model: dict[str, Any],
-                             waiting: Callable[[], None] | None = None) -> None:  # fmt: skip
+async def start_backend_once(
+    backend: DecisionBackend,
+    settings: Settings,
+    model: dict[str, Any],
+    waiting: Callable[[], None] | None = None,
+) -> None:
     """Start ``backend`` once per server: one API-server process runs its start hook and the others adopt
     the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too.
     ``waiting`` is told when this process waits for another's start (readiness.py)."""
-    key = {**model, "backend": backend.name, "backend_args": dict(settings.backend.args),
-           "min_option_mass": settings.min_option_mass}  # fmt: skip
+    key = {
+        **model,
+        "backend": backend.name,
+        "backend_args": dict(settings.backend.args),
+        "min_option_mass": settings.min_option_mass,
+    }
 
     async def started() -> dict[str, Any]:
         try:
@@ -153,23 +210,36 @@ async def start_backend_once(backend: DecisionBackend, settings: Settings, model
             return {"failure": str(exc), "run": run_id()}
         return {"facts": shareable(backend, facts), "run": run_id()}
 
-    record, loaded = await once_per_server(Path(settings.calibration_dir), key, "startup", settings.startup_wait,
-                                           started, this_run, waiting)  # fmt: skip
+    record, loaded = await once_per_server(
+        Path(settings.calibration_dir),
+        key,
+        "startup",
+        settings.startup_wait,
+        started,
+        this_run,
+        waiting,
+    )
     if "failure" in record:
         raise BackendUnavailable(record["failure"])
     if loaded and record["facts"] is None:
         await backend.start()
     elif loaded and backend.facts_model is not None:
-        logger.info("decision startup check: adopting the result of another API-server process")
+        logger.info(
+            "decision startup check: adopting the result of another API-server process"
+        )
         backend.adopt(backend.facts_model.model_validate(record["facts"]))
 
 
-def shareable(backend: DecisionBackend, facts: BaseModel | None) -> dict[str, Any] | None:
+def shareable(
+    backend: DecisionBackend, facts: BaseModel | None
+) -> dict[str, Any] | None:
     """The facts ``start`` returned, as JSON for the other processes; None when it shares none."""
     if facts is None:
         return None
     if backend.facts_model is None or not isinstance(facts, backend.facts_model):
-        raise TypeError(f"backend {backend.name!r}: start() returned {type(facts).__name__}, not its facts_model")
+        raise TypeError(
+            f"backend {backend.name!r}: start() returned {type(facts).__name__}, not its facts_model"
+        )
     return facts.model_dump(mode="json")
 
 
@@ -181,12 +251,19 @@ async def start_service(service: DecisionService) -> None:
     from .corrections import Calibrated
 
     async def calibrate() -> Calibrated:
-        return await startup_calibration(service.backend, service.settings, service.deployment, service.readiness)
+        return await startup_calibration(
+            service.backend, service.settings, service.deployment, service.readiness
+        )
 
     try:
         await service.start(calibrate)
-    except BackendUnavailable as exc:  # a known refusal: its message says why and what to change
-        logger.error("decisions unavailable on this server (decision requests will get 503): %s", exc)
+    except (
+        BackendUnavailable
+    ) as exc:  # a known refusal: its message says why and what to change
+        logger.error(
+            "decisions unavailable on this server (decision requests will get 503): %s",
+            exc,
+        )
     except Exception:
         logger.exception("decision startup failed; decision requests will get 503")
     if service.models is not None and service.readiness.ready:

@@ -9,14 +9,26 @@ from typing import Any
 from pydantic import ValidationError
 
 # Error types that only say "this union branch didn't match"; a deeper error says more.
-BRANCH_MISMATCH = {"string_type", "list_type", "dict_type", "model_type", "bool_type", "int_type", "float_type"}
+BRANCH_MISMATCH = {
+    "string_type",
+    "list_type",
+    "dict_type",
+    "model_type",
+    "bool_type",
+    "int_type",
+    "float_type",
+}
 
 
 def location(loc: tuple[Any, ...], prefix: str = "") -> str:
     """``("questions", 0, "choices")`` -> ``questions[0].choices``."""
     text = prefix
     for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        text += (
+            f"[{part}]"
+            if isinstance(part, int)
+            else (f".{part}" if text else str(part))
+        )
     return text or "body"
 
 
@@ -28,25 +40,37 @@ def detail_message(detail: list[dict[str, Any]]) -> str:
 def is_field_name(part: Any) -> bool:
     """Union branches show up in locations as type names (``str``, ``list[TextPart]``...)."""
     return isinstance(part, int) or (
-        part.isidentifier() and part not in {"str", "int", "float", "bool", "dict", "list"}
+        part.isidentifier()
+        and part not in {"str", "int", "float", "bool", "dict", "list"}
     )
 
 
-def validation_message(exc: ValidationError, prefix: str = "", skip_first: bool = False) -> str:
+def validation_message(
+    exc: ValidationError, prefix: str = "", skip_first: bool = False
+) -> str:
     """Each error as ``field: message``, joined by ``; ``; branch-mismatch noise left out when a
     more specific error about the same field exists."""
     return errors_message(exc.errors(include_url=False), skip_first, prefix)
 
 
-def errors_message(errors: Sequence[Mapping[str, Any]], skip_first: bool = False, prefix: str = "") -> str:
+def errors_message(
+    errors: Sequence[Mapping[str, Any]], skip_first: bool = False, prefix: str = ""
+) -> str:
     """:func:`validation_message` for a list of pydantic-style errors (FastAPI's body errors, whose
     locations start with "body", with ``skip_first``)."""
     found = []
     for error in errors:
         loc = tuple(error["loc"][1:] if skip_first else error["loc"])
-        found.append((tuple(p for p in loc if is_field_name(p)), error["type"], error["msg"]))
+        found.append(
+            (tuple(p for p in loc if is_field_name(p)), error["type"], error["msg"])
+        )
     specific = [e for e in found if e[1] not in BRANCH_MISMATCH]
-    kept = [e for e in found if e[1] not in BRANCH_MISMATCH or not any(s[0][: len(e[0])] == e[0] for s in specific)]
+    kept = [
+        e
+        for e in found
+        if e[1] not in BRANCH_MISMATCH
+        or not any(s[0][: len(e[0])] == e[0] for s in specific)
+    ]
     seen: list[str] = []
     for loc, _, msg in kept:
         line = f"{location(loc, prefix)}: {msg}"

@@ -37,9 +37,18 @@ def __getattr__(name: str) -> Any:
 def built_in_backend(name: str) -> type[DecisionBackend]:
     """The built-in backend selected by ``name`` (one of :data:`BUILT_IN`), importing it if need be."""
     class_name, subpackage = BUILT_IN[name]
-    cls: type[DecisionBackend] = getattr(import_module(subpackage, __name__), class_name)
+    cls: type[DecisionBackend] = getattr(
+        import_module(subpackage, __name__), class_name
+    )
     return cls
 
 
-__all__ = ["BUILT_IN", "CanvasBackend", "DecisionBackend", "EncoderBackend", "LogitBackend", "Reading",
-           "built_in_backend"]  # fmt: skip
+__all__ = [
+    "BUILT_IN",
+    "CanvasBackend",
+    "DecisionBackend",
+    "EncoderBackend",
+    "LogitBackend",
+    "Reading",
+    "built_in_backend",
+]

@@ -28,7 +28,11 @@ Facts: TypeAlias = BaseModel | Mapping[str, JsonValue]
 
 def facts_json(facts: Facts) -> dict[str, Any]:
     """``facts`` as the JSON object an answer carries."""
-    return facts.model_dump(exclude_unset=True) if isinstance(facts, BaseModel) else dict(facts)
+    return (
+        facts.model_dump(exclude_unset=True)
+        if isinstance(facts, BaseModel)
+        else dict(facts)
+    )
 
 
 @dataclass
@@ -88,11 +92,19 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         super().__init_subclass__(**kwargs)
         cls.legacy_read = takes_legacy_read(cls.read)
         if cls.legacy_read:
-            warnings.warn(f"decision backend {cls.__qualname__}: read(state, question, request_id, options) is "
-                          "deprecated; implement read(question, context) (backends/README.md)",
-                          DeprecationWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"decision backend {cls.__qualname__}: read(state, question, request_id, options) is "
+                "deprecated; implement read(question, context) (backends/README.md)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
 
-    def __init__(self, host: BackendHost, options: OptionsT | None = None, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        host: BackendHost,
+        options: OptionsT | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         self.host = host
         # None only for a backend without options (OptionsT None); one with options fills in its defaults.
         self.options: OptionsT = cast(OptionsT, options)
@@ -103,12 +115,16 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         if not overrides:
             return self.options
         if self.options_model is None:
-            raise DecisionError(f"extra.backend_options: the {self.name!r} backend takes no per-request options")
+            raise DecisionError(
+                f"extra.backend_options: the {self.name!r} backend takes no per-request options"
+            )
         base = self.options.model_dump() if self.options is not None else {}
         try:
             options = self.options_model.model_validate({**base, **overrides})
         except ValidationError as exc:
-            raise DecisionError(validation_message(exc, "extra.backend_options")) from None
+            raise DecisionError(
+                validation_message(exc, "extra.backend_options")
+            ) from None
         for name in self.startup_only:
             if name in overrides and getattr(options, name) != base.get(name):
                 raise DecisionError(
@@ -121,7 +137,10 @@ class DecisionBackend(ABC, Generic[OptionsT]):
     def compared_layouts(self) -> tuple[str, ...]:
         """The layouts startup calibration compares, the first its baseline: none where the backend has
         one way, or where the operator chose one at startup."""
-        chosen = self.options is not None and self.layout_option in self.options.model_fields_set
+        chosen = (
+            self.options is not None
+            and self.layout_option in self.options.model_fields_set
+        )
         return () if self.layout_option is None or chosen else self.layouts
 
     def with_layout(self, options: OptionsT, layout: str | None) -> OptionsT:
@@ -155,7 +174,9 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         """Apply the facts (a :attr:`facts_model`) another API-server process's :meth:`start` returned."""
 
     @abstractmethod
-    async def read(self, question: CompiledQuestion, context: ReadContext[OptionsT]) -> Reading:
+    async def read(
+        self, question: CompiledQuestion, context: ReadContext[OptionsT]
+    ) -> Reading:
         """Score every option of ``question`` about ``context.state``, with this request's options
         (``context.options``, from :meth:`request_options`); engine reads go through the host with
         ``context`` (or ``context.part(...)`` for each of several)."""
@@ -168,16 +189,24 @@ def takes_legacy_read(read: Any) -> bool:
         parameters = list(inspect.signature(read).parameters.values())[1:]
     except (TypeError, ValueError):
         return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
     return sum(p.kind in positional for p in parameters) > 2
 
 
-async def backend_read(backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]) -> Reading:
+async def backend_read(
+    backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]
+) -> Reading:
     """``backend``'s reading of ``question``: the one way the package calls ``read``, so backends written
     for the old signature keep working."""
     if backend.legacy_read:
         legacy: Any = backend.read
-        return cast(Reading, await legacy(context.state, question, context.request_id, context.options))
+        return cast(
+            Reading,
+            await legacy(context.state, question, context.request_id, context.options),
+        )
     return await backend.read(question, context)
 
 
@@ -198,4 +227,6 @@ def checked_scores(reading: Any, options: int, backend: str) -> list[float]:
         fault = "gave every option zero probability"
     else:
         return values
-    raise DecisionError(f"backend {backend!r} {fault}", HTTPStatus.INTERNAL_SERVER_ERROR)
+    raise DecisionError(
+        f"backend {backend!r} {fault}", HTTPStatus.INTERNAL_SERVER_ERROR
+    )

@@ -61,8 +61,10 @@ def resume(output: Path) -> Done:
             except (ValueError, KeyError, TypeError):
                 match = None
             if match is None:
-                raise ValueError(f"{output}: line {raw[:80]!r} was not written by a decision batch; "
-                                 "use a new output file")  # fmt: skip
+                raise ValueError(
+                    f"{output}: line {raw[:80]!r} was not written by a decision batch; "
+                    "use a new output file"
+                )
             done.add(int(match.group(1)))
             done.failed += failed(record)
             keep += len(raw)
@@ -76,7 +78,9 @@ def failed(record: Any) -> bool:
     """Whether an output line answers its input line with an error: an ``error``, or a status other than 200."""
     response = record.get("response") if isinstance(record, dict) else None
     status = response.get("status_code") if isinstance(response, dict) else None
-    return not isinstance(record, dict) or record.get("error") is not None or status != 200
+    return (
+        not isinstance(record, dict) or record.get("error") is not None or status != 200
+    )
 
 
 def lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -101,12 +105,35 @@ def unreadable(number: int, text: str) -> str | None:
 
 def invalid_line(number: int, request_id: str, problem: str) -> str:
     """The output line for an input line that is no request: its error, with no custom_id (unread)."""
-    return output_line(number, request_id, None, None, None, {"code": "invalid_line", "message": problem})
+    return output_line(
+        number,
+        request_id,
+        None,
+        None,
+        None,
+        {"code": "invalid_line", "message": problem},
+    )
 
 
-def output_line(line: int, request_id: str, custom_id: Any, status: int | None, body: Any, error: Any) -> str:
-    response = None if status is None else {"status_code": status, "request_id": request_id, "body": body}
-    record = {"id": f"batch-L{line}-{request_id}", "custom_id": custom_id, "response": response, "error": error}
+def output_line(
+    line: int,
+    request_id: str,
+    custom_id: Any,
+    status: int | None,
+    body: Any,
+    error: Any,
+) -> str:
+    response = (
+        None
+        if status is None
+        else {"status_code": status, "request_id": request_id, "body": body}
+    )
+    record = {
+        "id": f"batch-L{line}-{request_id}",
+        "custom_id": custom_id,
+        "response": response,
+        "error": error,
+    }
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 

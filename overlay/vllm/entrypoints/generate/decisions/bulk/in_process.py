@@ -60,8 +60,13 @@ class Decisions:
         self.service = service
 
     @classmethod
-    async def start(cls, engine_client: EngineClient, served_model: str | None = None,
-                    args: Namespace | None = None, lora_modules: list[LoRAModulePath] | None = None) -> Decisions:  # fmt: skip
+    async def start(
+        cls,
+        engine_client: EngineClient,
+        served_model: str | None = None,
+        args: Namespace | None = None,
+        lora_modules: list[LoRAModulePath] | None = None,
+    ) -> Decisions:
         """The decision service over ``engine_client``, started as a server's is (the backend's startup
         check, then the saved calibration or a new one, then the same for each LoRA adapter); ``args`` are
         vLLM's frontend arguments when there are some (``vllm run-batch`` passes its own). A request's
@@ -69,17 +74,31 @@ class Decisions:
         ``args``), loaded here as ``vllm serve --lora-modules`` loads them (the engine needs
         ``enable_lora``). Raises if the backend can't serve the model."""
         if args is None:
-            args = Namespace(model=engine_client.model_config.model, served_model_name=served_model and [served_model])
-        service = build_service(engine_client, args, await serving_models(engine_client, args, lora_modules))
+            args = Namespace(
+                model=engine_client.model_config.model,
+                served_model_name=served_model and [served_model],
+            )
+        service = build_service(
+            engine_client, args, await serving_models(engine_client, args, lora_modules)
+        )
         await start_service(service)
-        if service.models is not None:  # an adapter first named later starts before its request is decided
+        if (
+            service.models is not None
+        ):  # an adapter first named later starts before its request is decided
             service.models.wait_for_start = True
         if service.readiness.failure is not None:
-            raise RuntimeError(f"decisions are unavailable on this model: {service.readiness.failure}")
+            raise RuntimeError(
+                f"decisions are unavailable on this model: {service.readiness.failure}"
+            )
         return cls(service)
 
-    async def decide(self, body: Any, url: str = DECISIONS, request_id: str | None = None,
-                     source: bytes | None = None) -> Result:  # fmt: skip
+    async def decide(
+        self,
+        body: Any,
+        url: str = DECISIONS,
+        request_id: str | None = None,
+        source: bytes | None = None,
+    ) -> Result:
         """One request: ``body`` as JSON text or bytes (size-limited and parsed as strictly as the server
         does) or an already-parsed value; ``url`` names the wire format. ``request_id`` (else a new one)
         is the request's one id, as a route's X-Request-Id: its engine reads and its response's id
@@ -95,20 +114,31 @@ class Decisions:
                 if source is not None:
                     decode_body(source, None, limit)
                 elif isinstance(value, str | bytes):
-                    value = parse_json(decode_body(value.encode() if isinstance(value, str) else value, None, limit))
+                    value = parse_json(
+                        decode_body(
+                            value.encode() if isinstance(value, str) else value,
+                            None,
+                            limit,
+                        )
+                    )
             except DecisionError as exc:
                 return wire.refusal(exc)
             try:
                 return await wire.answer(lambda: self.service, value, request_id)
-            except Exception:  # a fault: a 500 in the wire's shape, as the route's, not a lost request
+            except (
+                Exception
+            ):  # a fault: a 500 in the wire's shape, as the route's, not a lost request
                 logger.exception("decision %s failed", request_id)
                 return wire.refusal(internal_error(request_id))
 
-        reply = await observed_route(url, answer)(body)  # metrics.py: counted and timed as the route is
+        reply = await observed_route(url, answer)(
+            body
+        )  # metrics.py: counted and timed as the route is
         return Result(reply.status_code, reply.json(), request_id)
 
-    async def decide_many(self, bodies: Iterable[Any], url: str = DECISIONS,
-                          in_flight: int = 64) -> AsyncIterator[Result]:  # fmt: skip
+    async def decide_many(
+        self, bodies: Iterable[Any], url: str = DECISIONS, in_flight: int = 64
+    ) -> AsyncIterator[Result]:
         """Every body's result, in order, with at most ``in_flight`` requests at the engine at once."""
         window: list[asyncio.Task[Result]] = []
         for body in bodies:
@@ -119,14 +149,21 @@ class Decisions:
             yield await window.pop(0)
 
 
-async def serving_models(engine_client: EngineClient, args: Namespace,
-                         lora_modules: list[LoRAModulePath] | None = None) -> Any:  # fmt: skip
+async def serving_models(
+    engine_client: EngineClient,
+    args: Namespace,
+    lora_modules: list[LoRAModulePath] | None = None,
+) -> Any:
     """vLLM's ``OpenAIServingModels`` as ``vllm serve`` builds it from ``args``: the served names and the
     ``--lora-modules`` adapters (or ``lora_modules``), loaded into the engine."""
     from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 
     names = getattr(args, "served_model_name", None) or [served_model_name(args)]
     paths = [BaseModelPath(name=name, model_path=str(args.model)) for name in names]
-    models = OpenAIServingModels(engine_client, paths, lora_modules=lora_modules or getattr(args, "lora_modules", None))
+    models = OpenAIServingModels(
+        engine_client,
+        paths,
+        lora_modules=lora_modules or getattr(args, "lora_modules", None),
+    )
     await models.init_static_loras()
     return models

@@ -56,7 +56,9 @@ class Board:
         self.records: dict[str, dict[str, Any]] = {}
         self.making: dict[str, asyncio.Event] = {}
         self.started = 0
-        self.made: dict[str, int] = {}  # how often each record was made: once, unless a maker was waited out
+        self.made: dict[
+            str, int
+        ] = {}  # how often each record was made: once, unless a maker was waited out
 
     def join(self) -> int:
         """The ordinal of an actor starting: 0, 1, ... (a restarted actor gets a new one)."""
@@ -66,7 +68,9 @@ class Board:
     async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
         while name not in self.records:
             making = self.making.get(name)
-            if making is None:  # nobody is making it (or the maker failed): the caller makes it
+            if (
+                making is None
+            ):  # nobody is making it (or the maker failed): the caller makes it
                 self.making[name] = asyncio.Event()
                 return None
             try:
@@ -119,8 +123,16 @@ class DecisionStage:
     once (each call on a thread of its own), and every row of them goes to the engine at once, at most
     ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` in all, so the engine is not left idle between batches."""
 
-    def __init__(self, model: str, engine_args: dict[str, Any], served_model: str | None, board: Any,
-                 run: str, batch_lines: bool, actor_env: list[dict[str, str]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        engine_args: dict[str, Any],
+        served_model: str | None,
+        board: Any,
+        run: str,
+        batch_lines: bool,
+        actor_env: list[dict[str, str]],
+    ) -> None:
         if actor_env:  # before the engine and the settings read them
             os.environ.update(actor_env[ray.get(board.join.remote()) % len(actor_env)])
         name_run(run)
@@ -128,12 +140,18 @@ class DecisionStage:
         self.batch_lines = batch_lines
         # The engine lives on an event loop of the actor's own, which Ray's batches are handed to.
         self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="decisions", daemon=True).start()
-        self.engine, self.decisions = self._wait(self._start(model, engine_args, served_model))
+        threading.Thread(
+            target=self.loop.run_forever, name="decisions", daemon=True
+        ).start()
+        self.engine, self.decisions = self._wait(
+            self._start(model, engine_args, served_model)
+        )
         self.gate = asyncio.Semaphore(self.decisions.service.settings.bulk_in_flight)
 
     @staticmethod
-    async def _start(model: str, engine_args: dict[str, Any], served_model: str | None) -> tuple[Any, Decisions]:
+    async def _start(
+        model: str, engine_args: dict[str, Any], served_model: str | None
+    ) -> tuple[Any, Decisions]:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -153,23 +171,42 @@ class DecisionStage:
     async def _rows(self, batch: dict[str, Any]) -> dict[str, Any]:
         bodies = list(batch["body"])
         urls = list(batch["url"]) if "url" in batch else [DECISIONS] * len(bodies)
-        ids = list(batch["request_id"]) if "request_id" in batch else [None] * len(bodies)
+        ids = (
+            list(batch["request_id"]) if "request_id" in batch else [None] * len(bodies)
+        )
 
         async def one(body: Any, url: Any, request_id: Any) -> tuple[int, str, str]:
             rid = str(request_id or "") or new_request_id()
             try:
                 async with self.gate:
-                    value = dict(body) if isinstance(body, Mapping) else str(body)  # text: held to the body limit
-                    result = await self.decisions.decide(value, str(url or DECISIONS), rid)
-                return result.status, json.dumps(result.body, ensure_ascii=False), result.request_id
-            except Exception:  # this row is answered as a fault; the batch and its other rows go on
+                    value = (
+                        dict(body) if isinstance(body, Mapping) else str(body)
+                    )  # text: held to the body limit
+                    result = await self.decisions.decide(
+                        value, str(url or DECISIONS), rid
+                    )
+                return (
+                    result.status,
+                    json.dumps(result.body, ensure_ascii=False),
+                    result.request_id,
+                )
+            except (
+                Exception
+            ):  # this row is answered as a fault; the batch and its other rows go on
                 logger.exception("decision stage: row %s failed", rid)
-                return HTTPStatus.INTERNAL_SERVER_ERROR.value, json.dumps(row_fault(url, rid)), rid
+                return (
+                    HTTPStatus.INTERNAL_SERVER_ERROR.value,
+                    json.dumps(row_fault(url, rid)),
+                    rid,
+                )
 
         answered = await asyncio.gather(*map(one, bodies, urls, ids))
-        return {**batch, "status_code": [status for status, _, _ in answered],
-                "response": [response for _, response, _ in answered],
-                "request_id": [request_id for _, _, request_id in answered]}  # fmt: skip
+        return {
+            **batch,
+            "status_code": [status for status, _, _ in answered],
+            "response": [response for _, response, _ in answered],
+            "request_id": [request_id for _, _, request_id in answered],
+        }
 
     async def _lines(self, batch: dict[str, Any]) -> dict[str, Any]:
         async def one(number: Any, text: Any) -> str:
@@ -177,13 +214,26 @@ class DecisionStage:
             try:
                 line = Line.parse(int(number), str(text))
                 async with self.gate:
-                    status, body, error, custom_id = await answer_line(self.decisions, line, request_id)
-                return output_line(line.number, request_id, custom_id, status, body, error)
-            except Exception:  # answer_line doesn't raise; this guards the row's own fields
-                logger.exception("decision stage: line %s (request %s) failed", number, request_id)
+                    status, body, error, custom_id = await answer_line(
+                        self.decisions, line, request_id
+                    )
+                return output_line(
+                    line.number, request_id, custom_id, status, body, error
+                )
+            except (
+                Exception
+            ):  # answer_line doesn't raise; this guards the row's own fields
+                logger.exception(
+                    "decision stage: line %s (request %s) failed", number, request_id
+                )
                 message = f"line {number}: internal error; the log has the details (look for {request_id})"
                 return output_line(
-                    int(number), request_id, None, None, None, {"code": "internal_error", "message": message}
+                    int(number),
+                    request_id,
+                    None,
+                    None,
+                    None,
+                    {"code": "internal_error", "message": message},
                 )
 
         return {"text": await asyncio.gather(*map(one, batch["line"], batch["text"]))}
@@ -194,9 +244,18 @@ class DecisionStage:
             engine.shutdown()
 
 
-def decisions_stage(model: str, engine_args: Mapping[str, Any] | None = None, *, served_model: str | None = None,
-                    concurrency: int = 1, batch_size: int = 64, batches_per_actor: int = 4, batch_lines: bool = False,
-                    actor_env: Sequence[Mapping[str, str]] = (), **map_batches_args: Any) -> dict[str, Any]:  # fmt: skip
+def decisions_stage(
+    model: str,
+    engine_args: Mapping[str, Any] | None = None,
+    *,
+    served_model: str | None = None,
+    concurrency: int = 1,
+    batch_size: int = 64,
+    batches_per_actor: int = 4,
+    batch_lines: bool = False,
+    actor_env: Sequence[Mapping[str, str]] = (),
+    **map_batches_args: Any,
+) -> dict[str, Any]:
     """``Dataset.map_batches`` arguments for decisions by ``concurrency`` actors, each with one engine
     for ``model`` (``engine_args``: vLLM's ``AsyncEngineArgs`` besides the model) and the decision
     service over it; requests name the model ``served_model`` (else its path). Batches of
@@ -207,11 +266,26 @@ def decisions_stage(model: str, engine_args: Mapping[str, Any] | None = None, *,
     as each engine's ``VLLM_CPU_OMP_THREADS_BIND`` when several actors share a machine."""
     board = RecordBoard.remote()
     run = f"ray-stage-{uuid.uuid4().hex}"  # the actors' shared run name, for records only this run may reuse
-    arguments = {"model": model, "engine_args": dict(engine_args or {}), "served_model": served_model,
-                 "board": board, "run": run, "batch_lines": batch_lines,
-                 "actor_env": [dict(env) for env in actor_env]}  # fmt: skip
+    arguments = {
+        "model": model,
+        "engine_args": dict(engine_args or {}),
+        "served_model": served_model,
+        "board": board,
+        "run": run,
+        "batch_lines": batch_lines,
+        "actor_env": [dict(env) for env in actor_env],
+    }
     # Several calls at once on each actor, each waiting on the actor's own event loop for its rows.
-    pool = ray.data.ActorPoolStrategy(size=concurrency, max_concurrent_calls_per_actor=batches_per_actor,
-                                      enable_true_multi_threading=True)  # fmt: skip
-    return {"fn": DecisionStage, "fn_constructor_kwargs": arguments, "compute": pool, "batch_size": batch_size,
-            "batch_format": "numpy", **map_batches_args}  # fmt: skip
+    pool = ray.data.ActorPoolStrategy(
+        size=concurrency,
+        max_concurrent_calls_per_actor=batches_per_actor,
+        enable_true_multi_threading=True,
+    )
+    return {
+        "fn": DecisionStage,
+        "fn_constructor_kwargs": arguments,
+        "compute": pool,
+        "batch_size": batch_size,
+        "batch_format": "numpy",
+        **map_batches_args,
+    }

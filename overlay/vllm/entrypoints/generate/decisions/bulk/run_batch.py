@@ -55,7 +55,9 @@ class Tally:
     lines: int = 0
     failed: int = 0
     skipped: int = 0
-    failed_before: int = 0  # of the lines skipped, those an earlier run answered with an error
+    failed_before: int = (
+        0  # of the lines skipped, those an earlier run answered with an error
+    )
     decisions: int = 0  # questions answered
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -69,11 +71,16 @@ class Tally:
         if not isinstance(body, dict):
             return
         answers = body.get("answers", ())
-        self.decisions += sum(1 for a in (answers.values() if isinstance(answers, dict) else answers)
-                              if a.get("type") != "refusal")  # fmt: skip
+        self.decisions += sum(
+            1
+            for a in (answers.values() if isinstance(answers, dict) else answers)
+            if a.get("type") != "refusal"
+        )
         usage = body.get("usage", {})
         self.input_tokens += int(usage.get("input_tokens", 0))
-        self.cached_tokens += int(usage.get("input_tokens_details", {}).get("cached_tokens", 0))
+        self.cached_tokens += int(
+            usage.get("input_tokens_details", {}).get("cached_tokens", 0)
+        )
 
     def summary(self) -> str:
         seconds = time.monotonic() - self.started
@@ -82,10 +89,14 @@ class Tally:
             if self.input_tokens
             else ""
         )
-        earlier = f" ({self.failed_before} of them failed)" if self.failed_before else ""
-        return (f"decision batch: {self.lines} lines in {seconds:.1f} s ({self.failed} failed, {self.skipped} "
-                f"already answered{earlier}), {self.decisions} decisions, {self.decisions / max(seconds, 1e-9):.1f} "
-                f"decisions/s{cached}")  # fmt: skip
+        earlier = (
+            f" ({self.failed_before} of them failed)" if self.failed_before else ""
+        )
+        return (
+            f"decision batch: {self.lines} lines in {seconds:.1f} s ({self.failed} failed, {self.skipped} "
+            f"already answered{earlier}), {self.decisions} decisions, {self.decisions / max(seconds, 1e-9):.1f} "
+            f"decisions/s{cached}"
+        )
 
     @property
     def all_failed(self) -> int:
@@ -110,11 +121,22 @@ class Line:
             record = parse_json(text.encode())
         except DecisionError as exc:
             return cls(number, text, None, f"line {number}: {exc.message}")
-        except Exception:  # whatever else: this line is answered as unreadable, the others go on
+        except (
+            Exception
+        ):  # whatever else: this line is answered as unreadable, the others go on
             logger.exception("decision batch: line %d could not be parsed", number)
             return cls(number, text, None, f"line {number}: could not be read as JSON")
-        if not isinstance(record, dict) or not isinstance(record.get("url"), str) or "body" not in record:
-            return cls(number, text, None, f"line {number}: expected an object with custom_id, method, url and body")
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("url"), str)
+            or "body" not in record
+        ):
+            return cls(
+                number,
+                text,
+                None,
+                f"line {number}: expected an object with custom_id, method, url and body",
+            )
         return cls(number, text, record)
 
     @property
@@ -157,8 +179,12 @@ class ReadAhead:
             self.held += 1
 
 
-async def answer_line(decisions: Decisions, line: Line, request_id: str,
-                      others: Callable[[str, str], Awaitable[Any] | None] | None = None) -> tuple[int | None, Any, Any, Any]:  # fmt: skip
+async def answer_line(
+    decisions: Decisions,
+    line: Line,
+    request_id: str,
+    others: Callable[[str, str], Awaitable[Any] | None] | None = None,
+) -> tuple[int | None, Any, Any, Any]:
     """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error.
     ``others`` answers lines for vLLM's own run-batch URLs (None for a URL it doesn't serve); without it,
     only decision URLs are served. Never raises (but for cancellation): a fault answering the line is
@@ -166,14 +192,19 @@ async def answer_line(decisions: Decisions, line: Line, request_id: str,
     try:
         return await _answer_line(decisions, line, request_id, others)
     except Exception:
-        logger.exception("decision batch: line %d (request %s) failed", line.number, request_id)
+        logger.exception(
+            "decision batch: line %d (request %s) failed", line.number, request_id
+        )
         custom_id = line.record.get("custom_id") if line.record is not None else None
         message = f"line {line.number}: internal error; the log has the details (look for {request_id})"
         return None, None, {"code": "internal_error", "message": message}, custom_id
 
 
 async def _answer_line(
-    decisions: Decisions, line: Line, request_id: str, others: Callable[[str, str], Awaitable[Any] | None] | None
+    decisions: Decisions,
+    line: Line,
+    request_id: str,
+    others: Callable[[str, str], Awaitable[Any] | None] | None,
 ) -> tuple[int | None, Any, Any, Any]:
     record = line.record
     if record is None:
@@ -182,26 +213,51 @@ async def _answer_line(
     if url not in DECISION_PATHS:
         try:
             stock = others(url, line.text) if others is not None else None
-        except ValueError as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
-            return HTTPStatus.BAD_REQUEST, None, {"code": "invalid_line", "message": str(exc)}, custom_id
+        except (
+            ValueError
+        ) as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
+            return (
+                HTTPStatus.BAD_REQUEST,
+                None,
+                {"code": "invalid_line", "message": str(exc)},
+                custom_id,
+            )
         if stock is None:
             message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_PATHS)})"
-            return None, None, {"code": "unsupported_url", "message": message}, custom_id
+            return (
+                None,
+                None,
+                {"code": "unsupported_url", "message": message},
+                custom_id,
+            )
         out = json.loads((await stock).model_dump_json())
         response = out.get("response") or {}
-        return response.get("status_code"), response.get("body"), out.get("error"), custom_id
+        return (
+            response.get("status_code"),
+            response.get("body"),
+            out.get("error"),
+            custom_id,
+        )
     if record.get("method", "POST") != "POST":
         message = f"line {line.number}: only POST is supported"
         return None, None, {"code": "invalid_method", "message": message}, custom_id
     # The body as parsed from the line (as strictly as the server parses one); the line is held to
     # the body size limit.
-    result = await decisions.decide(record["body"], url, request_id, source=line.text.encode())
+    result = await decisions.decide(
+        record["body"], url, request_id, source=line.text.encode()
+    )
     return result.status, result.body, None, custom_id
 
 
 class DecisionBatch:
-    def __init__(self, decisions: Decisions, others: Callable[[str, str], Awaitable[Any] | None], writer: Writer,
-                 tally: Tally, progress: tqdm) -> None:  # fmt: skip
+    def __init__(
+        self,
+        decisions: Decisions,
+        others: Callable[[str, str], Awaitable[Any] | None],
+        writer: Writer,
+        tally: Tally,
+        progress: tqdm,
+    ) -> None:
         self.decisions = decisions
         self.others = others
         self.writer = writer
@@ -209,36 +265,58 @@ class DecisionBatch:
         self.progress = progress
 
     async def answer(self, line: Line) -> None:
-        request_id = new_request_id()  # the line's one id: its output line's and its response's
-        status, body, error, custom_id = await answer_line(self.decisions, line, request_id, self.others)
-        self.writer.write(output_line(line.number, request_id, custom_id, status, body, error))
+        request_id = (
+            new_request_id()
+        )  # the line's one id: its output line's and its response's
+        status, body, error, custom_id = await answer_line(
+            self.decisions, line, request_id, self.others
+        )
+        self.writer.write(
+            output_line(line.number, request_id, custom_id, status, body, error)
+        )
         self.tally.count(status, body)
         self.progress.update()
-        self.progress.set_postfix(decisions_per_s=f"{self.tally.decisions / (time.monotonic() - self.tally.started):.1f}",
-                                  failed=self.tally.failed, refresh=False)  # fmt: skip
+        self.progress.set_postfix(
+            decisions_per_s=f"{self.tally.decisions / (time.monotonic() - self.tally.started):.1f}",
+            failed=self.tally.failed,
+            refresh=False,
+        )
 
 
-async def run_decision_batch(engine_client: EngineClient, args: Namespace, registry: dict[str, Any],
-                             state: State) -> None:  # fmt: skip
+async def run_decision_batch(
+    engine_client: EngineClient, args: Namespace, registry: dict[str, Any], state: State
+) -> None:
     """The whole batch: wait for the decision startup work, then stream the file through."""
     service = getattr(state, "decision_service", None)
     if service is None:
-        raise SystemExit("decision batch: this model serves no decisions (it supports neither generate nor "
-                         "token_classify)")  # fmt: skip
+        raise SystemExit(
+            "decision batch: this model serves no decisions (it supports neither generate nor "
+            "token_classify)"
+        )
     await service.readiness.settled()
     if (startup := getattr(state, "decision_startup", None)) is not None:
         await startup  # then the startup work of each --lora-modules adapter
-    if service.models is not None:  # an adapter's line waits for its startup work rather than failing
+    if (
+        service.models is not None
+    ):  # an adapter's line waits for its startup work rather than failing
         service.models.wait_for_start = True
     if service.readiness.failure is not None:
-        raise SystemExit(f"decision batch: decisions are unavailable on this model: {service.readiness.failure}")
+        raise SystemExit(
+            f"decision batch: decisions are unavailable on this model: {service.readiness.failure}"
+        )
     source, target = Path(args.input_file), Path(args.output_file)
     if not source.is_file():
-        raise SystemExit(f"decision batch: {args.input_file} is not a local file (decision batches are streamed "
-                         "from a local input file to a local output file)")  # fmt: skip
+        raise SystemExit(
+            f"decision batch: {args.input_file} is not a local file (decision batches are streamed "
+            "from a local input file to a local output file)"
+        )
     done = resume(target)
     if done:
-        logger.info("decision batch: %d lines of %s already answered; answering the rest", len(done), target)
+        logger.info(
+            "decision batch: %d lines of %s already answered; answering the rest",
+            len(done),
+            target,
+        )
     settings = service.settings
     tally = Tally(skipped=0, failed_before=done.failed)
     writer = Writer(target)
@@ -260,7 +338,9 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
                 yield Line.parse(number, text)
 
     with tqdm(unit="line", desc="Decision batch", mininterval=2) as progress:
-        batch = DecisionBatch(Decisions(service), stock_handler(registry), writer, tally, progress)
+        batch = DecisionBatch(
+            Decisions(service), stock_handler(registry), writer, tally, progress
+        )
 
         async def run(line: Line) -> None:
             try:
@@ -279,7 +359,9 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
             await asyncio.gather(*tasks, return_exceptions=True)
     writer.close()
     logger.info(tally.summary())
-    if faults:  # the lines not written are answered by a rerun with the same output file
+    if (
+        faults
+    ):  # the lines not written are answered by a rerun with the same output file
         raise faults[0]
     if tally.all_failed:
         logger.error(
@@ -292,10 +374,15 @@ async def run_decision_batch(engine_client: EngineClient, args: Namespace, regis
         raise SystemExit(FAILED_LINES_EXIT)
 
 
-def stock_handler(registry: dict[str, Any]) -> Callable[[str, str], Awaitable[Any] | None]:
+def stock_handler(
+    registry: dict[str, Any],
+) -> Callable[[str, str], Awaitable[Any] | None]:
     """A line for one of vLLM's own run-batch endpoints, answered by vLLM's handler; None for a URL
     vLLM doesn't serve either."""
-    from vllm.entrypoints.launchers.run_batch import BatchRequestInput, handle_endpoint_request
+    from vllm.entrypoints.launchers.run_batch import (
+        BatchRequestInput,
+        handle_endpoint_request,
+    )
 
     class NoProgress:
         def submitted(self) -> None: ...
@@ -307,7 +394,12 @@ def stock_handler(registry: dict[str, Any]) -> Callable[[str, str], Awaitable[An
         if config is None or not config["url_matcher"](url):
             return None
         request = BatchRequestInput.model_validate_json(text)
-        return handle_endpoint_request(request, NoProgress(), config["url_matcher"], config["handler_getter"],
-                                       config["wrapper_fn"])  # fmt: skip
+        return handle_endpoint_request(
+            request,
+            NoProgress(),
+            config["url_matcher"],
+            config["handler_getter"],
+            config["wrapper_fn"],
+        )
 
     return handle

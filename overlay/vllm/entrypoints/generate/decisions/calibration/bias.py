@@ -29,8 +29,12 @@ from .maths import FOLDS, HIGH_TEMPERATURE, LOW_TEMPERATURE, RESAMPLES, fold_of_
 
 FloatArray = npt.NDArray[np.float64]
 
-RIDGE = 0.1  # on the position intercepts, so a position seen a few times gets a small bias
-SCORE_FLOOR = -30.0  # a -inf score (an option the reading gives nothing) enters the fit here
+RIDGE = (
+    0.1  # on the position intercepts, so a position seen a few times gets a small bias
+)
+SCORE_FLOOR = (
+    -30.0
+)  # a -inf score (an option the reading gives nothing) enters the fit here
 ITERATIONS = 50
 
 
@@ -61,30 +65,49 @@ class Candidate(BaseModel):
     # Each question's held-out loss by its id, for pairing (not saved).
     _losses: dict[str, float] = PrivateAttr(default_factory=dict)
 
-    def gain_over(self, baseline: Candidate, groups: dict[str, str]) -> tuple[float, float]:
+    def gain_over(
+        self, baseline: Candidate, groups: dict[str, str]
+    ) -> tuple[float, float]:
         """The 95% interval of the mean held-out log-loss gain over ``baseline`` on the questions both
         answered."""
         shared = [key for key in self._losses if key in baseline._losses]
-        return gain_interval([baseline._losses[k] - self._losses[k] for k in shared], [groups[k] for k in shared])
+        return gain_interval(
+            [baseline._losses[k] - self._losses[k] for k in shared],
+            [groups[k] for k in shared],
+        )
 
     def beats(self, baseline: Candidate) -> bool:
         """The keep rule: a gain whose whole interval is above zero, and no lower accuracy."""
-        return self.gain is not None and self.gain[0] > 0 and self.accuracy >= baseline.accuracy
+        return (
+            self.gain is not None
+            and self.gain[0] > 0
+            and self.accuracy >= baseline.accuracy
+        )
 
 
-def gain_interval(gains: Sequence[float], groups: Sequence[str], resamples: int = RESAMPLES,
-                  seed: int = 0) -> tuple[float, float]:  # fmt: skip
+def gain_interval(
+    gains: Sequence[float],
+    groups: Sequence[str],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
     """95% interval (2.5th and 97.5th percentiles) of the mean per-question gain, resampling question
     groups with replacement as the temperature's keep rule does (maths.bootstrap_interval)."""
     number: dict[str, int] = {}
-    index = np.asarray([number.setdefault(g, len(number)) for g in groups], dtype=np.int64)
+    index = np.asarray(
+        [number.setdefault(g, len(number)) for g in groups], dtype=np.int64
+    )
     count = len(number)
-    totals = np.bincount(index, weights=np.asarray(gains, dtype=np.float64), minlength=count)
+    totals = np.bincount(
+        index, weights=np.asarray(gains, dtype=np.float64), minlength=count
+    )
     sizes = np.bincount(index, minlength=count).astype(np.float64)
     rng = np.random.default_rng(seed)
     values = np.empty(resamples)
     for r in range(resamples):
-        weight = np.bincount(rng.integers(0, count, size=count), minlength=count).astype(np.float64)
+        weight = np.bincount(
+            rng.integers(0, count, size=count), minlength=count
+        ).astype(np.float64)
         values[r] = weight @ totals / (weight @ sizes)
     low, high = np.percentile(values, [2.5, 97.5])
     return float(low), float(high)
@@ -106,7 +129,9 @@ class ReadChoice(BaseModel):
 
     def log_line(self, name: str) -> str:
         off = self.candidates["off"]
-        figures = ", ".join(f"{m} {c.log_loss:.3f}/{c.accuracy:.3f}" for m, c in self.candidates.items())
+        figures = ", ".join(
+            f"{m} {c.log_loss:.3f}/{c.accuracy:.3f}" for m, c in self.candidates.items()
+        )
         if self.forced:
             verdict = f"{self.mode} as set"
         elif self.mode == "off":
@@ -114,8 +139,10 @@ class ReadChoice(BaseModel):
         else:
             kept = self.candidates[self.mode]
             low, high = kept.gain or (0.0, 0.0)
-            verdict = (f"{self.mode} kept (held-out log loss {off.log_loss:.3f} -> {kept.log_loss:.3f}, gain 95% "
-                       f"[{low:.3f}, {high:.3f}], accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f})")  # fmt: skip
+            verdict = (
+                f"{self.mode} kept (held-out log loss {off.log_loss:.3f} -> {kept.log_loss:.3f}, gain 95% "
+                f"[{low:.3f}, {high:.3f}], accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f})"
+            )
         return f"decision reads ({name}): {verdict}; log loss/accuracy: {figures}"
 
 
@@ -123,7 +150,9 @@ def features(sample: Sample, mode: str, width: int) -> tuple[FloatArray, FloatAr
     """The reading's scores under ``mode``'s content-free part, and each option's position share
     (readings averaged) over positions 1..width-1."""
     priors = sample.priors if uses_content_free(mode) else None
-    scores = np.maximum(np.asarray(adjusted(sample.rows, sample.positions, priors, None)), SCORE_FLOOR)
+    scores = np.maximum(
+        np.asarray(adjusted(sample.rows, sample.positions, priors, None)), SCORE_FLOOR
+    )
     shares = np.zeros((len(scores), max(width - 1, 0)))
     for positions in sample.positions:
         for option, position in enumerate(positions):
@@ -132,7 +161,9 @@ def features(sample: Sample, mode: str, width: int) -> tuple[FloatArray, FloatAr
     return scores, shares
 
 
-def _design(samples: Sequence[Sample], mode: str, width: int) -> list[tuple[FloatArray, int, float]]:
+def _design(
+    samples: Sequence[Sample], mode: str, width: int
+) -> list[tuple[FloatArray, int, float]]:
     """Each sample's features, its correct option and its weight. With a bias to fit, the samples are
     weighted so that every position holding the correct answer counts alike: the bias then measures
     the model's lean by position, not how often the calibration set's answers sit there (a yes/no set
@@ -160,7 +191,9 @@ def _newton(design: list[tuple[FloatArray, int, float]], size: int) -> FloatArra
         for z, answer, weight in design:
             logits = z @ t
             top = logits.max()
-            total += weight * float(top + np.log(np.exp(logits - top).sum()) - logits[answer])
+            total += weight * float(
+                top + np.log(np.exp(logits - top).sum()) - logits[answer]
+            )
         return total
 
     current = objective(theta)
@@ -177,7 +210,9 @@ def _newton(design: list[tuple[FloatArray, int, float]], size: int) -> FloatArra
         scale = 1.0
         while scale > 1e-6:
             proposal = theta - scale * step
-            proposal[0] = min(max(proposal[0], 1.0 / HIGH_TEMPERATURE), 1.0 / LOW_TEMPERATURE)
+            proposal[0] = min(
+                max(proposal[0], 1.0 / HIGH_TEMPERATURE), 1.0 / LOW_TEMPERATURE
+            )
             value = objective(proposal)
             if value <= current:
                 break
@@ -191,7 +226,9 @@ def _newton(design: list[tuple[FloatArray, int, float]], size: int) -> FloatArra
     return theta
 
 
-def fit(samples: Sequence[Sample], mode: str, width: int) -> tuple[float, list[float] | None]:
+def fit(
+    samples: Sequence[Sample], mode: str, width: int
+) -> tuple[float, list[float] | None]:
     """The temperature and (fitted modes) the bias per position, in score units, for ``mode``."""
     size = width if uses_fitted(mode) else 1
     theta = _newton(_design(samples, mode, width), size)
@@ -200,7 +237,9 @@ def fit(samples: Sequence[Sample], mode: str, width: int) -> tuple[float, list[f
     return 1.0 / slope, bias
 
 
-def held_out(samples: Sequence[Sample], mode: str, width: int, folds: int = FOLDS) -> tuple[list[float], list[bool]]:
+def held_out(
+    samples: Sequence[Sample], mode: str, width: int, folds: int = FOLDS
+) -> tuple[list[float], list[bool]]:
     """``mode``'s log loss and hit on each question (in order), fitted on the other folds."""
     fold = fold_of_groups([s.group for s in samples], folds)
     losses, hits = [0.0] * len(samples), [False] * len(samples)
@@ -223,22 +262,32 @@ def keys(samples: Sequence[Sample]) -> list[str]:
 def corrected(sample: Sample, mode: str, bias: Sequence[float] | None) -> list[float]:
     """The sample's scores as a server answering with ``mode`` (and this bias) would give them."""
     priors = sample.priors if uses_content_free(mode) else None
-    return adjusted(sample.rows, sample.positions, priors, bias if uses_fitted(mode) else None)
+    return adjusted(
+        sample.rows, sample.positions, priors, bias if uses_fitted(mode) else None
+    )
 
 
 def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
     """The correction this type's questions are best answered with (``forced``: the one an operator
     set, whatever the figures say), and every correction's figures."""
     width = max(len(s.rows[0]) for s in samples)
-    modes = [m for m in MODES if not uses_content_free(m) or all(s.priors is not None for s in samples)]
+    modes = [
+        m
+        for m in MODES
+        if not uses_content_free(m) or all(s.priors is not None for s in samples)
+    ]
     names = keys(samples)
     groups = dict(zip(names, (s.group for s in samples), strict=True))
     candidates: dict[str, Candidate] = {}
     for mode in modes:
         losses, hits = held_out(samples, mode, width)
         temperature, bias = fit(samples, mode, width)
-        candidate = Candidate(log_loss=float(np.mean(losses)), accuracy=float(np.mean(hits)),
-                              temperature=temperature, bias=bias)  # fmt: skip
+        candidate = Candidate(
+            log_loss=float(np.mean(losses)),
+            accuracy=float(np.mean(hits)),
+            temperature=temperature,
+            bias=bias,
+        )
         candidate._losses = dict(zip(names, losses, strict=True))
         candidates[mode] = candidate
     off = candidates["off"]
@@ -246,10 +295,14 @@ def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
         if name != "off":
             candidate.gain = candidate.gain_over(off, groups)
     helping: list[str] = [m for m, c in candidates.items() if c.beats(off)]
-    chosen: str = min(helping, key=lambda m: candidates[m].log_loss) if helping else "off"
+    chosen: str = (
+        min(helping, key=lambda m: candidates[m].log_loss) if helping else "off"
+    )
     if forced is not None and forced in candidates:
         chosen = forced
-    return ReadChoice(mode=chosen, candidates=candidates, forced=forced is not None, groups=groups)
+    return ReadChoice(
+        mode=chosen, candidates=candidates, forced=forced is not None, groups=groups
+    )
 
 
 # The key of a backend's one way of reading, where it has no layouts to compare.
@@ -260,7 +313,9 @@ def question_key(question: CompiledQuestion) -> str:
     """Names a question alike in a calibration file and in requests: its type, criterion and options
     (sorted, so the order they are sent in doesn't matter)."""
     options = sorted([o.key, o.text] for o in question.options)
-    return json.dumps([question.qtype.name, question.instructions, options], ensure_ascii=False)
+    return json.dumps(
+        [question.qtype.name, question.instructions, options], ensure_ascii=False
+    )
 
 
 class TypeReads(BaseModel):
@@ -273,9 +328,15 @@ class TypeReads(BaseModel):
     by_layout: dict[str, ReadChoice]
     questions: dict[str, ReadChoice] = Field(default_factory=dict)
 
-    def for_question(self, key: str | None, layout: str | None) -> tuple[ReadChoice | None, bool]:
+    def for_question(
+        self, key: str | None, layout: str | None
+    ) -> tuple[ReadChoice | None, bool]:
         """The choice a question read in ``layout`` gets, and whether it is the question's own."""
-        own = self.questions.get(key) if key is not None and layout == self.layout else None
+        own = (
+            self.questions.get(key)
+            if key is not None and layout == self.layout
+            else None
+        )
         return (own, True) if own is not None else (self.in_layout(layout), False)
 
     @property
@@ -286,17 +347,33 @@ class TypeReads(BaseModel):
         return self.by_layout.get(layout or SINGLE)
 
     def log_lines(self, name: str) -> list[str]:
-        own = [choice.log_line(f"{name}, {json.loads(key)[1]!r}") for key, choice in self.questions.items()]
+        own = [
+            choice.log_line(f"{name}, {json.loads(key)[1]!r}")
+            for key, choice in self.questions.items()
+        ]
         if self.layout is None:
             return [self.chosen.log_line(name), *own]
-        lines = [choice.log_line(f"{name}, {layout}") for layout, choice in self.by_layout.items()]
+        lines = [
+            choice.log_line(f"{name}, {layout}")
+            for layout, choice in self.by_layout.items()
+        ]
         baseline = next(iter(self.by_layout))
         if self.layout == baseline:
-            return [*lines, f"decision reads ({name}): {baseline} labels kept (no other layout did better)", *own]
+            return [
+                *lines,
+                f"decision reads ({name}): {baseline} labels kept (no other layout did better)",
+                *own,
+            ]
         off, kept = self.by_layout[baseline].candidates["off"], self.chosen.kept
-        return [*lines, f"decision reads ({name}): {self.layout} labels kept (held-out log loss "
-                        f"{off.log_loss:.3f} -> {kept.log_loss:.3f}, accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f} "
-                        f"against {baseline} without a correction)", *own]  # fmt: skip
+        return [
+            *lines,
+            (
+                f"decision reads ({name}): {self.layout} labels kept (held-out log loss "
+                f"{off.log_loss:.3f} -> {kept.log_loss:.3f}, accuracy {off.accuracy:.3f} -> {kept.accuracy:.3f} "
+                f"against {baseline} without a correction)"
+            ),
+            *own,
+        ]
 
 
 def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
@@ -310,14 +387,24 @@ def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
     for layout in layouts[1:]:
         kept = choices[layout].kept
         gain = kept.gain_over(baseline, {**first.groups, **choices[layout].groups})
-        if gain[0] > 0 and kept.accuracy >= baseline.accuracy and kept.log_loss < first.kept.log_loss:
+        if (
+            gain[0] > 0
+            and kept.accuracy >= baseline.accuracy
+            and kept.log_loss < first.kept.log_loss
+        ):
             helping.append(layout)
-    chosen = min(helping, key=lambda layout: choices[layout].kept.log_loss) if helping else layouts[0]
+    chosen = (
+        min(helping, key=lambda layout: choices[layout].kept.log_loss)
+        if helping
+        else layouts[0]
+    )
     by_layout = {layout or SINGLE: choice for layout, choice in choices.items()}
     return TypeReads(layout=chosen, by_layout=by_layout)
 
 
-def choose_per_question(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice | None:
+def choose_per_question(
+    samples: Sequence[Sample], forced: str | None = None
+) -> ReadChoice | None:
     """One question's own fitted bias, from its many labelled answers: kept where a fitted mode clearly
     beats reading it uncorrected (the type's keep rule); None otherwise, and the type's choice serves it.
     Under a mode set by the operator, that mode if it is a fitted one."""

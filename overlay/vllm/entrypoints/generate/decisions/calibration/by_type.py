@@ -15,12 +15,22 @@ from .maths import HIGH_TEMPERATURE, LOW_TEMPERATURE, CalibrationResult, calibra
 @dataclass(frozen=True)
 class TypeFit:
     used: int  # answered questions of this type
-    result: CalibrationResult | None  # None when no fit was made (too few questions, the maths refused)
-    fallback: str | None  # why the server-wide T applies instead; None when this type's own fit does
+    result: (
+        CalibrationResult | None
+    )  # None when no fit was made (too few questions, the maths refused)
+    fallback: (
+        str | None
+    )  # why the server-wide T applies instead; None when this type's own fit does
 
 
-def fit_types(names: Iterable[str], types: Sequence[str], scores: Sequence[Sequence[float]], correct: Sequence[int],
-              groups: Sequence[str], minimum: int) -> dict[str, TypeFit]:  # fmt: skip
+def fit_types(
+    names: Iterable[str],
+    types: Sequence[str],
+    scores: Sequence[Sequence[float]],
+    correct: Sequence[int],
+    groups: Sequence[str],
+    minimum: int,
+) -> dict[str, TypeFit]:
     """A fit for each type in ``names`` over its own answered questions (``types[i]`` is question i's type).
 
     A type with fewer than ``minimum`` answered questions, one the maths refuses (say, all in one group)
@@ -31,10 +41,16 @@ def fit_types(names: Iterable[str], types: Sequence[str], scores: Sequence[Seque
     for name in names:
         rows = [i for i, kind in enumerate(types) if kind == name]
         if len(rows) < minimum:
-            fits[name] = TypeFit(len(rows), None, f"too few questions ({len(rows)} < {minimum})")
+            fits[name] = TypeFit(
+                len(rows), None, f"too few questions ({len(rows)} < {minimum})"
+            )
             continue
         try:
-            result = calibrate([scores[i] for i in rows], [correct[i] for i in rows], [groups[i] for i in rows])
+            result = calibrate(
+                [scores[i] for i in rows],
+                [correct[i] for i in rows],
+                [groups[i] for i in rows],
+            )
         except ValueError as exc:
             fits[name] = TypeFit(len(rows), None, str(exc))
             continue

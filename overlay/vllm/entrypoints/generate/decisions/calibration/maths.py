@@ -57,7 +57,9 @@ def _pack_correct(correct: Sequence[int], real: BoolArray) -> IntArray:
     """The correct option indices, checked against each question's own number of options."""
     answer = np.asarray(correct, dtype=np.int64)
     if answer.shape != (real.shape[0],):
-        raise ValueError(f"got {real.shape[0]} score lists but {answer.size} correct indices")
+        raise ValueError(
+            f"got {real.shape[0]} score lists but {answer.size} correct indices"
+        )
     widths = real.sum(axis=1)
     if (answer < 0).any() or (answer >= widths).any():
         raise ValueError("a correct index is outside its question's options")
@@ -82,12 +84,21 @@ def _log_softmax(matrix: FloatArray, real: BoolArray, temperature: float) -> Flo
     return scaled - log_total
 
 
-def _nll(matrix: FloatArray, real: BoolArray, answer: IntArray, temperature: float) -> float:
+def _nll(
+    matrix: FloatArray, real: BoolArray, answer: IntArray, temperature: float
+) -> float:
     picked = _log_softmax(matrix, real, temperature)[np.arange(answer.size), answer]
     return float(-picked.mean())
 
 
-def _fit(matrix: FloatArray, real: BoolArray, answer: IntArray, low: float, high: float, tolerance: float) -> float:
+def _fit(
+    matrix: FloatArray,
+    real: BoolArray,
+    answer: IntArray,
+    low: float,
+    high: float,
+    tolerance: float,
+) -> float:
     if not 0 < low < high:
         raise ValueError(f"need 0 < low < high, got low={low}, high={high}")
     if not tolerance > 0:
@@ -116,12 +127,21 @@ def _fit(matrix: FloatArray, real: BoolArray, answer: IntArray, low: float, high
     # If the optimum lies beyond the range, report the edge itself so the caller can recognise it. An edge
     # that merely ties the bracket (NLL flat out to the edge, or equal once rounded) counts as the optimum.
     middle = (a + b) / 2.0
-    best = min(((cost(math.log(low)), 0, low), (cost(math.log(high)), 1, high), (cost(middle), 2, math.exp(middle))))
+    best = min(
+        (
+            (cost(math.log(low)), 0, low),
+            (cost(math.log(high)), 1, high),
+            (cost(middle), 2, math.exp(middle)),
+        )
+    )
     return best[2]
 
 
 def _softmax_rows(
-    matrix: FloatArray, real: BoolArray, temperature: float, rows: Sequence[int] | IntArray
+    matrix: FloatArray,
+    real: BoolArray,
+    temperature: float,
+    rows: Sequence[int] | IntArray,
 ) -> list[list[float]]:
     """Probability vectors for the chosen rows, each trimmed back to its question's own options."""
     probabilities = np.exp(_log_softmax(matrix, real, temperature))
@@ -132,7 +152,9 @@ def _softmax_rows(
 # --- public functions -------------------------------------------------------------------------
 
 
-def nll(scores: Sequence[Sequence[float]], correct: Sequence[int], temperature: float) -> float:
+def nll(
+    scores: Sequence[Sequence[float]], correct: Sequence[int], temperature: float
+) -> float:
     """Mean negative log-likelihood ``-mean(log softmax(scores_i / T)[correct_i])``, the quantity T minimises.
 
     Computed with log-sum-exp, so large scores and small T do not overflow. ``-inf`` scores are allowed;
@@ -162,7 +184,9 @@ def fit_temperature(
     return _fit(matrix, real, _pack_correct(correct, real), low, high, tolerance)
 
 
-def fold_of_groups(groups: Sequence[str], folds: int = FOLDS, seed: int = 0) -> list[int]:
+def fold_of_groups(
+    groups: Sequence[str], folds: int = FOLDS, seed: int = 0
+) -> list[int]:
     """A fold index per question; questions that share a group always share a fold.
 
     Groups are shuffled with ``random.Random(seed)``, then placed largest first (ties keep the shuffled
@@ -207,9 +231,18 @@ def cross_validated_probabilities(
     for f in used:
         held = fold == f
         train = ~held
-        temperature = _fit(matrix[train], real[train], answer[train], LOW_TEMPERATURE, HIGH_TEMPERATURE, 1e-4)
+        temperature = _fit(
+            matrix[train],
+            real[train],
+            answer[train],
+            LOW_TEMPERATURE,
+            HIGH_TEMPERATURE,
+            1e-4,
+        )
         rows = np.flatnonzero(held)
-        for i, probabilities in zip(rows, _softmax_rows(matrix, real, temperature, rows), strict=True):
+        for i, probabilities in zip(
+            rows, _softmax_rows(matrix, real, temperature, rows), strict=True
+        ):
             result[i] = probabilities
     return result
 
@@ -230,12 +263,18 @@ def _check_ece_inputs(
         raise ValueError("ECE needs at least one answer")
     if bins < 1:
         raise ValueError(f"bins must be at least 1, got {bins}")
-    if np.isnan(confidence).any() or (confidence < -1e-9).any() or (confidence > 1 + 1e-9).any():
+    if (
+        np.isnan(confidence).any()
+        or (confidence < -1e-9).any()
+        or (confidence > 1 + 1e-9).any()
+    ):
         raise ValueError("top probabilities must lie in [0, 1]")
     return np.clip(confidence, 0.0, 1.0), correct
 
 
-def ece(top_probabilities: Sequence[float], hits: Sequence[bool], bins: int = BINS) -> float:
+def ece(
+    top_probabilities: Sequence[float], hits: Sequence[bool], bins: int = BINS
+) -> float:
     """Expected calibration error: ``sum over bins (n_bin / N) * |accuracy_bin - confidence_bin|``.
 
     Bins are equal-width over [0, 1] on the top option's probability; a probability of exactly 1.0 falls
@@ -265,11 +304,15 @@ def bootstrap_interval(
     """
     confidence, correct = _check_ece_inputs(top_probabilities, hits, bins)
     if len(groups) != confidence.size:
-        raise ValueError(f"got {confidence.size} answers but {len(groups)} group labels")
+        raise ValueError(
+            f"got {confidence.size} answers but {len(groups)} group labels"
+        )
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     number: dict[str, int] = {}
-    group_index = np.asarray([number.setdefault(g, len(number)) for g in groups], dtype=np.int64)
+    group_index = np.asarray(
+        [number.setdefault(g, len(number)) for g in groups], dtype=np.int64
+    )
     count = len(number)
     # Per-group, per-bin totals: a resample's ECE is then a weighted sum of these rows.
     bin_index = _bin_indices(confidence, bins)
@@ -283,7 +326,9 @@ def bootstrap_interval(
     rng = np.random.default_rng(seed)
     values = np.empty(resamples)
     for r in range(resamples):
-        weight = np.bincount(rng.integers(0, count, size=count), minlength=count).astype(np.float64)
+        weight = np.bincount(
+            rng.integers(0, count, size=count), minlength=count
+        ).astype(np.float64)
         values[r] = np.abs(weight @ gap).sum() / (weight @ sizes)
     low, high = np.percentile(values, [2.5, 97.5])
     return float(low), float(high)
@@ -303,7 +348,9 @@ class CalibrationResult:
     ece_calibrated: float  # on held-out (cross-validated) probabilities
     ece_calibrated_interval: tuple[float, float]
     questions: int
-    at_edge: bool  # T hit the range's edge: broken scores, the caller treats it as a failure
+    at_edge: (
+        bool  # T hit the range's edge: broken scores, the caller treats it as a failure
+    )
 
     @property
     def applied_temperature(self) -> float:
@@ -311,14 +358,22 @@ class CalibrationResult:
         return self.temperature if self.kept and not self.at_edge else 1.0
 
 
-def _top_and_hits(probabilities: Sequence[Sequence[float]], correct: Sequence[int]) -> tuple[list[float], list[bool]]:
+def _top_and_hits(
+    probabilities: Sequence[Sequence[float]], correct: Sequence[int]
+) -> tuple[list[float], list[bool]]:
     tops = [max(row) for row in probabilities]
-    hits = [int(np.argmax(row)) == answer for row, answer in zip(probabilities, correct, strict=True)]
+    hits = [
+        int(np.argmax(row)) == answer
+        for row, answer in zip(probabilities, correct, strict=True)
+    ]
     return tops, hits
 
 
 def _near_edge(temperature: float) -> bool:
-    return any(abs(temperature - edge) <= EDGE_TOLERANCE * edge for edge in (LOW_TEMPERATURE, HIGH_TEMPERATURE))
+    return any(
+        abs(temperature - edge) <= EDGE_TOLERANCE * edge
+        for edge in (LOW_TEMPERATURE, HIGH_TEMPERATURE)
+    )
 
 
 def calibrate(

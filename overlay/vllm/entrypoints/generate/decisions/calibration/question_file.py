@@ -36,7 +36,9 @@ class LabelledQuestion:
     correct: int
     group: str
     id: str
-    raw: dict[str, Any]  # the question as the file gives it, for tools that send it over the wire
+    raw: dict[
+        str, Any
+    ]  # the question as the file gives it, for tools that send it over the wire
 
 
 @dataclass(frozen=True)
@@ -49,13 +51,23 @@ class QuestionFile:
 def correct_index(question: CompiledQuestion, expected: Any) -> int:
     """Position of the expected answer among the question's options."""
     if question.qtype is NOUL:
-        answer = {"yes": 0, "true": 0, "no": 1, "false": 1}.get(str(expected).strip().lower())
+        answer = {"yes": 0, "true": 0, "no": 1, "false": 1}.get(
+            str(expected).strip().lower()
+        )
         if answer is None:
-            raise ValueError(f"expected must be yes/no or true/false for a noul question, got {expected!r}")
+            raise ValueError(
+                f"expected must be yes/no or true/false for a noul question, got {expected!r}"
+            )
         return answer
     if question.qtype is SCORE:
-        if isinstance(expected, bool) or not isinstance(expected, int) or not 0 <= expected < len(question.options):
-            raise ValueError(f"expected must be a level number 0-{len(question.options) - 1}, got {expected!r}")
+        if (
+            isinstance(expected, bool)
+            or not isinstance(expected, int)
+            or not 0 <= expected < len(question.options)
+        ):
+            raise ValueError(
+                f"expected must be a level number 0-{len(question.options) - 1}, got {expected!r}"
+            )
         return expected
     keys = [str(option.value) for option in question.options]
     if question.qtype is CHOICE and str(expected) in keys:
@@ -83,9 +95,15 @@ def parse_line(number: int, line: str) -> LabelledQuestion:
         identifier = str(record.get("id", f"line-{number}"))
         group = str(record.get("group") or identifier)
         correct = correct_index(question, record["expected"])
-        return LabelledQuestion(content_text(state), question, correct, group, identifier, raw)
+        return LabelledQuestion(
+            content_text(state), question, correct, group, identifier, raw
+        )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
-        detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+        detail = (
+            f"missing field {exc}"
+            if isinstance(exc, KeyError)
+            else str(exc).splitlines()[0]
+        )
         raise QuestionFileError(f"line {number}: {detail}") from None
 
 

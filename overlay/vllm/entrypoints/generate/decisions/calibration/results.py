@@ -65,13 +65,24 @@ class TypeRecord(Fit):
     @classmethod
     def of(cls, fit: TypeFit, server_applied: float) -> TypeRecord:
         own = fit.result is not None and fit.fallback is None
-        applied = fit.result.applied_temperature if own and fit.result is not None else server_applied
-        return cls(**Fit.fields(fit.result), applied_temperature=applied, used=fit.used, fallback=fit.fallback)
+        applied = (
+            fit.result.applied_temperature
+            if own and fit.result is not None
+            else server_applied
+        )
+        return cls(
+            **Fit.fields(fit.result),
+            applied_temperature=applied,
+            used=fit.used,
+            fallback=fit.fallback,
+        )
 
     def log_line(self, name: str) -> str:
         """This type's fit, or why the server-wide T serves it."""
         if self.fallback is not None:
-            return f"decision calibration ({name}): {self.fallback}, server-wide T applies"
+            return (
+                f"decision calibration ({name}): {self.fallback}, server-wide T applies"
+            )
         verdict = "kept" if self.kept else "not kept, T=1.0"
         return (
             f"decision calibration ({name}): T={self.temperature:.2f} {verdict} (ECE {self.ece_raw:.3f} -> "
@@ -99,19 +110,32 @@ class CalibrationRecord(Fit):
     vllm_version: str
 
     @classmethod
-    def of(cls, result: CalibrationResult, fits: dict[str, TypeFit], reads: dict[str, TypeReads],
-           questions: question_file.QuestionFile, answered: int, skipped: list[str],
-           seconds: float) -> CalibrationRecord:  # fmt: skip
+    def of(
+        cls,
+        result: CalibrationResult,
+        fits: dict[str, TypeFit],
+        reads: dict[str, TypeReads],
+        questions: question_file.QuestionFile,
+        answered: int,
+        skipped: list[str],
+        seconds: float,
+    ) -> CalibrationRecord:
         import vllm
 
         return cls(
             **Fit.fields(result),
             applied_temperature=result.applied_temperature,
-            by_type={name: TypeRecord.of(fit, result.applied_temperature) for name, fit in fits.items()},
+            by_type={
+                name: TypeRecord.of(fit, result.applied_temperature)
+                for name, fit in fits.items()
+            },
             reads=reads,
             questions=QuestionsUsed(
-                file=questions.name, total=len(questions.questions), used=answered, skipped=skipped
-            ),  # fmt: skip
+                file=questions.name,
+                total=len(questions.questions),
+                used=answered,
+                skipped=skipped,
+            ),
             seconds=round(seconds, 1),
             date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             vllm_version=vllm.__version__,
@@ -124,13 +148,17 @@ class CalibrationRecord(Fit):
             for name, entry in self.by_type.items()
             if entry.fallback is None
         }
-        return Temperatures(Temperature(self.applied_temperature, "calibrated", SERVER), by_type)
+        return Temperatures(
+            Temperature(self.applied_temperature, "calibrated", SERVER), by_type
+        )
 
     def temperature_problem(self, settings: Settings) -> str | None:
         """Why a temperature this record applies may not (outside VLLM_TYPED_DECISIONS_MIN/MAX_TEMPERATURE:
         a record from another configuration, or edited); None when every one may."""
         applied = {"server-wide": self.applied_temperature}
-        applied.update((name, entry.applied_temperature) for name, entry in self.by_type.items())
+        applied.update(
+            (name, entry.applied_temperature) for name, entry in self.by_type.items()
+        )
         for scope, value in applied.items():
             if (problem := settings.temperature_problem(value)) is not None:
                 return f"its {scope} T={problem}"

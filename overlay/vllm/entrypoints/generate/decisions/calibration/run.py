@@ -39,89 +39,150 @@ CONCURRENCY = 8
 MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
-async def measure(backend: DecisionBackend, questions: question_file.QuestionFile, debias: Debias = NO_DEBIAS,
-                  correction: Correction = NO_CORRECTION, layouts: tuple[str | None, ...] = (None,),
-                  progress: Readiness | None = None) -> dict[str | None, list[Any]]:  # fmt: skip
+async def measure(
+    backend: DecisionBackend,
+    questions: question_file.QuestionFile,
+    debias: Debias = NO_DEBIAS,
+    correction: Correction = NO_CORRECTION,
+    layouts: tuple[str | None, ...] = (None,),
+    progress: Readiness | None = None,
+) -> dict[str | None, list[Any]]:
     """Each layout's readings of the questions, in file order, read as requests are (``debias``, the
     backend's options in that layout; with ``correction``'s content-free reads when it asks for them),
     ``CONCURRENCY`` questions at a time; failed reads are left out. A question's layouts are read one
     after the other, so the later ones find the prompt they share with the first (template, state,
     criterion) in the engine's prefix cache. Each read, answered or not, advances ``progress``."""
     gate = asyncio.Semaphore(CONCURRENCY)
-    options = {layout: backend.with_layout(backend.options, layout) for layout in layouts}
+    options = {
+        layout: backend.with_layout(backend.options, layout) for layout in layouts
+    }
 
-    async def read(index: int, item: question_file.LabelledQuestion, layout: str | None) -> DebiasedReading | None:
+    async def read(
+        index: int, item: question_file.LabelledQuestion, layout: str | None
+    ) -> DebiasedReading | None:
         try:
-            context = ReadContext.about(item.state, request_id(index, layout, layouts), options[layout])
-            return await read_question(backend, item.question, context, debias, correction)
+            context = ReadContext.about(
+                item.state, request_id(index, layout, layouts), options[layout]
+            )
+            return await read_question(
+                backend, item.question, context, debias, correction
+            )
         except DecisionError as exc:
-            logger.debug("calibration question %s skipped%s: %s", item.id, f" ({layout} labels)" if layout else "",
-                         exc.message)  # fmt: skip
+            logger.debug(
+                "calibration question %s skipped%s: %s",
+                item.id,
+                f" ({layout} labels)" if layout else "",
+                exc.message,
+            )
             return None
         finally:
             if progress is not None:
                 progress.advance()
 
-    async def one(index: int, item: question_file.LabelledQuestion) -> list[DebiasedReading | None]:
+    async def one(
+        index: int, item: question_file.LabelledQuestion
+    ) -> list[DebiasedReading | None]:
         async with gate:
             return [await read(index, item, layout) for layout in layouts]
 
-    reads = await asyncio.gather(*(one(i, q) for i, q in enumerate(questions.questions)))
+    reads = await asyncio.gather(
+        *(one(i, q) for i, q in enumerate(questions.questions))
+    )
     return {
-        layout: [(item, row[column]) for item, row in zip(questions.questions, reads, strict=True)
-                 if row[column] is not None]
+        layout: [
+            (item, row[column])
+            for item, row in zip(questions.questions, reads, strict=True)
+            if row[column] is not None
+        ]
         for column, layout in enumerate(layouts)
-    }  # fmt: skip
+    }
 
 
 def request_id(index: int, layout: str | None, layouts: tuple[str | None, ...]) -> str:
     """The engine's name for a calibration read: the question's index, and its layout where several are read."""
-    return f"decision-calibration-{index}" + (f"-{layout}" if len(layouts) > 1 and layout is not None else "")
+    return f"decision-calibration-{index}" + (
+        f"-{layout}" if len(layouts) > 1 and layout is not None else ""
+    )
 
 
-async def startup_calibration(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any],
-                              progress: Readiness | None = None) -> Calibrated:  # fmt: skip
+async def startup_calibration(
+    backend: DecisionBackend,
+    settings: Settings,
+    deployment: dict[str, Any],
+    progress: Readiness | None = None,
+) -> Calibrated:
     """The temperatures this server applies by default (server-wide and per question type) and each
     type's prior correction, measured (or loaded) now; ``progress`` hears how far the reads are, or
     that another API-server process is doing them."""
     if settings.calibration == "off":
         return Calibrated(Temperatures(DEFAULT))
-    source = question_file.BUNDLED if settings.calibration == "on" else settings.calibration
+    source = (
+        question_file.BUNDLED if settings.calibration == "on" else settings.calibration
+    )
     try:
         questions = question_file.load(source)
     except question_file.QuestionFileError as exc:
-        logger.warning("decision calibration skipped, T=1.0 (default): question file: %s", exc)
+        logger.warning(
+            "decision calibration skipped, T=1.0 (default): question file: %s", exc
+        )
         return Calibrated(Temperatures(DEFAULT))
     key = calibration_key(backend, settings, deployment, questions.sha256)
     record, loaded = await once_per_server(
-        Path(settings.calibration_dir), key, "calibration", settings.startup_wait,
-        lambda: measure_and_fit(backend, questions, settings.debias, settings.prior, progress),
+        Path(settings.calibration_dir),
+        key,
+        "calibration",
+        settings.startup_wait,
+        lambda: measure_and_fit(
+            backend, questions, settings.debias, settings.prior, progress
+        ),
         lambda saved: reusable(saved, settings),
         progress.waiting if progress is not None else None,
-    )  # fmt: skip
+    )
     if "failed" in record:
         if loaded:
-            logger.warning("decision calibration failed in another API-server process of this server, "
-                           "T=1.0 (default): %s", record["failed"])  # fmt: skip
+            logger.warning(
+                "decision calibration failed in another API-server process of this server, "
+                "T=1.0 (default): %s",
+                record["failed"],
+            )
         return Calibrated(Temperatures(DEFAULT))
     fits = CalibrationRecord.model_validate(record)
-    if (problem := fits.temperature_problem(settings)) is not None:  # a fresh fit the range refuses
+    if (
+        problem := fits.temperature_problem(settings)
+    ) is not None:  # a fresh fit the range refuses
         logger.warning("decision calibration not applied, T=1.0 (default): %s", problem)
         return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
     return Calibrated(fits.temperatures(), fits.reads)
 
 
-def calibration_key(backend: DecisionBackend, settings: Settings, deployment: dict[str, Any],
-                    questions_sha256: str) -> dict[str, Any]:  # fmt: skip
+def calibration_key(
+    backend: DecisionBackend,
+    settings: Settings,
+    deployment: dict[str, Any],
+    questions_sha256: str,
+) -> dict[str, Any]:
     """Everything a calibration's reads depend on: the deployment (model files, tokenizer, chat template,
     vLLM; model_identity.py), the backend with all its options and what its startup check found, the
     prompt's render version, the self-check's threshold, the read settings and the question file."""
-    options = backend.options.model_dump(mode="json") if isinstance(backend.options, BaseModel) else backend.options
-    return {**deployment, "backend": backend.name, "backend_args": dict(settings.backend.args),
-            "backend_options": options, "reads": backend.read_key(), "render_version": backend.render_version,
-            "min_option_mass": settings.min_option_mass, "questions_sha256": questions_sha256,
-            "scheme": results.SCHEME, "debias": str(settings.debias), "prior": settings.prior}  # fmt: skip
+    options = (
+        backend.options.model_dump(mode="json")
+        if isinstance(backend.options, BaseModel)
+        else backend.options
+    )
+    return {
+        **deployment,
+        "backend": backend.name,
+        "backend_args": dict(settings.backend.args),
+        "backend_options": options,
+        "reads": backend.read_key(),
+        "render_version": backend.render_version,
+        "min_option_mass": settings.min_option_mass,
+        "questions_sha256": questions_sha256,
+        "scheme": results.SCHEME,
+        "debias": str(settings.debias),
+        "prior": settings.prior,
+    }
 
 
 def reusable(saved: dict[str, Any], settings: Settings) -> bool:
@@ -132,18 +193,27 @@ def reusable(saved: dict[str, Any], settings: Settings) -> bool:
     try:
         record = CalibrationRecord.model_validate(saved)
     except ValidationError as exc:
-        logger.warning("decision calibration: the saved result is malformed (%s), measuring again",
-                       exc.errors(include_url=False)[0])  # fmt: skip
+        logger.warning(
+            "decision calibration: the saved result is malformed (%s), measuring again",
+            exc.errors(include_url=False)[0],
+        )
         return False
     if (problem := record.temperature_problem(settings)) is not None:
-        logger.warning("decision calibration: the saved result is not reused (%s), measuring again", problem)
+        logger.warning(
+            "decision calibration: the saved result is not reused (%s), measuring again",
+            problem,
+        )
         return False
     return True
 
 
-async def measure_and_fit(backend: DecisionBackend, questions: question_file.QuestionFile,
-                          debias: Debias = NO_DEBIAS, prior: str = "off",
-                          progress: Readiness | None = None) -> dict[str, Any]:  # fmt: skip
+async def measure_and_fit(
+    backend: DecisionBackend,
+    questions: question_file.QuestionFile,
+    debias: Debias = NO_DEBIAS,
+    prior: str = "off",
+    progress: Readiness | None = None,
+) -> dict[str, Any]:
     """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
     server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set.
     Each label layout the backend has is read and compared per type (bias.choose_layout)."""
@@ -157,14 +227,18 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     by_layout = await measure(backend, questions, debias, correction, layouts, progress)
     for layout, answered in by_layout.items():
         if len(answered) < MIN_ANSWERED:
-            return failed(f"only {len(answered)} of {len(questions.questions)} questions were answered "
-                          f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""))  # fmt: skip
+            return failed(
+                f"only {len(answered)} of {len(questions.questions)} questions were answered "
+                f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else "")
+            )
     reads = await asyncio.to_thread(choose_reads, by_layout, prior)
     # Each type's questions as its chosen layout read them (the first layout's for a type with no choice).
     answered = [
-        (item, read) for layout, pairs in by_layout.items() for item, read in pairs
+        (item, read)
+        for layout, pairs in by_layout.items()
+        for item, read in pairs
         if layout == chosen_layout(reads, item.question.qtype.name, layouts[0])
-    ]  # fmt: skip
+    ]
     read_ids = {id(item) for item, _ in answered}
     skipped = [item.id for item in questions.questions if id(item) not in read_ids]
     scores = [corrected_scores(item, read, reads) for item, read in answered]
@@ -175,18 +249,31 @@ async def measure_and_fit(backend: DecisionBackend, questions: question_file.Que
     except ValueError as exc:
         return failed(str(exc))
     if result.at_edge:
-        return failed(f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], which points to "
-                      "broken scores")  # fmt: skip
+        return failed(
+            f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], which points to "
+            "broken scores"
+        )
     # Every type in the file, in file order: one with no answered question is reported as too few.
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
     types = [item.question.qtype.name for item, _ in answered]
-    fits = await asyncio.to_thread(by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED)
-    record = CalibrationRecord.of(result, fits, reads, questions, len(answered), skipped,
-                                  time.monotonic() - started)  # fmt: skip
+    fits = await asyncio.to_thread(
+        by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED
+    )
+    record = CalibrationRecord.of(
+        result,
+        fits,
+        reads,
+        questions,
+        len(answered),
+        skipped,
+        time.monotonic() - started,
+    )
     return record.model_dump(mode="json")
 
 
-def announce(questions: int, layouts: tuple[str | None, ...], progress: Readiness | None) -> None:
+def announce(
+    questions: int, layouts: tuple[str | None, ...], progress: Readiness | None
+) -> None:
     """The line that says calibration has started, what it reads and (once its first reads tell) how
     long it takes: progress lines follow every ``readiness.LOG_EVERY_S`` seconds."""
     reads = questions * len(layouts)
@@ -194,14 +281,21 @@ def announce(questions: int, layouts: tuple[str | None, ...], progress: Readines
     how = f"{questions} questions in {len(named)} label layouts ({', '.join(named)}), {reads} reads in all"
     if not named:
         how = f"{reads} questions"
-    logger.info("decision calibration: reading %s; time left unknown until the first %d reads", how,
-                min(ESTIMATE_AFTER, reads))  # fmt: skip
+    logger.info(
+        "decision calibration: reading %s; time left unknown until the first %d reads",
+        how,
+        min(ESTIMATE_AFTER, reads),
+    )
     if progress is not None:
         progress.count(reads, "reads")
 
 
-def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQuestion, DebiasedReading]]],
-                 prior: str) -> dict[str, bias.TypeReads]:  # fmt: skip
+def choose_reads(
+    by_layout: dict[
+        str | None, list[tuple[question_file.LabelledQuestion, DebiasedReading]]
+    ],
+    prior: str,
+) -> dict[str, bias.TypeReads]:
     """Each type's layout and correction: under auto the ones held-out figures keep (bias.choose,
     bias.choose_layout), else the mode set, with every one's figures either way; types with too few
     questions get none (the first layout, no correction). In the layout kept, a question the file
@@ -210,39 +304,68 @@ def choose_reads(by_layout: dict[str | None, list[tuple[question_file.LabelledQu
     asked: dict[tuple[str | None, str, str], list[bias.Sample]] = {}
     for layout, answered in by_layout.items():
         for item, read in answered:
-            sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group, item.id)
-            samples.setdefault(item.question.qtype.name, {}).setdefault(layout, []).append(sample)
-            asked.setdefault((layout, item.question.qtype.name, bias.question_key(item.question)), []).append(sample)
+            sample = bias.Sample(
+                read.rows,
+                read.positions,
+                read.priors,
+                item.correct,
+                item.group,
+                item.id,
+            )
+            samples.setdefault(item.question.qtype.name, {}).setdefault(
+                layout, []
+            ).append(sample)
+            asked.setdefault(
+                (layout, item.question.qtype.name, bias.question_key(item.question)), []
+            ).append(sample)
     forced = None if prior == AUTO else prior
     reads = {
-        name: bias.choose_layout({layout: bias.choose(rows, forced) for layout, rows in layouts.items()})
+        name: bias.choose_layout(
+            {layout: bias.choose(rows, forced) for layout, rows in layouts.items()}
+        )
         for name, layouts in samples.items()
-        if all(len(rows) >= MIN_ANSWERED for rows in layouts.values()) and len(layouts) == len(by_layout)
+        if all(len(rows) >= MIN_ANSWERED for rows in layouts.values())
+        and len(layouts) == len(by_layout)
     }
     for (layout, name, key), rows in asked.items():
         kind = reads.get(name)
         # A type asked as one question has its fit already.
-        if kind is not None and kind.layout == layout and MIN_ANSWERED <= len(rows) < len(samples[name][layout]):
+        if (
+            kind is not None
+            and kind.layout == layout
+            and MIN_ANSWERED <= len(rows) < len(samples[name][layout])
+        ):
             own = bias.choose_per_question(rows, forced)
             if own is not None:
                 kind.questions[key] = own
     return reads
 
 
-def chosen_layout(reads: dict[str, bias.TypeReads], qtype: str, first: str | None) -> str | None:
+def chosen_layout(
+    reads: dict[str, bias.TypeReads], qtype: str, first: str | None
+) -> str | None:
     choice = reads.get(qtype)
     return choice.layout if choice is not None else first
 
 
-def corrected_scores(item: question_file.LabelledQuestion, read: DebiasedReading,
-                     reads: dict[str, bias.TypeReads]) -> list[float]:  # fmt: skip
+def corrected_scores(
+    item: question_file.LabelledQuestion,
+    read: DebiasedReading,
+    reads: dict[str, bias.TypeReads],
+) -> list[float]:
     """The scores a server answering this question gives: its reading under its correction (the
     question's own, else its type's)."""
     kind = reads.get(item.question.qtype.name)
-    choice = kind.for_question(bias.question_key(item.question), kind.layout)[0] if kind is not None else None
+    choice = (
+        kind.for_question(bias.question_key(item.question), kind.layout)[0]
+        if kind is not None
+        else None
+    )
     if choice is None or choice.mode == "off":
         return read.reading.scores
-    sample = bias.Sample(read.rows, read.positions, read.priors, item.correct, item.group)
+    sample = bias.Sample(
+        read.rows, read.positions, read.priors, item.correct, item.group
+    )
     return bias.corrected(sample, choice.mode, choice.kept.bias)
 
 
@@ -250,10 +373,17 @@ def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]
     """(is a warning, line): the server-wide line, then one per question type; a type whose own fit
     was refused (not merely too few questions) is a warning."""
     return (
-        [(False, line) for name, choice in record.reads.items() for line in choice.log_lines(name)]
+        [
+            (False, line)
+            for name, choice in record.reads.items()
+            for line in choice.log_lines(name)
+        ]
         + [(False, record.log_line(loaded))]
         + [
-            (entry.fallback is not None and entry.used >= MIN_ANSWERED, entry.log_line(name))
+            (
+                entry.fallback is not None and entry.used >= MIN_ANSWERED,
+                entry.log_line(name),
+            )
             for name, entry in record.by_type.items()
         ]
     )

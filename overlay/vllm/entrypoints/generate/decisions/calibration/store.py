@@ -15,7 +15,9 @@ from typing import Any
 
 
 def key_digest(key: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(key, sort_keys=True, default=str).encode()
+    ).hexdigest()
 
 
 def path_for(directory: Path, key: dict[str, Any], kind: str = "calibration") -> Path:
@@ -27,22 +29,34 @@ def lock_path(directory: Path, key: dict[str, Any], kind: str = "calibration") -
     return path_for(directory, key, kind).with_suffix(".lock")
 
 
-def load(directory: Path, key: dict[str, Any], kind: str = "calibration") -> dict[str, Any] | None:
+def load(
+    directory: Path, key: dict[str, Any], kind: str = "calibration"
+) -> dict[str, Any] | None:
     """The saved result for exactly this key, or None (missing, unreadable or for another key)."""
     try:
         record = json.loads(path_for(directory, key, kind).read_text())
     except (OSError, ValueError):
         return None
     return (
-        record if isinstance(record, dict) and record.get("key") == json.loads(json.dumps(key, default=str)) else None
+        record
+        if isinstance(record, dict)
+        and record.get("key") == json.loads(json.dumps(key, default=str))
+        else None
     )
 
 
-def save(directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str = "calibration") -> Path:
+def save(
+    directory: Path,
+    key: dict[str, Any],
+    record: dict[str, Any],
+    kind: str = "calibration",
+) -> Path:
     """Write atomically, so a crash mid-write never leaves a half file to be trusted later."""
     directory.mkdir(parents=True, exist_ok=True)
     path = path_for(directory, key, kind)
     temporary = path.with_suffix(f".tmp{os.getpid()}")
-    temporary.write_text(json.dumps({**record, "key": key}, indent=2, default=str) + "\n")
+    temporary.write_text(
+        json.dumps({**record, "key": key}, indent=2, default=str) + "\n"
+    )
     temporary.replace(path)
     return path

@@ -49,6 +49,9 @@ class Temperatures:
         """One phrase for the startup log naming every T in force."""
         text = f"T={self.server.value:.2f} ({self.server.source}, {self.server.scope})"
         if self.by_type:
-            own = ", ".join(f"{name} T={t.value:.2f} ({t.source})" for name, t in sorted(self.by_type.items()))
+            own = ", ".join(
+                f"{name} T={t.value:.2f} ({t.source})"
+                for name, t in sorted(self.by_type.items())
+            )
             text += f"; {own}; other types the server-wide T"
         return text

@@ -30,7 +30,10 @@ LABEL_CACHE_SIZE = 4096
 
 # Endings some templates leave open whatever the thinking switch says, and what closes them.
 OPEN_ENDINGS = (
-    ("<|start|>assistant", "<|channel|>final<|message|>"),  # GPT-OSS (harmony): pick the final channel
+    (
+        "<|start|>assistant",
+        "<|channel|>final<|message|>",
+    ),  # GPT-OSS (harmony): pick the final channel
     ("<think>", "</think>"),  # GLM-5.x: an opened reasoning block
     ("<think>\n", "</think>\n"),
 )
@@ -48,7 +51,9 @@ class AnswerSlot:
 class AnswerSlotPlacer:
     """Places the answer cue and finds the label tokens; label tokens are cached per prompt ending."""
 
-    def __init__(self, host: BackendHost, cue: str = ANSWER_CUE, reasoning_block: str = "") -> None:
+    def __init__(
+        self, host: BackendHost, cue: str = ANSWER_CUE, reasoning_block: str = ""
+    ) -> None:
         self.host = host
         self.cue = cue
         self.reasoning_block = reasoning_block
@@ -58,7 +63,9 @@ class AnswerSlotPlacer:
         """Where the last plain-text run starts, and the text that replaces everything from there."""
         start = self.text_start(rendered_ids)
         closing = self._closing_at(rendered_ids, start)
-        return start, self.host.decode(rendered_ids[start:]) + closing + self.reasoning_block + self.cue
+        return start, self.host.decode(
+            rendered_ids[start:]
+        ) + closing + self.reasoning_block + self.cue
 
     def text_start(self, rendered_ids: Sequence[int]) -> int:
         """Where the last plain-text run (after the last special token) starts."""
@@ -74,18 +81,32 @@ class AnswerSlotPlacer:
 
     def _closing_at(self, rendered_ids: Sequence[int], start: int) -> str:
         tail_with_markers = self.host.decode(rendered_ids[max(0, start - 4) :])
-        return next((closer for opener, closer in OPEN_ENDINGS if tail_with_markers.endswith(opener)), "")
+        return next(
+            (
+                closer
+                for opener, closer in OPEN_ENDINGS
+                if tail_with_markers.endswith(opener)
+            ),
+            "",
+        )
 
-    def place(self, rendered_ids: Sequence[int], labels: Sequence[str], spaced: bool = False) -> AnswerSlot:
+    def place(
+        self, rendered_ids: Sequence[int], labels: Sequence[str], spaced: bool = False
+    ) -> AnswerSlot:
         """The prompt up to the answer slot and each label's token there. ``spaced``: the prompt ends
         with the space after the cue, and each label is read without one."""
         start, tail_text = self.ending(rendered_ids)
         tail_text += " " if spaced else ""
         tail_ids = self.host.encode(tail_text)
-        label_ids = [self.label_id(tail_text, tail_ids, label, "" if spaced else " ") for label in labels]
+        label_ids = [
+            self.label_id(tail_text, tail_ids, label, "" if spaced else " ")
+            for label in labels
+        ]
         return AnswerSlot(list(rendered_ids[:start]) + tail_ids, label_ids)
 
-    def place_words(self, rendered_ids: Sequence[int], words: Sequence[str]) -> AnswerSlot | None:
+    def place_words(
+        self, rendered_ids: Sequence[int], words: Sequence[str]
+    ) -> AnswerSlot | None:
         """The slot for word labels: after the cue where each word (with its space) is one token there,
         else after the cue's space where each word is one token after it; None where neither holds for
         every word, or where two words share a token."""
@@ -98,23 +119,33 @@ class AnswerSlotPlacer:
                 return slot
         return None
 
-    def label_id(self, tail_text: str, tail_ids: list[int], label: str, joiner: str = " ") -> int:
+    def label_id(
+        self, tail_text: str, tail_ids: list[int], label: str, joiner: str = " "
+    ) -> int:
         key = (tail_text, joiner, label)
         if key not in self._labels:
             if not label.strip():
                 raise DecisionError(f"option label {label!r} is blank")
             ids = self.host.encode(f"{tail_text}{joiner}{label}")
             if len(ids) != len(tail_ids) + 1 or ids[: len(tail_ids)] != tail_ids:
-                raise DecisionError(f"option label {label!r} is not a single token after the answer cue")
+                raise DecisionError(
+                    f"option label {label!r} is not a single token after the answer cue"
+                )
             # SentencePiece tokenizers may decode a lone token with its word marker (U+2581) for the space.
             if self.host.decode(ids[-1:]).replace("\u2581", " ").strip() != label:
-                raise DecisionError(f"option label {label!r} does not decode back to itself")
-            if len(self._labels) >= LABEL_CACHE_SIZE:  # word labels come from requests: keep the newest
+                raise DecisionError(
+                    f"option label {label!r} does not decode back to itself"
+                )
+            if (
+                len(self._labels) >= LABEL_CACHE_SIZE
+            ):  # word labels come from requests: keep the newest
                 del self._labels[next(iter(self._labels))]
             self._labels[key] = ids[-1]
         return self._labels[key]
 
-    def single_token_labels(self, rendered_ids: Sequence[int], candidates: Sequence[str]) -> list[str]:
+    def single_token_labels(
+        self, rendered_ids: Sequence[int], candidates: Sequence[str]
+    ) -> list[str]:
         """The candidates that are single tokens at this prompt's answer slot, in order."""
         _, tail_text = self.ending(rendered_ids)
         tail_ids = self.host.encode(tail_text)

@@ -29,7 +29,9 @@ async def takes_system_role(host: BackendHost) -> bool:
     probe = "Paris is the capital of France."
     try:
         rendered = await host.render_chat(chat(probe, "Question: ?"))
-    except Exception:  # a template's own raise_exception, or a renderer error: try the other layout
+    except (
+        Exception
+    ):  # a template's own raise_exception, or a renderer error: try the other layout
         pass
     else:
         if SYSTEM_PROMPT in host.decode(rendered):
@@ -38,7 +40,9 @@ async def takes_system_role(host: BackendHost) -> bool:
         rendered = await host.render_chat(chat(probe, "Question: ?", system_role=False))
     except Exception as exc:
         # The renderer's own text stays in the server's log (the exception is chained); the refusal says what to do.
-        raise UnusableTemplate(f"the chat template can't render a user turn; {NO_TEMPLATE_HINT}") from exc
+        raise UnusableTemplate(
+            f"the chat template can't render a user turn; {NO_TEMPLATE_HINT}"
+        ) from exc
     if SYSTEM_PROMPT not in host.decode(rendered):
         raise UnusableTemplate("the chat template drops the text of the user turn")
     return False

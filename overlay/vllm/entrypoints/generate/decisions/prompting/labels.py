@@ -46,7 +46,9 @@ class LabelCatalog:
 
     @staticmethod
     def layout(labels: Sequence[str]) -> str:
-        return "markers" if all(len(label) == 1 for label in labels) else "markers+pairs"
+        return (
+            "markers" if all(len(label) == 1 for label in labels) else "markers+pairs"
+        )
 
 
 def word_labels(question: CompiledQuestion) -> list[str] | None:
@@ -67,10 +69,16 @@ def word_labels(question: CompiledQuestion) -> list[str] | None:
             return None
         keys = [option.key for option in options]
         # A score's keys are its level indices; an ordered plugin type's may be anything: numbered as listed.
-        levels = [int(k) for k in keys] if sorted(keys) == [str(i) for i in range(len(keys))] else range(len(keys))
+        levels = (
+            [int(k) for k in keys]
+            if sorted(keys) == [str(i) for i in range(len(keys))]
+            else range(len(keys))
+        )
         words = [str(level + 1) for level in levels]
     else:
         words = [option.label for option in options]
-    if any(not word or word != word.strip() for word in words) or len(set(words)) != len(words):
+    if any(not word or word != word.strip() for word in words) or len(
+        set(words)
+    ) != len(words):
         return None
     return words

@@ -39,7 +39,9 @@ SYSTEM_PROMPT = (
 )
 
 
-def answer_instruction(labels: Sequence[str], words: bool = False, numbered: bool = False) -> str:
+def answer_instruction(
+    labels: Sequence[str], words: bool = False, numbered: bool = False
+) -> str:
     if numbered:
         numbers = sorted(int(label) for label in labels)
         return f"Answer with one number ({numbers[0]}-{numbers[-1]})."
@@ -57,37 +59,57 @@ def option_line(label: str, option: Option, words: bool = False) -> str:
     if not words:
         return f"{label}. {option.text}"
     text = option.text
-    return f"- {text}" if text == label or text.startswith(f"{label}: ") else f"- {label}: {text}"
+    return (
+        f"- {text}"
+        if text == label or text.startswith(f"{label}: ")
+        else f"- {label}: {text}"
+    )
 
 
-def question_text(question: CompiledQuestion, labels: Sequence[str], words: bool = False) -> str:
+def question_text(
+    question: CompiledQuestion, labels: Sequence[str], words: bool = False
+) -> str:
     """The question's text with ``labels``; ``words``: they are the words layout's (labels.py)."""
     numbered = words and question.qtype.ordered
     word_lines = words and not numbered
     lines = [f"Question: {question.instructions}".rstrip(), "", "Options:"]
-    lines += [option_line(label, option, word_lines) for label, option in zip(labels, question.options, strict=True)]
+    lines += [
+        option_line(label, option, word_lines)
+        for label, option in zip(labels, question.options, strict=True)
+    ]
     lines += ["", answer_instruction(labels, word_lines, numbered)]
     return "\n".join(lines)
 
 
 def messages(
-    state: str, question: CompiledQuestion, labels: Sequence[str], system_role: bool = True, words: bool = False
+    state: str,
+    question: CompiledQuestion,
+    labels: Sequence[str],
+    system_role: bool = True,
+    words: bool = False,
 ) -> list[dict[str, str]]:
     """Chat messages for one question; everything before the question text depends only on the state."""
     return chat(state, question_text(question, labels, words), system_role)
 
 
-def chat(state: str, question_body: str, system_role: bool = True) -> list[dict[str, str]]:
+def chat(
+    state: str, question_body: str, system_role: bool = True
+) -> list[dict[str, str]]:
     """The chat around a question's text: the instructions, then the state, then ``question_body``."""
     user = f"Document:\n{state}\n\n{question_body}"
     if not system_role:
         return [{"role": "user", "content": f"{SYSTEM_PROMPT}\n\n{user}"}]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": user},
+    ]
 
 
 def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion:
     """Two-stage's first stage: does this one option fit the question? (yes/no, same state prefix)"""
-    instructions = f"{question.instructions}\nDoes this option fit: {option.text}".strip()
+    instructions = (
+        f"{question.instructions}\nDoes this option fit: {option.text}".strip()
+    )
     return CompiledQuestion(NOUL, instructions, yes_no_options())
 
 
@@ -99,10 +121,24 @@ def probe_rendering() -> str:
 
     questions = [
         NOUL.compile(
-            NoulQuestion.model_validate({"instructions": "Is this urgent?", "criteria": {"true": "time-sensitive"}})
+            NoulQuestion.model_validate(
+                {
+                    "instructions": "Is this urgent?",
+                    "criteria": {"true": "time-sensitive"},
+                }
+            )
         ),
-        CHOICE.compile(ChoiceQuestion(instructions="Which team?", criteria={"billing": "Payments", "tech": None})),
-        SCORE.compile(ScoreQuestion(instructions={"rate": "mood"}, criteria=["Calm", "Angry", "Furious"])),
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": "Payments", "tech": None},
+            )
+        ),
+        SCORE.compile(
+            ScoreQuestion(
+                instructions={"rate": "mood"}, criteria=["Calm", "Angry", "Furious"]
+            )
+        ),
     ]
     rendered: list[object] = [ANSWER_CUE]
     for question in questions:
@@ -112,7 +148,11 @@ def probe_rendering() -> str:
         for system_role in (True, False):
             rendered.append(messages("Probe document.", question, letters, system_role))
             if words is not None:
-                rendered.append(messages("Probe document.", question, words, system_role, words=True))
+                rendered.append(
+                    messages(
+                        "Probe document.", question, words, system_role, words=True
+                    )
+                )
             rendered.append(messages("Probe document.", check, ["A", "B"], system_role))
     return json.dumps(rendered, ensure_ascii=False)
 

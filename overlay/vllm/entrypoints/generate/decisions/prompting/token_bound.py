@@ -43,7 +43,11 @@ def normalizer_shrink(normalizer: dict[str, Any] | None) -> int | None:
         pattern = normalizer.get("pattern") or {}
         text = pattern.get("String") if isinstance(pattern, dict) else None
         content = normalizer.get("content")
-        if isinstance(text, str) and isinstance(content, str) and 0 < len(text) <= len(content):
+        if (
+            isinstance(text, str)
+            and isinstance(content, str)
+            and 0 < len(text) <= len(content)
+        ):
             return 1
         return None
     if kind == "Sequence":
@@ -69,7 +73,9 @@ def never_unknown(model: dict[str, Any], pre_tokenizer: dict[str, Any] | None) -
             return False
         if node.get("type") == "ByteLevel":
             return True
-        return node.get("type") == "Sequence" and any(byte_level(p) for p in node.get("pretokenizers") or ())
+        return node.get("type") == "Sequence" and any(
+            byte_level(p) for p in node.get("pretokenizers") or ()
+        )
 
     return byte_level(pre_tokenizer)
 
@@ -85,6 +91,10 @@ def chars_per_token(tokenizer: Any) -> int | None:
     except Exception:  # a tokenizer that can't describe itself gets no bound
         return None
     shrink = normalizer_shrink(spec.get("normalizer"))
-    if shrink is None or not never_unknown(spec.get("model") or {}, spec.get("pre_tokenizer")) or not vocab:
+    if (
+        shrink is None
+        or not never_unknown(spec.get("model") or {}, spec.get("pre_tokenizer"))
+        or not vocab
+    ):
         return None
     return shrink * max(len(entry) for entry in vocab)

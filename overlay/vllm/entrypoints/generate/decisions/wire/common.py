@@ -9,7 +9,14 @@ import time
 from typing import Annotated, Any
 
 from fastapi import Request
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, TypeAdapter
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+)
 
 from ..answers import Answer, Decision
 from ..errors import NotReadyError
@@ -27,7 +34,9 @@ def salt(value: str) -> str:
     try:
         validate_cache_salt(value)
     except VLLMValidationError:
-        raise ValueError("a cache salt is 1 to 128 characters, none of them '@', '/', '\\' or NUL") from None
+        raise ValueError(
+            "a cache salt is 1 to 128 characters, none of them '@', '/', '\\' or NUL"
+        ) from None
     return value
 
 
@@ -43,7 +52,9 @@ class ExtraRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    calibration_temperature: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    calibration_temperature: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False
+    )
     backend: str | None = None
     backend_options: dict[str, Any] | None = None
     seed: int | None = None
@@ -51,13 +62,21 @@ class ExtraRequest(BaseModel):
     # off | rotate | rotate:N (debias.py); unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
     debias: str | None = Field(default=None, pattern=r"^(off|rotate(:[1-9][0-9]*)?)$")
     # auto | off | content-free | fitted | content-free+fitted (prior.py); unset: VLLM_TYPED_DECISIONS_PRIOR.
-    prior: str | None = Field(default=None, pattern=r"^(auto|off|content-free|fitted|content-free\+fitted)$")
+    prior: str | None = Field(
+        default=None, pattern=r"^(auto|off|content-free|fitted|content-free\+fitted)$"
+    )
     cache_salt: CacheSalt | None = None
     priority: Priority | None = None
 
 
-def decision_request(extra: ExtraRequest, state: str, questions: list[CompiledQuestion], names: list[str],
-                     request_id: str, model: str | None = None) -> DecisionRequest:  # fmt: skip
+def decision_request(
+    extra: ExtraRequest,
+    state: str,
+    questions: list[CompiledQuestion],
+    names: list[str],
+    request_id: str,
+    model: str | None = None,
+) -> DecisionRequest:
     """The request the service decides: the compiled questions, named as the wire names them in messages
     (``names``), for the ``model`` it names, with the ``extra`` block's choices."""
     return DecisionRequest(
@@ -104,7 +123,9 @@ def answer_extra(answer: Answer, detail: Detail) -> AnswerExtra | None:
         return None
     basic = detail == "basic"
     backend = answer.backend.as_json(basic)
-    backend["option_logits"] = {k: finite(v) for k, v in backend["option_logits"].items()}
+    backend["option_logits"] = {
+        k: finite(v) for k, v in backend["option_logits"].items()
+    }
     return AnswerExtra(backend=backend, audit=answer.audit.as_json(basic))
 
 
@@ -137,7 +158,11 @@ def inline(schema: dict[str, Any]) -> dict[str, Any]:
                 }
                 return resolve(merged)
             # A discriminator's mapping names definitions that are inlined now; the tags stay in the schemas.
-            return {key: resolve(value) for key, value in node.items() if key not in ("$defs", "discriminator")}
+            return {
+                key: resolve(value)
+                for key, value in node.items()
+                if key not in ("$defs", "discriminator")
+            }
         if isinstance(node, list):
             return [resolve(item) for item in node]
         return node
@@ -146,5 +171,9 @@ def inline(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def schema_of(model: type[BaseModel] | TypeAdapter[Any]) -> dict[str, Any]:
-    raw = model.json_schema() if isinstance(model, TypeAdapter) else model.model_json_schema()
+    raw = (
+        model.json_schema()
+        if isinstance(model, TypeAdapter)
+        else model.model_json_schema()
+    )
     return inline(raw)

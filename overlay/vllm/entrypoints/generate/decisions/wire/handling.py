@@ -41,7 +41,11 @@ class Reply:
 
     def json(self) -> Any:
         """The body as a client parses it (bulk's results)."""
-        return json.loads(self.model_json()) if isinstance(self.body, BaseModel) else self.body
+        return (
+            json.loads(self.model_json())
+            if isinstance(self.body, BaseModel)
+            else self.body
+        )
 
     def model_json(self) -> str:
         """A response model as JSON text; a NaN or infinity, which JSON lacks, as null."""
@@ -50,7 +54,9 @@ class Reply:
     def response(self) -> Response:
         """The HTTP response the route sends."""
         if isinstance(self.body, BaseModel):
-            response = Response(self.model_json(), self.status_code, media_type="application/json")
+            response = Response(
+                self.model_json(), self.status_code, media_type="application/json"
+            )
         else:
             response = JSONResponse(self.body, self.status_code)
         if self.retry_after is not None:
@@ -76,7 +82,11 @@ def body_errors(exc: ValidationError) -> list[dict[str, Any]]:
     """Pydantic's errors as FastAPI reports a body's, reduced to JSON-safe fields: ``loc`` starts
     with "body"."""
     return [
-        {"loc": ["body", *e.get("loc", ())], "msg": str(e.get("msg", e)), "type": str(e.get("type", "value_error"))}
+        {
+            "loc": ["body", *e.get("loc", ())],
+            "msg": str(e.get("msg", e)),
+            "type": str(e.get("type", "value_error")),
+        }
         for e in exc.errors(include_url=False)
     ]
 
@@ -84,7 +94,9 @@ def body_errors(exc: ValidationError) -> list[dict[str, Any]]:
 def validated(model: type[BaseModel], body: Any) -> BaseModel:
     """``body`` as ``model``, or :class:`InvalidBody` with the errors FastAPI would have found."""
     if body is None:  # FastAPI reports a JSON null body as a missing one
-        raise InvalidBody([{"loc": ["body"], "msg": "Field required", "type": "missing"}])
+        raise InvalidBody(
+            [{"loc": ["body"], "msg": "Field required", "type": "missing"}]
+        )
     try:  # from_attributes as FastAPI validates, so a body that isn't an object gets FastAPI's message
         return model.model_validate(body, from_attributes=True)
     except ValidationError as exc:
@@ -104,14 +116,18 @@ class Wire:
     request_model: type[BaseModel]
     serve: Serve
     render_error: ErrorRenderer
-    id_headers: tuple[str, ...] = ()  # headers echoing the request id besides X-Request-Id
+    id_headers: tuple[
+        str, ...
+    ] = ()  # headers echoing the request id besides X-Request-Id
 
     def refusal(self, exc: DecisionError) -> Reply:
         """``exc`` in this wire's error shape, counted by its reason (metrics.py)."""
         note_refusal(exc)
         return replace(self.render_error(exc, None), retry_after=exc.retry_after)
 
-    async def answer(self, service: Callable[[], DecisionService], body: Any, request_id: str) -> Reply:
+    async def answer(
+        self, service: Callable[[], DecisionService], body: Any, request_id: str
+    ) -> Reply:
         """``body`` (strictly parsed JSON) validated and decided; any refusal in this wire's shape.
 
         ``service`` is asked for once the body is valid (a route's app may have none yet: not ready).

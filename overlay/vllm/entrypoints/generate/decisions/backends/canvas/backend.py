@@ -66,7 +66,10 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
     render_version = RENDER_VERSION
 
     def __init__(
-        self, host: BackendHost, options: CanvasOptions | None = None, settings: Settings | None = None
+        self,
+        host: BackendHost,
+        options: CanvasOptions | None = None,
+        settings: Settings | None = None,
     ) -> None:
         super().__init__(host, options or CanvasOptions(), settings)
         self.placer = AnswerSlotPlacer(host)
@@ -86,15 +89,27 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
                 f"(DiffusionGemma){'' if BUILT_IN_CANVAS_READ else patch}"
             )
         if self.host.vocab_size <= 0:
-            raise BackendUnavailable("the engine did not say its vocabulary size, which the canvas noise is drawn from")
+            raise BackendUnavailable(
+                "the engine did not say its vocabulary size, which the canvas noise is drawn from"
+            )
         self.system_role = await takes_system_role(self.host)
         self.turn_close = await turn_close_id(self.host)
-        logger.info("canvas backend: turn-close token %d, %s", self.turn_close, self.options)
+        logger.info(
+            "canvas backend: turn-close token %d, %s", self.turn_close, self.options
+        )
 
-    async def read(self, question: CompiledQuestion, context: ReadContext[CanvasOptions]) -> Reading:
-        options, turn_close, state = context.options or self.options, self.turn_close, context.state
+    async def read(
+        self, question: CompiledQuestion, context: ReadContext[CanvasOptions]
+    ) -> Reading:
+        options, turn_close, state = (
+            context.options or self.options,
+            self.turn_close,
+            context.state,
+        )
         if turn_close is None:
-            raise DecisionError("the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
+            raise DecisionError(
+                "the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE
+            )
         count, markers = len(question.options), len(self.catalog.markers)
         if count > markers:
             raise DecisionError(
@@ -102,7 +117,10 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
             )
         labels = self.catalog.labels(count)
         slot = self.placer.place(
-            await self.host.render_chat(messages(state, question, labels, self.system_role)), labels
+            await self.host.render_chat(
+                messages(state, question, labels, self.system_role)
+            ),
+            labels,
         )
         limit = self.host.max_model_len
         if len(slot.prompt_ids) + CANVAS_WIDTH > limit:
@@ -115,22 +133,34 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
 
         def canvas_read(index: int) -> Any:
             canvas = [noise[index], turn_close]
-            return self.host.read_canvas(slot.prompt_ids, canvas, slot.label_ids, options.max_steps,
-                                         context.part(f"c{index}"))  # fmt: skip
+            return self.host.read_canvas(
+                slot.prompt_ids,
+                canvas,
+                slot.label_ids,
+                options.max_steps,
+                context.part(f"c{index}"),
+            )
 
         # The first read puts the prompt in the prefix cache; the others then read it from there.
         reads = [await canvas_read(0)]
-        reads += await gather_or_cancel(canvas_read(i) for i in range(1, options.samples))
+        reads += await gather_or_cancel(
+            canvas_read(i) for i in range(1, options.samples)
+        )
         scores = [label_scores(read, slot.label_ids) for read in reads]
         together = average([softmax(read_scores) for read_scores in scores])
         keys = [o.key for o in question.options]
         return Reading(
-            scores=[math.log(p) if p > 0 else -math.inf for p in together.probabilities],
+            scores=[
+                math.log(p) if p > 0 else -math.inf for p in together.probabilities
+            ],
             forward_passes=options.samples * options.max_steps,
             input_tokens=sum(r.prompt_tokens for r in reads),
             cached_input_tokens=sum(r.cached_tokens for r in reads),
             readout="direct",
-            option_mass=sum(sum(math.exp(v) for v in read_scores) for read_scores in scores) / len(scores),
+            option_mass=sum(
+                sum(math.exp(v) for v in read_scores) for read_scores in scores
+            )
+            / len(scores),
             meta=CanvasFacts(
                 seed=seed,
                 samples=SampleFacts(
@@ -156,10 +186,15 @@ def label_scores(read: TokenRead, label_ids: list[int]) -> list[float]:
 
 async def turn_close_id(host: BackendHost) -> int:
     """The special token the chat template closes an assistant turn with: the canvas ends on it."""
-    chat = [{"role": "user", "content": "Which letter?"}, {"role": "assistant", "content": _PROBE_REPLY}]
+    chat = [
+        {"role": "user", "content": "Which letter?"},
+        {"role": "assistant", "content": _PROBE_REPLY},
+    ]
     text = await host.render_chat_text(chat)
     if text is None or _PROBE_REPLY not in text:
-        raise BackendUnavailable("could not render an assistant turn to find the template's turn-close marker")
+        raise BackendUnavailable(
+            "could not render an assistant turn to find the template's turn-close marker"
+        )
     after = host.encode(text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :])
     if not after or after[0] not in host.special_token_ids():
         raise BackendUnavailable(

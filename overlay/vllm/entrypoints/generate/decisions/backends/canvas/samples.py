@@ -31,7 +31,9 @@ def average(distributions: Sequence[Sequence[float]]) -> Average:
     if n > 1:
         stderr = [
             math.sqrt(sum((p - mean) ** 2 for p in column) / (n - 1) / n)
-            for column, mean in zip(zip(*distributions, strict=True), means, strict=True)
+            for column, mean in zip(
+                zip(*distributions, strict=True), means, strict=True
+            )
         ]
     else:
         stderr = [0.0] * len(means)

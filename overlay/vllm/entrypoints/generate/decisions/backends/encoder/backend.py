@@ -17,7 +17,13 @@ from ...questions import CompiledQuestion
 from ...read_context import ReadContext
 from ...settings import Settings
 from ..base import DecisionBackend, Reading
-from .checkpoint import LAYA_TYPES, LayaConfig, PromptBuilder, load_prompt_builder, read_laya_config
+from .checkpoint import (
+    LAYA_TYPES,
+    LayaConfig,
+    PromptBuilder,
+    load_prompt_builder,
+    read_laya_config,
+)
 from .laya_prompts import PROMPT_VERSION
 from .layout import laya_options
 
@@ -54,9 +60,15 @@ class EncoderBackend(DecisionBackend[None]):
         # The model picks a question's type embedding by the token after [CLS]: the prompts must put it there.
         for qtype in LAYA_TYPES:
             ids, _ = builder.build(
-                tokenizer, "x", qtype, "x", ["a", "b"], max_len=config.max_len,
-                head_max_len=config.head_max_len, option_max_tokens=config.option_max_tokens,
-            )  # fmt: skip
+                tokenizer,
+                "x",
+                qtype,
+                "x",
+                ["a", "b"],
+                max_len=config.max_len,
+                head_max_len=config.head_max_len,
+                option_max_tokens=config.option_max_tokens,
+            )
             if len(ids) < 2 or ids[1] != config.question_type_token_ids[qtype]:
                 raise BackendUnavailable(
                     f"{builder.source} Laya prompts for {qtype} questions start with token "
@@ -64,19 +76,30 @@ class EncoderBackend(DecisionBackend[None]):
                     f"{config.question_type_token_ids[qtype]}: prompts and checkpoint disagree"
                 )
         self._config, self._builder = config, builder
-        logger.info("encoder backend: Laya prompts %s (%s), max_len %d, head_max_len %d", config.prompt_version,
-                    builder.source, self._max_len(config), config.head_max_len)  # fmt: skip
+        logger.info(
+            "encoder backend: Laya prompts %s (%s), max_len %d, head_max_len %d",
+            config.prompt_version,
+            builder.source,
+            self._max_len(config),
+            config.head_max_len,
+        )
 
     def _max_len(self, config: LayaConfig) -> int:
         return min(config.max_len, self.host.max_model_len)
 
-    def __init__(self, host: BackendHost, options: None = None, settings: Settings | None = None) -> None:
+    def __init__(
+        self, host: BackendHost, options: None = None, settings: Settings | None = None
+    ) -> None:
         super().__init__(host, None, settings)
 
-    async def read(self, question: CompiledQuestion, context: ReadContext[None]) -> Reading:
+    async def read(
+        self, question: CompiledQuestion, context: ReadContext[None]
+    ) -> Reading:
         config, builder, state = self._config, self._builder, context.state
         if config is None or builder is None:
-            raise DecisionError("the encoder backend has not started", HTTPStatus.SERVICE_UNAVAILABLE)
+            raise DecisionError(
+                "the encoder backend has not started", HTTPStatus.SERVICE_UNAVAILABLE
+            )
         qtype = question.qtype.name
         if qtype not in LAYA_TYPES:
             raise DecisionError(
@@ -91,10 +114,15 @@ class EncoderBackend(DecisionBackend[None]):
         layout = laya_options(question)
         try:
             ids, markers = builder.build(
-                self.host.tokenizer, state, qtype, question.instructions, layout.texts,
-                max_len=self._max_len(config), head_max_len=config.head_max_len,
+                self.host.tokenizer,
+                state,
+                qtype,
+                question.instructions,
+                layout.texts,
+                max_len=self._max_len(config),
+                head_max_len=config.head_max_len,
                 option_max_tokens=config.option_max_tokens,
-            )  # fmt: skip
+            )
         except ValueError as exc:
             raise DecisionError(str(exc)) from None
         if len(markers) != count:
@@ -128,4 +156,7 @@ def _flat(output: Any) -> list[float]:
         output = output[0]
     if not isinstance(output, list):
         return []
-    return [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan for v in output]
+    return [
+        float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+        for v in output
+    ]

@@ -37,15 +37,27 @@ class LayaConfig(BaseModel):
     question_types: dict[str, int]
     question_type_token_ids: dict[str, int]
     mask_token_id: int
-    temperature: list[float] = Field(default=[1.0, 1.0, 1.0], min_length=3, max_length=3)
+    temperature: list[float] = Field(
+        default=[1.0, 1.0, 1.0], min_length=3, max_length=3
+    )
     temperature_by_options: dict[str, float] = {}
     prompt_version: str = laya_prompts.PROMPT_VERSION
 
     def checkpoint_temperature(self, question_type: str, options: int) -> float:
         """The temperature Laya's own agent would apply to this question (reported, not applied)."""
-        size = "2" if options <= 2 else "3-5" if options <= 5 else "6-10" if options <= 10 else "11+"
+        size = (
+            "2"
+            if options <= 2
+            else "3-5"
+            if options <= 5
+            else "6-10"
+            if options <= 10
+            else "11+"
+        )
         row = self.question_types.get(question_type, 0)
-        value = self.temperature_by_options.get(f"{question_type}:{size}", self.temperature[row])
+        value = self.temperature_by_options.get(
+            f"{question_type}:{size}", self.temperature[row]
+        )
         low, high = TEMPERATURE_RANGE
         return min(high, max(low, value))
 
@@ -59,10 +71,18 @@ def read_laya_config(host: BackendHost) -> LayaConfig:
     try:
         config = LayaConfig.model_validate(block)
     except ValidationError as exc:
-        raise BackendUnavailable(validation_message(exc, "config.json laya_config")) from None
-    missing = [t for t in LAYA_TYPES if t not in config.question_types or t not in config.question_type_token_ids]
+        raise BackendUnavailable(
+            validation_message(exc, "config.json laya_config")
+        ) from None
+    missing = [
+        t
+        for t in LAYA_TYPES
+        if t not in config.question_types or t not in config.question_type_token_ids
+    ]
     if missing:
-        raise BackendUnavailable(f"laya_config names no question type row or token for {', '.join(missing)}")
+        raise BackendUnavailable(
+            f"laya_config names no question type row or token for {', '.join(missing)}"
+        )
     return config
 
 
@@ -91,5 +111,7 @@ def load_prompt_builder(host: BackendHost) -> PromptBuilder:
     exec(compile(source, "laya_prompts.py (checkpoint)", "exec"), module.__dict__)  # noqa: S102 - trusted by flag
     build: Any = getattr(module, "build_prompt", None)
     if not callable(build):
-        raise BackendUnavailable("the checkpoint's laya_prompts.py defines no build_prompt function")
+        raise BackendUnavailable(
+            "the checkpoint's laya_prompts.py defines no build_prompt function"
+        )
     return PromptBuilder(build, "checkpoint")

@@ -47,7 +47,10 @@ def build_prompt(
             )
         spans.append([tokenizer.mask_token_id, *tokens])
     option_tokens = sum(len(span) for span in spans)
-    if option_tokens > head_max_len - INSTRUCTION_RESERVE or len(head) + option_tokens > head_max_len:
+    if (
+        option_tokens > head_max_len - INSTRUCTION_RESERVE
+        or len(head) + option_tokens > head_max_len
+    ):
         raise ValueError(
             f"the question takes {len(head) + option_tokens} tokens (instructions {len(head)}, options "
             f"{option_tokens}); this checkpoint's question head holds {head_max_len} "

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from ...questions import CompiledQuestion
 
 # What Laya's noul options say when the question gives no criterion.
-NOUL_DEFAULTS = {"false": "no, the statement does not hold", "true": "yes, the statement holds"}
+NOUL_DEFAULTS = {
+    "false": "no, the statement does not hold",
+    "true": "yes, the statement holds",
+}
 
 
 @dataclass(frozen=True)
@@ -30,5 +33,8 @@ def laya_options(question: CompiledQuestion) -> LayaOptions:
         texts = [f"{key}: {described.get(key) or NOUL_DEFAULTS[key]}" for key in order]
         return LayaOptions(texts, [order.index(o.key) for o in options])
     if question.qtype.name == "score":
-        return LayaOptions([f"level {i}: {o.text}" for i, o in enumerate(options)], list(range(len(options))))
+        return LayaOptions(
+            [f"level {i}: {o.text}" for i, o in enumerate(options)],
+            list(range(len(options))),
+        )
     return LayaOptions([o.text for o in options], list(range(len(options))))

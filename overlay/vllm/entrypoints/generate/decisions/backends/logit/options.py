@@ -37,6 +37,12 @@ class LogitOptions(BaseModel):
     @field_validator("markers")
     @classmethod
     def _distinct_visible(cls, markers: str) -> str:
-        if len(markers) < 2 or len(set(markers)) != len(markers) or any(c.isspace() for c in markers):
-            raise ValueError("markers must be at least 2 distinct, non-space characters")
+        if (
+            len(markers) < 2
+            or len(set(markers)) != len(markers)
+            or any(c.isspace() for c in markers)
+        ):
+            raise ValueError(
+                "markers must be at least 2 distinct, non-space characters"
+            )
         return markers

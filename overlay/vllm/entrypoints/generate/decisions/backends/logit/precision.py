@@ -19,7 +19,9 @@ from ...read_context import ReadContext
 TOLERANCE = 1.0
 
 
-async def fp32_check(host: BackendHost, prompt_ids: list[int], label_ids: Sequence[int]) -> str | None:
+async def fp32_check(
+    host: BackendHost, prompt_ids: list[int], label_ids: Sequence[int]
+) -> str | None:
     """None when reads that ask for fp32 get it; otherwise why not."""
     if host.logit_dtype == "float32":
         return None
@@ -28,8 +30,14 @@ async def fp32_check(host: BackendHost, prompt_ids: list[int], label_ids: Sequen
     ids = list(dict.fromkeys(label_ids))
     check = ReadContext.about("", "decision-precision-check")
     plain = await host.read_token_logprobs(prompt_ids, ids, check)
-    exact = await host.read_token_logprobs(prompt_ids, ids, check.part("fp32"), fp32=True)
-    gaps = [abs(exact.logprobs[t] - plain.logprobs[t]) for t in ids if t in exact.logprobs and t in plain.logprobs]
+    exact = await host.read_token_logprobs(
+        prompt_ids, ids, check.part("fp32"), fp32=True
+    )
+    gaps = [
+        abs(exact.logprobs[t] - plain.logprobs[t])
+        for t in ids
+        if t in exact.logprobs and t in plain.logprobs
+    ]
     if not gaps or max(gaps) == 0.0:
         return "the engine returned the LM head's own values (a head patches/exact-logprobs can't recompute)"
     if max(gaps) > TOLERANCE:
@@ -44,8 +52,12 @@ def read_precision(host: BackendHost, fp32: bool) -> str:
 
 def describe(host: BackendHost, missing: str | None) -> str:
     if host.logit_dtype == "float32":
-        return "decision reads: option log-probabilities in float32 (the LM head's dtype)"
+        return (
+            "decision reads: option log-probabilities in float32 (the LM head's dtype)"
+        )
     if missing is None:
-        return (f"decision reads: option log-probabilities in float32, recomputed from the {host.logit_dtype} "
-                "model's final hidden state (patches/exact-logprobs)")  # fmt: skip
+        return (
+            f"decision reads: option log-probabilities in float32, recomputed from the {host.logit_dtype} "
+            "model's final hidden state (patches/exact-logprobs)"
+        )
     return f"decision reads: option log-probabilities in {host.logit_dtype}, the LM head's dtype: {missing}"

@@ -44,7 +44,9 @@ class Plan:
     logprobs: str
 
 
-def plan(count: int, options: LogitOptions, catalog: LabelCatalog, token_id_cap: int) -> Plan:
+def plan(
+    count: int, options: LogitOptions, catalog: LabelCatalog, token_id_cap: int
+) -> Plan:
     """The read for ``count`` options under ``options``; refuses a read that can't hold them."""
     markers, wide = len(catalog.markers), catalog.wide_capacity
     mode = options.logprobs
@@ -52,17 +54,25 @@ def plan(count: int, options: LogitOptions, catalog: LabelCatalog, token_id_cap:
         if count <= markers and (mode == "top-k" or count <= token_id_cap):
             return Plan("direct", mode)
         if count <= wide:
-            return Plan("wide-direct", mode if mode == "top-k" or count <= token_id_cap else "top-k")
+            return Plan(
+                "wide-direct",
+                mode if mode == "top-k" or count <= token_id_cap else "top-k",
+            )
         return Plan("two-stage", mode)
     if options.readout == "direct" and count > markers:
-        raise DecisionError(f"{count} options; the direct readout reads at most {markers} (one marker each)")
+        raise DecisionError(
+            f"{count} options; the direct readout reads at most {markers} (one marker each)"
+        )
     if options.readout == "wide-direct" and count > wide:
         raise DecisionError(
             f"{count} options; wide-direct reads at most {wide} on this tokenizer "
             f"({markers} markers + {len(catalog.pairs)} single-token pairs)"
         )
     if options.readout != "two-stage" and mode == "exact" and count > token_id_cap:
-        raise DecisionError(f"{count} options in one exact read: " + TOKEN_ID_CAP_HINT.format(cap=token_id_cap))
+        raise DecisionError(
+            f"{count} options in one exact read: "
+            + TOKEN_ID_CAP_HINT.format(cap=token_id_cap)
+        )
     return Plan(options.readout, mode)
 
 
@@ -74,26 +84,42 @@ class LabelledSlot:
     layout: str
 
 
-async def labelled_slot(prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog, state: str,
-                        question: CompiledQuestion, words: bool = False) -> LabelledSlot:  # fmt: skip
+async def labelled_slot(
+    prompts: StencilPool,
+    placer: AnswerSlotPlacer,
+    catalog: LabelCatalog,
+    state: str,
+    question: CompiledQuestion,
+    words: bool = False,
+) -> LabelledSlot:
     """The prompt and label tokens of one read: in the question's words where asked and each is one
     token at its answer slot, else in letters (never a refusal for words that don't fit)."""
     if words and (labels := word_labels(question)) is not None:
-        rendered = await prompts.prompt_ids(state, question_text(question, labels, words=True))
+        rendered = await prompts.prompt_ids(
+            state, question_text(question, labels, words=True)
+        )
         slot = placer.place_words(rendered, labels)
         if slot is not None:
             return LabelledSlot(slot, labels, "words")
     labels = catalog.labels(len(question.options))
     rendered = await prompts.prompt_ids(state, question_text(question, labels))
-    return LabelledSlot(placer.place(rendered, labels), labels, LabelCatalog.layout(labels))
+    return LabelledSlot(
+        placer.place(rendered, labels), labels, LabelCatalog.layout(labels)
+    )
 
 
 class ReadoutRunner:
     """Runs a planned read for one question through the host."""
 
-    def __init__(self, host: BackendHost, placer: AnswerSlotPlacer, catalog: LabelCatalog,
-                 prompts: StencilPool | None = None, fp32_reads: bool = False,
-                 word_reads: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: BackendHost,
+        placer: AnswerSlotPlacer,
+        catalog: LabelCatalog,
+        prompts: StencilPool | None = None,
+        fp32_reads: bool = False,
+        word_reads: bool = True,
+    ) -> None:
         self.host = host
         self.placer = placer
         self.catalog = catalog
@@ -103,12 +129,20 @@ class ReadoutRunner:
         # Whether reads asking for words get them (the words' option mass passed the startup check).
         self.word_reads = word_reads
 
-    async def labelled_read(self, question: CompiledQuestion, mode: str, context: ReadContext[Any],
-                            fallback: bool = True, fp32: bool = False,
-                            words: bool = False) -> tuple[LabelRead, list[str], str]:  # fmt: skip
+    async def labelled_read(
+        self,
+        question: CompiledQuestion,
+        mode: str,
+        context: ReadContext[Any],
+        fallback: bool = True,
+        fp32: bool = False,
+        words: bool = False,
+    ) -> tuple[LabelRead, list[str], str]:
         """The read of ``question`` about ``context.state`` in letters, or in its words where asked and
         they fit; its labels and the layout used."""
-        chosen = await labelled_slot(self.prompts, self.placer, self.catalog, context.state, question, words)
+        chosen = await labelled_slot(
+            self.prompts, self.placer, self.catalog, context.state, question, words
+        )
         slot, labels = chosen.slot, chosen.labels
         limit = self.host.max_model_len
         if len(slot.prompt_ids) >= limit:
@@ -117,38 +151,78 @@ class ReadoutRunner:
                 f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
             )
         if mode == "exact":
-            read = await read_exact(self.host, slot.prompt_ids, labels, slot.label_ids, context, fallback, fp32)
+            read = await read_exact(
+                self.host,
+                slot.prompt_ids,
+                labels,
+                slot.label_ids,
+                context,
+                fallback,
+                fp32,
+            )
         else:
-            read = await read_top_k(self.host, slot.prompt_ids, labels, slot.label_ids, context, fp32)
+            read = await read_top_k(
+                self.host, slot.prompt_ids, labels, slot.label_ids, context, fp32
+            )
         return read, labels, chosen.layout
 
-    async def run(self, plan: Plan, question: CompiledQuestion, context: ReadContext[LogitOptions]) -> Reading:
+    async def run(
+        self, plan: Plan, question: CompiledQuestion, context: ReadContext[LogitOptions]
+    ) -> Reading:
         options = context.options
         fp32 = options.precision == "float32" and self.fp32_reads
         if plan.readout == "two-stage":
-            return await self.two_stage(question, plan.logprobs, options.shortlist, context, fp32)
-        words = options.labels == "words" and plan.readout == "direct" and self.word_reads
-        read, _, layout = await self.labelled_read(question, plan.logprobs, context, fp32=fp32, words=words)
+            return await self.two_stage(
+                question, plan.logprobs, options.shortlist, context, fp32
+            )
+        words = (
+            options.labels == "words" and plan.readout == "direct" and self.word_reads
+        )
+        read, _, layout = await self.labelled_read(
+            question, plan.logprobs, context, fp32=fp32, words=words
+        )
         return reading(read, plan.readout, self.audit(layout, fp32))
 
     def audit(self, layout: str, fp32: bool) -> ReadAudit:
-        return ReadAudit(label_layout=layout, logit_precision=read_precision(self.host, fp32))
+        return ReadAudit(
+            label_layout=layout, logit_precision=read_precision(self.host, fp32)
+        )
 
-    async def two_stage(self, question: CompiledQuestion, mode: str, shortlist: int, context: ReadContext[Any],
-                        fp32: bool = False) -> Reading:  # fmt: skip
+    async def two_stage(
+        self,
+        question: CompiledQuestion,
+        mode: str,
+        shortlist: int,
+        context: ReadContext[Any],
+        fp32: bool = False,
+    ) -> Reading:
         # Stage 1: each option alone, as yes/no. Exact reads here have no fallback.
         checks = [
-            self.labelled_read(option_check(question, option), mode, context.part(f"s1-{i}"), False, fp32)
+            self.labelled_read(
+                option_check(question, option),
+                mode,
+                context.part(f"s1-{i}"),
+                False,
+                fp32,
+            )
             for i, option in enumerate(question.options)
         ]
         stage1 = [read for read, _, _ in await gather_or_cancel(checks)]
         p_yes = [softmax(r.scores)[0] for r in stage1]
         total = sum(p_yes)
         first = [p / total for p in p_yes]
-        leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[: min(shortlist, len(first))]
+        leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[
+            : min(shortlist, len(first))
+        ]
         leaders.sort()
-        finals = CompiledQuestion(question.qtype, question.instructions, tuple(question.options[i] for i in leaders))
-        final, _, layout = await self.labelled_read(finals, mode, context.part("s2"), fp32=fp32)
+        finals = CompiledQuestion(
+            question.qtype,
+            question.instructions,
+            tuple(question.options[i] for i in leaders),
+        )
+        final, _, layout = await self.labelled_read(
+            finals, mode, context.part("s2"), fp32=fp32
+        )
         shared = sum(first[i] for i in leaders)
         probabilities = list(first)
         for i, p in zip(leaders, softmax(final.scores), strict=True):
@@ -164,7 +238,10 @@ class ReadoutRunner:
             option_mass=final.option_mass,
             meta=final.facts.model_copy(
                 update={
-                    "stage1_scores": {keys[i]: math.log(p) if p > 0 else None for i, p in enumerate(p_yes)},
+                    "stage1_scores": {
+                        keys[i]: math.log(p) if p > 0 else None
+                        for i, p in enumerate(p_yes)
+                    },
                     "shortlist": [keys[i] for i in leaders],
                 }
             ),

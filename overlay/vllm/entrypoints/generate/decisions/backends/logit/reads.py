@@ -76,33 +76,78 @@ def mass(read: TokenRead, ids: Sequence[int]) -> float:
     return sum(math.exp(read.logprobs[t]) for t in set(ids) if t in read.logprobs)
 
 
-async def read_top_k(host: BackendHost, prompt_ids: list[int], labels: Sequence[str], ids: Sequence[int],
-                     context: ReadContext[Any], fp32: bool = False) -> LabelRead:  # fmt: skip
+async def read_top_k(
+    host: BackendHost,
+    prompt_ids: list[int],
+    labels: Sequence[str],
+    ids: Sequence[int],
+    context: ReadContext[Any],
+    fp32: bool = False,
+) -> LabelRead:
     window = top_k_window(host)
     read = await host.read_top_logprobs(prompt_ids, window, context, fp32)
     scores, floored = scores_from(read, labels, ids, min(read.logprobs.values()))
     facts = ReadFacts(logprobs="top-k", topk_window=window, floored=floored)
-    return LabelRead(scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, facts)
+    return LabelRead(
+        scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, facts
+    )
 
 
-async def read_exact(host: BackendHost, prompt_ids: list[int], labels: Sequence[str], ids: Sequence[int],
-                     context: ReadContext[Any], fallback: bool = True, fp32: bool = False) -> LabelRead:  # fmt: skip
+async def read_exact(
+    host: BackendHost,
+    prompt_ids: list[int],
+    labels: Sequence[str],
+    ids: Sequence[int],
+    context: ReadContext[Any],
+    fallback: bool = True,
+    fp32: bool = False,
+) -> LabelRead:
     """An exact read; when the engine returns it incomplete (as under speculative decoding), a
     degraded fallback fills the gaps from a top-k read, or the question fails if ``fallback`` is off.
     ``fp32``: ask for fp32 log-probabilities (:mod:`.precision`)."""
     read = await host.read_token_logprobs(prompt_ids, list(ids), context, fp32)
-    missing = [label for label, token in zip(labels, ids, strict=True) if token not in read.logprobs]
+    missing = [
+        label
+        for label, token in zip(labels, ids, strict=True)
+        if token not in read.logprobs
+    ]
     if not missing:
         scores, _ = scores_from(read, labels, ids, -math.inf)
         return LabelRead(
-            scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens, ReadFacts(logprobs="exact")
+            scores,
+            mass(read, ids),
+            1,
+            read.prompt_tokens,
+            read.cached_tokens,
+            ReadFacts(logprobs="exact"),
         )
     reason = f"the engine's exact read lacked {len(missing)} of {len(ids)} label log-probabilities"
     if not fallback:
-        raise DecisionError(f"{reason}; this read has no fallback (try logprobs=top-k)", HTTPStatus.SERVICE_UNAVAILABLE)
-    top = await host.read_top_logprobs(prompt_ids, top_k_window(host), context.part("fallback"), fp32)
-    merged = TokenRead({**top.logprobs, **read.logprobs}, read.prompt_tokens, read.cached_tokens + top.cached_tokens)
+        raise DecisionError(
+            f"{reason}; this read has no fallback (try logprobs=top-k)",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )
+    top = await host.read_top_logprobs(
+        prompt_ids, top_k_window(host), context.part("fallback"), fp32
+    )
+    merged = TokenRead(
+        {**top.logprobs, **read.logprobs},
+        read.prompt_tokens,
+        read.cached_tokens + top.cached_tokens,
+    )
     scores, floored = scores_from(merged, labels, ids, min(top.logprobs.values()))
-    facts = ReadFacts(logprobs="exact", degraded=True, degraded_reason=reason, floored=floored,
-                      topk_window=top_k_window(host))  # fmt: skip
-    return LabelRead(scores, mass(merged, ids), 2, read.prompt_tokens + top.prompt_tokens, merged.cached_tokens, facts)
+    facts = ReadFacts(
+        logprobs="exact",
+        degraded=True,
+        degraded_reason=reason,
+        floored=floored,
+        topk_window=top_k_window(host),
+    )
+    return LabelRead(
+        scores,
+        mass(merged, ids),
+        2,
+        read.prompt_tokens + top.prompt_tokens,
+        merged.cached_tokens,
+        facts,
+    )

@@ -24,13 +24,20 @@ from .reads import read_exact
 from .stencil import StencilPool
 
 PROBES = (
-    ("The sky is blue and the sun is shining.", NOUL.compile(NoulQuestion(instructions="Is the sun shining?"))),
+    (
+        "The sky is blue and the sun is shining.",
+        NOUL.compile(NoulQuestion(instructions="Is the sun shining?")),
+    ),
     (
         "Paris is the capital of France.",
-        CHOICE.compile(ChoiceQuestion(instructions="What is the capital of France?",
-                                      criteria={"Berlin": None, "Paris": None, "Rome": None})),
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="What is the capital of France?",
+                criteria={"Berlin": None, "Paris": None, "Rome": None},
+            )
+        ),
     ),
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -41,15 +48,22 @@ class SelfCheck:
     tried: tuple[tuple[str, float], ...]
 
     def failure(self, minimum: float, variable: str) -> str:
-        attempts = ", ".join(f"{block or 'no block'!r}: {mass:.3f}" for block, mass in self.tried)
+        attempts = ", ".join(
+            f"{block or 'no block'!r}: {mass:.3f}" for block, mass in self.tried
+        )
         return (
             f"the model's next token is not an option letter: at most {self.option_mass:.3f} of its next-token "
             f"probability lands on the letters, below {minimum} ({variable}); tried {attempts}"
         )
 
 
-async def probe_masses(host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog,
-                       words: bool = False) -> list[float]:  # fmt: skip
+async def probe_masses(
+    host: BackendHost,
+    prompts: StencilPool,
+    placer: AnswerSlotPlacer,
+    catalog: LabelCatalog,
+    words: bool = False,
+) -> list[float]:
     """The option mass of each probe read in letters, or (``words``) of each probe whose words fit."""
     masses = []
     for i, (state, question) in enumerate(PROBES):
@@ -57,21 +71,29 @@ async def probe_masses(host: BackendHost, prompts: StencilPool, placer: AnswerSl
         if words and chosen.layout != "words":
             continue
         slot, labels = chosen.slot, chosen.labels
-        context = ReadContext.about(state, f"decision-self-check-{'words-' if words else ''}{i}")
+        context = ReadContext.about(
+            state, f"decision-self-check-{'words-' if words else ''}{i}"
+        )
         read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, context)
         masses.append(read.option_mass)
     return masses
 
 
 async def option_mass(
-    host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog
+    host: BackendHost,
+    prompts: StencilPool,
+    placer: AnswerSlotPlacer,
+    catalog: LabelCatalog,
 ) -> float:
     masses = await probe_masses(host, prompts, placer, catalog)
     return sum(masses) / len(masses)
 
 
 async def words_option_mass(
-    host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog
+    host: BackendHost,
+    prompts: StencilPool,
+    placer: AnswerSlotPlacer,
+    catalog: LabelCatalog,
 ) -> float | None:
     """The probes' mean option mass in the words layout, or None where no probe's words fit."""
     masses = await probe_masses(host, prompts, placer, catalog, words=True)
@@ -79,7 +101,11 @@ async def words_option_mass(
 
 
 async def self_check(
-    host: BackendHost, prompts: StencilPool, placer: AnswerSlotPlacer, catalog: LabelCatalog, minimum: float
+    host: BackendHost,
+    prompts: StencilPool,
+    placer: AnswerSlotPlacer,
+    catalog: LabelCatalog,
+    minimum: float,
 ) -> SelfCheck:
     """Find the answer slot: no block, then each supported empty reasoning block. Leaves the
     winning block (or none) set on ``placer``; ``prompts`` renders the probes as requests are."""

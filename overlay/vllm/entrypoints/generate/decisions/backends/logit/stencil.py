@@ -44,9 +44,13 @@ class Stencil:
     closing: str  # the template's text after the question
 
     def prompt_ids(self, host: BackendHost, question_body: str) -> list[int]:
-        return self.prefix_ids + host.encode(self.seam_text + question_body + self.closing)
+        return self.prefix_ids + host.encode(
+            self.seam_text + question_body + self.closing
+        )
 
-    async def prompt_ids_async(self, host: BackendHost, question_body: str) -> list[int]:
+    async def prompt_ids_async(
+        self, host: BackendHost, question_body: str
+    ) -> list[int]:
         """:meth:`prompt_ids`, refused by length where it can't fit, else tokenized off the event loop."""
         tail = self.seam_text + question_body + self.closing
         check_fits(host, len(self.prefix_ids), len(tail))
@@ -68,7 +72,9 @@ def check_fits(host: BackendHost, tokens: int, chars: int) -> None:
         )
 
 
-async def build_stencil(host: BackendHost, state: str, system_role: bool = True) -> Stencil | None:
+async def build_stencil(
+    host: BackendHost, state: str, system_role: bool = True
+) -> Stencil | None:
     """The stencil for ``state``, or None where this host, template or state can't have one."""
     if PLACEHOLDER in state:
         return None
@@ -83,7 +89,9 @@ async def build_stencil(host: BackendHost, state: str, system_role: bool = True)
     ids, spans = encoded
     for seam in seam_candidates(head, spans):
         seam_text = head[spans[seam][0] :]
-        if host.encode(seam_text) == ids[seam:]:  # a clean cut: tokenizing afresh from here changes nothing
+        if (
+            host.encode(seam_text) == ids[seam:]
+        ):  # a clean cut: tokenizing afresh from here changes nothing
             return Stencil(ids[:seam], seam_text, closing)
     return None
 
@@ -92,7 +100,11 @@ def seam_candidates(head: str, spans: Sequence[tuple[int, int]]) -> list[int]:
     """Token indices to try as the seam, nearest first: the last few tokens before the margin, then
     line starts (a boundary for every tokenizer we know), all within SEAM_REACH characters."""
     limit = len(head.rstrip()) - SEAM_MARGIN
-    near = [i for i in range(len(spans) - 1, 0, -1) if limit - SEAM_REACH <= spans[i][0] <= limit]
+    near = [
+        i
+        for i in range(len(spans) - 1, 0, -1)
+        if limit - SEAM_REACH <= spans[i][0] <= limit
+    ]
     line_starts = [i for i in near if head[spans[i][0] - 1] == "\n"]
     return near[:4] + line_starts[:2]
 
@@ -155,7 +167,10 @@ CHECK_STATES = (
     "Straße, Ærøskøbing, naïve café; 東京は日本の首都です。 🚀🚀",
     "a" * 80,
 )
-CHECK_QUESTIONS = ("Question: Is this about travel?\n\nOptions:\nA. Yes\nB. No", 'Question: :) or "quoted"?')
+CHECK_QUESTIONS = (
+    "Question: Is this about travel?\n\nOptions:\nA. Yes\nB. No",
+    'Question: :) or "quoted"?',
+)
 
 
 async def stencil_check(host: BackendHost, system_role: bool = True) -> bool:
@@ -168,7 +183,9 @@ async def stencil_check(host: BackendHost, system_role: bool = True) -> bool:
         if stencil is None:
             continue
         for body in CHECK_QUESTIONS:
-            if stencil.prompt_ids(host, body) != await host.render_chat(chat(state, body, system_role)):
+            if stencil.prompt_ids(host, body) != await host.render_chat(
+                chat(state, body, system_role)
+            ):
                 return False
         shared += 1
     return shared > 0

@@ -17,7 +17,13 @@ from ... import paths
 from ...errors import DecisionError
 from ...routing import decision_route
 from ..handling import Reply, Wire
-from .protocol import JevError, JevErrorDetail, JevValidationErrors, SystemOneRequest, SystemOneResponse
+from .protocol import (
+    JevError,
+    JevErrorDetail,
+    JevValidationErrors,
+    SystemOneRequest,
+    SystemOneResponse,
+)
 from .serving import JevValidationError, create_systemone
 
 # What Jev clients read from ``detail.error_type``, by status; other 4xx are invalid requests.
@@ -33,7 +39,9 @@ ERROR_TYPES = {
 
 
 def error_type(status: int) -> str:
-    return ERROR_TYPES.get(HTTPStatus(status)) or ("internal_error" if status >= 500 else "invalid_request_error")
+    return ERROR_TYPES.get(HTTPStatus(status)) or (
+        "internal_error" if status >= 500 else "invalid_request_error"
+    )
 
 
 def jev_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> Reply:
@@ -43,13 +51,20 @@ def jev_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> R
         return Reply(HTTPStatus.UNPROCESSABLE_ENTITY.value, {"detail": exc.detail})
     if exc.status == HTTPStatus.BAD_REQUEST:
         return jev_error(JevValidationError.at((), exc.message), None)
-    body = JevError(detail=JevErrorDetail(error_type=error_type(exc.status), message=exc.message))
+    body = JevError(
+        detail=JevErrorDetail(error_type=error_type(exc.status), message=exc.message)
+    )
     return Reply(HTTPStatus(exc.status).value, body.model_dump(mode="json"))
 
 
 # The Jev SDK reports a failed request's id from this header.
-JEV = Wire(paths=(paths.SYSTEMONE, paths.SYSTEMONE_ALPHA), request_model=SystemOneRequest, serve=create_systemone,
-           render_error=jev_error, id_headers=("x-typesafe-request-id",))  # fmt: skip
+JEV = Wire(
+    paths=(paths.SYSTEMONE, paths.SYSTEMONE_ALPHA),
+    request_model=SystemOneRequest,
+    serve=create_systemone,
+    render_error=jev_error,
+    id_headers=("x-typesafe-request-id",),
+)
 
 router = APIRouter(route_class=decision_route(JEV))
 
@@ -60,8 +75,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.post(paths.SYSTEMONE, response_model=SystemOneResponse, responses=ERRORS)
-@router.post(paths.SYSTEMONE_ALPHA, response_model=SystemOneResponse, responses=ERRORS,
-             operation_id="create_systemone_decisions_alpha")  # fmt: skip
+@router.post(
+    paths.SYSTEMONE_ALPHA,
+    response_model=SystemOneResponse,
+    responses=ERRORS,
+    operation_id="create_systemone_decisions_alpha",
+)
 async def create_systemone_decisions(request: SystemOneRequest) -> Response:
     # This signature is what /openapi.json shows; the route class answers both routes through JEV.
     raise NotImplementedError("answered by the decision route class (routing.py)")

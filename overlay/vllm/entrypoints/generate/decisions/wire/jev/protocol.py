@@ -25,7 +25,9 @@ def registered_questions(schema: dict[str, Any]) -> None:
     """Each registered question type's model, plugins' included: filled in when the OpenAPI document is
     first built, after the plugins have loaded."""
     types = [question_type(name) for name in question_type_names()]
-    schema["additionalProperties"] = {"anyOf": [schema_of(qtype.model) for qtype in types if qtype is not None]}
+    schema["additionalProperties"] = {
+        "anyOf": [schema_of(qtype.model) for qtype in types if qtype is not None]
+    }
 
 
 class SystemOneRequest(BaseModel):
@@ -34,7 +36,9 @@ class SystemOneRequest(BaseModel):
     model: Any = None  # a name GET /v1/models lists: the served model or a LoRA adapter (adapters.py)
     state: str | dict[str, Any] | list[Any]
     # Question id -> question; each validated by its type's model (registered types, plugins too).
-    questions: dict[str, Any] = Field(min_length=1, json_schema_extra=registered_questions)
+    questions: dict[str, Any] = Field(
+        min_length=1, json_schema_extra=registered_questions
+    )
     backend: str | None = None
     # vLLM extensions, at the top level or under extra (not both).
     cache_salt: CacheSalt | None = None

@@ -20,7 +20,15 @@ from ...service import DecisionService, check_option_count, check_question_count
 from ...settings import Settings
 from ...validation import detail_message, is_field_name
 from ..common import answer_extra, decide, decision_request, response_id
-from .protocol import ChoiceAnswer, NoulAnswer, PluginAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse, Usage
+from .protocol import (
+    ChoiceAnswer,
+    NoulAnswer,
+    PluginAnswer,
+    ScoreAnswer,
+    SystemOneRequest,
+    SystemOneResponse,
+    Usage,
+)
 
 
 class JevValidationError(DecisionError):
@@ -31,11 +39,15 @@ class JevValidationError(DecisionError):
         self.detail = detail
 
     @classmethod
-    def at(cls, loc: tuple[Any, ...], msg: str, kind: str = "value_error") -> JevValidationError:
+    def at(
+        cls, loc: tuple[Any, ...], msg: str, kind: str = "value_error"
+    ) -> JevValidationError:
         return cls([{"loc": ["body", *loc], "msg": msg, "type": kind}])
 
     @classmethod
-    def from_errors(cls, errors: Sequence[Mapping[str, Any]], loc: tuple[Any, ...] = ()) -> JevValidationError:
+    def from_errors(
+        cls, errors: Sequence[Mapping[str, Any]], loc: tuple[Any, ...] = ()
+    ) -> JevValidationError:
         """Pydantic's (or FastAPI's, whose locations start with "body") errors as Jev's entries."""
         detail: list[dict[str, Any]] = []
         for e in errors:
@@ -56,26 +68,39 @@ class JevValidationError(DecisionError):
 JEV_LATEST = "jev-latest"
 
 # Jev's image-only question type: known, but not answerable by a text model.
-IMAGE_ONLY_TYPES = {"box": "box questions locate a region in an image; this server's model reads text only"}
+IMAGE_ONLY_TYPES = {
+    "box": "box questions locate a region in an image; this server's model reads text only"
+}
 
 
-def compile_question(question_id: str, raw: Any, settings: Settings) -> CompiledQuestion:
+def compile_question(
+    question_id: str, raw: Any, settings: Settings
+) -> CompiledQuestion:
     if not isinstance(raw, dict):
-        raise JevValidationError.at(("questions", question_id), "a question must be an object")
+        raise JevValidationError.at(
+            ("questions", question_id), "a question must be an object"
+        )
     kind = raw.get("type")
     if isinstance(kind, str) and kind in IMAGE_ONLY_TYPES:
-        raise JevValidationError.at(("questions", question_id, "type"), IMAGE_ONLY_TYPES[kind])
+        raise JevValidationError.at(
+            ("questions", question_id, "type"), IMAGE_ONLY_TYPES[kind]
+        )
     qtype = question_type(kind) if isinstance(kind, str) else None
     if qtype is None:
         raise JevValidationError.at(
-            ("questions", question_id, "type"), f"unknown question type {kind!r}" + failures_note()
+            ("questions", question_id, "type"),
+            f"unknown question type {kind!r}" + failures_note(),
         )
-    if built_in_question_type(qtype) and isinstance(criteria := raw.get("criteria"), (dict, list)):
+    if built_in_question_type(qtype) and isinstance(
+        criteria := raw.get("criteria"), (dict, list)
+    ):
         check_option_count(settings, qtype, len(criteria), f"questions.{question_id}")
     try:
         validated = qtype.model.model_validate(raw)
     except ValidationError as exc:
-        raise JevValidationError.from_errors(exc.errors(include_url=False), ("questions", question_id)) from None
+        raise JevValidationError.from_errors(
+            exc.errors(include_url=False), ("questions", question_id)
+        ) from None
     return qtype.compile(validated, settings.max_input_chars)
 
 
@@ -89,19 +114,29 @@ NOT_TAKEN = {
 }
 
 
-def compiled(request: SystemOneRequest, request_id: str, settings: Settings) -> tuple[list[str], DecisionRequest]:
+def compiled(
+    request: SystemOneRequest, request_id: str, settings: Settings
+) -> tuple[list[str], DecisionRequest]:
     """The question ids in request order (for the answers), and the request the service decides: the
     questions counted before any is compiled, and all of it rendered within one budget (budget.py)."""
     for name, reason in NOT_TAKEN.items():
         if getattr(request, name) not in (None, "", [], {}):
             raise JevValidationError.at((name,), reason)
-    for name in ("backend", "cache_salt", "priority"):  # at the top level or under extra, not both
+    for name in (
+        "backend",
+        "cache_salt",
+        "priority",
+    ):  # at the top level or under extra, not both
         if (value := getattr(request, name)) is not None:
             if getattr(request.extra, name) is not None:
-                raise JevValidationError.at((name,), f"send {name} at the top level or under extra, not both")
+                raise JevValidationError.at(
+                    (name,), f"send {name} at the top level or under extra, not both"
+                )
             setattr(request.extra, name, value)
     if request.model is not None and not isinstance(request.model, str):
-        raise JevValidationError.at(("model",), "model must be a string: a name GET /v1/models lists")
+        raise JevValidationError.at(
+            ("model",), "model must be a string: a name GET /v1/models lists"
+        )
     ids = list(request.questions)
     check_question_count(settings, len(ids))
     with spending(RenderBudget.of(settings)):
@@ -109,7 +144,9 @@ def compiled(request: SystemOneRequest, request_id: str, settings: Settings) -> 
         state = content_text(request.state, settings.max_input_chars)
     where = [f"questions.{question_id}" for question_id in ids]
     model = None if request.model == JEV_LATEST else request.model
-    return ids, decision_request(request.extra, state, questions, where, request_id, model)
+    return ids, decision_request(
+        request.extra, state, questions, where, request_id, model
+    )
 
 
 def noul_answer(answer: Answer) -> NoulAnswer:
@@ -121,7 +158,9 @@ def choice_answer(answer: Answer) -> ChoiceAnswer:
     return ChoiceAnswer(
         type="choice",
         choice=answer.fields["choice"],
-        probabilities={str(o.value): p for o, p in zip(options, probabilities, strict=True)},
+        probabilities={
+            str(o.value): p for o, p in zip(options, probabilities, strict=True)
+        },
         confidence=answer.confidence,
     )
 
@@ -139,8 +178,15 @@ def score_answer(answer: Answer) -> ScoreAnswer:
 
 def plugin_answer(answer: Answer) -> PluginAnswer:
     """Any other type's answer goes out whole: its probabilities by option key, its fields, its confidence."""
-    probabilities = {o.key: p for o, p in zip(answer.question.options, answer.probabilities, strict=True)}
-    fields = {"probabilities": probabilities, **answer.fields, "confidence": answer.confidence}
+    probabilities = {
+        o.key: p
+        for o, p in zip(answer.question.options, answer.probabilities, strict=True)
+    }
+    fields = {
+        "probabilities": probabilities,
+        **answer.fields,
+        "confidence": answer.confidence,
+    }
     return PluginAnswer(type=answer.question.qtype.name, **fields)
 
 
@@ -148,8 +194,10 @@ JevAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
 
 # Jev's answer shape for each of its own question types.
 ANSWER_SHAPES: dict[str, Callable[[Answer], JevAnswer]] = {
-    "noul": noul_answer, "choice": choice_answer, "score": score_answer
-}  # fmt: skip
+    "noul": noul_answer,
+    "choice": choice_answer,
+    "score": score_answer,
+}
 
 
 def answer_of(answer: Answer, detail: str) -> JevAnswer:
@@ -162,7 +210,9 @@ def answer_of(answer: Answer, detail: str) -> JevAnswer:
     return result
 
 
-def response(request: SystemOneRequest, ids: list[str], decision: Decision, request_id: str) -> SystemOneResponse:
+def response(
+    request: SystemOneRequest, ids: list[str], decision: Decision, request_id: str
+) -> SystemOneResponse:
     answers: dict[str, JevAnswer] = {}
     failures: dict[str, str] = {}
     for question_id, result in zip(ids, decision.results, strict=True):
@@ -183,7 +233,11 @@ def response(request: SystemOneRequest, ids: list[str], decision: Decision, requ
     return body
 
 
-async def create_systemone(service: DecisionService, request: SystemOneRequest, request_id: str) -> SystemOneResponse:
+async def create_systemone(
+    service: DecisionService, request: SystemOneRequest, request_id: str
+) -> SystemOneResponse:
     # Compiled in a worker thread: rendering a large request's JSON must not hold up other clients.
-    ids, asked = await asyncio.to_thread(compiled, request, request_id, service.settings)
+    ids, asked = await asyncio.to_thread(
+        compiled, request, request_id, service.settings
+    )
     return response(request, ids, await decide(service, asked), request_id)

@@ -10,7 +10,9 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.entrypoints.serve.exception_handling.error_response import (
+    create_error_response,
+)
 
 from ... import paths
 from ...errors import DecisionError
@@ -23,19 +25,29 @@ from .serving import create_decision
 
 def openai_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> Reply:
     """vLLM's error response; its type named after the status (``BadRequestError``...)."""
-    message = exc.message if not body_errors else "invalid request body: " + errors_message(body_errors, True)
+    message = (
+        exc.message
+        if not body_errors
+        else "invalid request body: " + errors_message(body_errors, True)
+    )
     status = HTTPStatus(exc.status)
     kind = "".join(word.capitalize() for word in status.phrase.split()) + "Error"
     error = create_error_response(message, kind, status, exc.param)
     return Reply(status.value, error.model_dump(mode="json"))
 
 
-OPENAI = Wire(paths=(paths.DECISIONS,), request_model=DecisionsRequest, serve=create_decision,
-              render_error=openai_error)  # fmt: skip
+OPENAI = Wire(
+    paths=(paths.DECISIONS,),
+    request_model=DecisionsRequest,
+    serve=create_decision,
+    render_error=openai_error,
+)
 
 router = APIRouter(route_class=decision_route(OPENAI))
 
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 500, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 500, 503)
+}
 
 
 @router.post(paths.DECISIONS, response_model=DecisionsResponse, responses=ERRORS)

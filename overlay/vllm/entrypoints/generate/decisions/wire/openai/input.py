@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 from ...errors import DecisionError
 from ...questions import content_text
@@ -106,12 +114,19 @@ def item_kind(item: Any) -> str | None:
     if not isinstance(item, dict):
         return None
     kind, role = item.get("type", "message"), item.get("role")
-    if not isinstance(kind, str):  # a JSON object or list can't name a kind (nor be a dict key)
+    if not isinstance(
+        kind, str
+    ):  # a JSON object or list can't name a kind (nor be a dict key)
         return None
     if kind == "message":
         if not isinstance(role, str):
             return None
-        return {"user": "user", "assistant": "assistant", "developer": "instruction", "system": "instruction"}.get(role)
+        return {
+            "user": "user",
+            "assistant": "assistant",
+            "developer": "instruction",
+            "system": "instruction",
+        }.get(role)
     return {
         "function_call": "call",
         "custom_tool_call": "call",
@@ -143,7 +158,9 @@ def parse_items(items: list[Any]) -> list[Any]:
         try:
             parsed.append(INPUT_ITEM.validate_python(raw))
         except ValidationError as exc:
-            raise DecisionError(validation_message(exc, f"input[{index}]", skip_first=True)) from None
+            raise DecisionError(
+                validation_message(exc, f"input[{index}]", skip_first=True)
+            ) from None
     return parsed
 
 
@@ -155,7 +172,9 @@ def parts_text(parts: str | list[Any], where: str, max_chars: int) -> str:
     texts = []
     for index, part in enumerate(parts):
         if isinstance(part, ImagePart):
-            raise DecisionError(f"{where}[{index}]: text input only; this server's model does not read images")
+            raise DecisionError(
+                f"{where}[{index}]: text input only; this server's model does not read images"
+            )
         if isinstance(part, JsonPart):
             texts.append(content_text(part.data, max_chars))
         elif isinstance(part, RefusalPart):
@@ -175,7 +194,9 @@ def render_input(items: list[Any], max_chars: int) -> str:
             blocks.append(parts_text(item.content, f"{where}.content", max_chars))
         elif isinstance(item, (InstructionMessage, AssistantMessage)):
             label = item.role.capitalize()
-            blocks.append(f"{label}: {parts_text(item.content, f'{where}.content', max_chars)}")
+            blocks.append(
+                f"{label}: {parts_text(item.content, f'{where}.content', max_chars)}"
+            )
         elif isinstance(item, ToolCall):
             calls.add(item.call_id)
             body = item.arguments if item.type == "function_call" else item.input
@@ -185,6 +206,10 @@ def render_input(items: list[Any], max_chars: int) -> str:
             blocks.append(f"Tool call {item.name} ({item.call_id}): {body}")
         else:
             if item.call_id not in calls:
-                raise DecisionError(f"{where}.call_id: no earlier tool call has call_id {item.call_id!r}")
-            blocks.append(f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output', max_chars)}")
+                raise DecisionError(
+                    f"{where}.call_id: no earlier tool call has call_id {item.call_id!r}"
+                )
+            blocks.append(
+                f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output', max_chars)}"
+            )
     return "\n\n".join(blocks)

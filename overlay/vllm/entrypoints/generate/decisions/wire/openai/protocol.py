@@ -45,7 +45,9 @@ class ChoiceQuestion(Named):
     def _distinct(cls, choices: list[Choice]) -> list[Choice]:
         seen = [(type(c.value), c.value) for c in choices]
         if len(set(seen)) != len(seen):
-            raise ValueError("choice values must be distinct (a string and a boolean with the same text differ)")
+            raise ValueError(
+                "choice values must be distinct (a string and a boolean with the same text differ)"
+            )
         return choices
 
 
@@ -59,23 +61,42 @@ class ScoreQuestion(Named):
     levels: list[Level] = Field(min_length=2)
 
 
-BUILT_IN: dict[str, type[Named]] = {"predicate": PredicateQuestion, "choice": ChoiceQuestion, "score": ScoreQuestion}
+BUILT_IN: dict[str, type[Named]] = {
+    "predicate": PredicateQuestion,
+    "choice": ChoiceQuestion,
+    "score": ScoreQuestion,
+}
 
 
 def registered_questions(schema: dict[str, Any]) -> None:
     """OpenAI's three question types, then each plugin type (with an optional ``name``): filled in when
     the OpenAPI document is first built, after the plugins have loaded."""
-    plugins = [question_type(name) for name in question_type_names() if not built_in_question_type(name)]
+    plugins = [
+        question_type(name)
+        for name in question_type_names()
+        if not built_in_question_type(name)
+    ]
     questions = [schema_of(model) for model in BUILT_IN.values()]
     for qtype in plugins:
         if qtype is not None:
             own = schema_of(qtype.model)
-            questions.append({**own, "properties": {"name": {"type": "string"}, **own.get("properties", {})}})
+            questions.append(
+                {
+                    **own,
+                    "properties": {
+                        "name": {"type": "string"},
+                        **own.get("properties", {}),
+                    },
+                }
+            )
     schema["items"] = {"anyOf": questions}
 
 
 def input_items(schema: dict[str, Any]) -> None:
-    schema["anyOf"] = [{"type": "string"}, {"type": "array", "items": schema_of(INPUT_ITEM)}]
+    schema["anyOf"] = [
+        {"type": "string"},
+        {"type": "array", "items": schema_of(INPUT_ITEM)},
+    ]
 
 
 class PromptCacheOptions(Strict):
