@@ -154,7 +154,7 @@ def running(
 def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -> bool:
     """Poll a decision request, not /health: decisions answer 503 until their startup work is done."""
     probe = {
-        "model": "m",
+        "model": server.model,
         "input": "x",
         "questions": [{"type": "predicate", "instructions": "x?"}],
     }

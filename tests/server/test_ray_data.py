@@ -103,6 +103,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
         str(TOOL),
         "--model",
         str(MODEL),
+        "--served-model-name",
+        "m",
         "-i",
         str(source),
         "-o",

@@ -85,6 +85,8 @@ def family_servers(tmp_path_factory):
                 env,
                 "--tokenizer-mode",
                 mode,
+                "--served-model-name",
+                name,
                 dtype="bfloat16",
             )
         if ON_VLLM_030:
