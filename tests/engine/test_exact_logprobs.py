@@ -135,6 +135,13 @@ def top_ties(rows: list[list[float]]) -> int:
     return sum(sorted(row)[-1] == sorted(row)[-2] for row in rows)
 
 
+def on_bf16_grid(rows: list[list[float]]) -> float:
+    """The share of option differences that are whole multiples of 2**-7: every bf16 number of
+    magnitude one or more is one, so a bf16 logit row lands there; fp32 logits do about 1 in 40 times."""
+    steps = [value * 128 for value in differences(rows)]
+    return statistics.mean(abs(step - round(step)) < 1e-3 for step in steps)
+
+
 def top(row: list[float]) -> int:
     return max(range(len(row)), key=row.__getitem__)
 
@@ -151,8 +158,11 @@ def test_fp32_reads_leave_the_bf16_grid_and_track_a_full_fp32_run(job, runs):
     head = option_logits(job, runs["bf16 head fp32"]["exact"])
     full = option_logits(job, runs["fp32"]["exact"])
     # The bf16 grid is real on this model (the problem the patch solves), and gone with fp32 reads:
-    # the options here are all different, so no exact tie may remain.
-    assert top_ties(bf16) > 0
+    # the options here are all different, so no exact tie may remain. Whether a bf16 row happens to
+    # tie at the top depends on the CPU's kernels (AVX2 machines showed none), so the grid itself is
+    # what is checked.
+    assert on_bf16_grid(bf16) > 0.9, on_bf16_grid(bf16)
+    assert on_bf16_grid(exact) < 0.25 and on_bf16_grid(full) < 0.25
     assert top_ties(exact) == 0 and top_ties(full) == 0
     # The recomputed rows are vLLM's own fp32 LM head, up to the order of a sum.
     gaps = [
