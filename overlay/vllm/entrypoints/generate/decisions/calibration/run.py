@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +22,33 @@ from vllm.logger import init_logger
 
 from ..backends import DecisionBackend
 from ..corrections import Calibrated
-from ..debias import NO_CORRECTION, Correction, DebiasedReading, read_question
+from ..debias import (
+    NO_CORRECTION,
+    Correction,
+    DebiasedReading,
+    read_question,
+    with_content_free,
+)
 from ..deployment_lock import once_per_server, run_id, this_run
 from ..errors import DecisionError
 from ..prior import AUTO, PriorCache, uses_content_free
 from ..read_context import ReadContext
-from ..readiness import ESTIMATE_AFTER, Readiness
+from ..readiness import CALIBRATION, ESTIMATE_AFTER, Readiness
 from ..settings import NO_DEBIAS, Debias, Settings
 from . import bias, by_type, question_file, results
 from .maths import calibrate
 from .results import CalibrationRecord
-from .temperature import DEFAULT, Temperatures
+from .temperature import DEFAULT, FIRST_PASS, FULL, Temperatures
 
 logger = init_logger(__name__)
 
 CONCURRENCY = 8
 MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
+
+
+Row = list[
+    DebiasedReading | None
+]  # a question's readings, one per layout (None: it failed)
 
 
 async def measure(
@@ -47,23 +59,50 @@ async def measure(
     layouts: tuple[str | None, ...] = (None,),
     progress: Readiness | None = None,
 ) -> dict[str | None, list[Any]]:
-    """Each layout's readings of the questions, in file order, read as requests are (``debias``, the
-    backend's options in that layout; with ``correction``'s content-free reads when it asks for them),
-    ``CONCURRENCY`` questions at a time; failed reads are left out. A question's layouts are read one
-    after the other, so the later ones find the prompt they share with the first (template, state,
-    criterion) in the engine's prefix cache. Each read, answered or not, advances ``progress``."""
+    """Each layout's readings of the questions, in file order (:func:`read_all`); failed reads are
+    left out."""
+    rows = await read_all(backend, questions, debias, correction, layouts, progress)
+    return answered_by_layout(questions, rows, layouts)
+
+
+async def read_all(
+    backend: DecisionBackend,
+    questions: question_file.QuestionFile,
+    debias: Debias = NO_DEBIAS,
+    correction: Correction = NO_CORRECTION,
+    layouts: tuple[str | None, ...] = (None,),
+    progress: Readiness | None = None,
+    earlier: list[DebiasedReading | None] | None = None,
+) -> list[Row]:
+    """Each question's reading in each layout, read as requests are (``debias``, the backend's options
+    in that layout; with ``correction``'s content-free reads when it asks for them), ``CONCURRENCY``
+    questions at a time. A question's layouts are read one after the other, so the later ones find the
+    prompt they share with the first (template, state, criterion) in the engine's prefix cache.
+
+    ``earlier`` holds the first layout's readings from the first pass: each is taken as it is (given its
+    content-free reads where ``correction`` asks for them), and one that failed is not read again. Each
+    read that goes to the engine, answered or not, advances ``progress``."""
     gate = asyncio.Semaphore(CONCURRENCY)
     options = {
         layout: backend.with_layout(backend.options, layout) for layout in layouts
     }
+    content_free = uses_content_free(correction.mode)
 
     async def read(
         index: int, item: question_file.LabelledQuestion, layout: str | None
     ) -> DebiasedReading | None:
+        reused = earlier is not None and layout == layouts[0]
+        before = earlier[index] if earlier is not None and reused else None
+        if reused and (before is None or not content_free):
+            return before
         try:
             context = ReadContext.about(
                 item.state, request_id(index, layout, layouts), options[layout]
             )
+            if before is not None:
+                return await with_content_free(
+                    backend, item.question, context, debias, correction, before
+                )
             return await read_question(
                 backend, item.question, context, debias, correction
             )
@@ -79,19 +118,38 @@ async def measure(
             if progress is not None:
                 progress.advance()
 
-    async def one(
-        index: int, item: question_file.LabelledQuestion
-    ) -> list[DebiasedReading | None]:
+    async def one(index: int, item: question_file.LabelledQuestion) -> Row:
         async with gate:
             return [await read(index, item, layout) for layout in layouts]
 
-    reads = await asyncio.gather(
-        *(one(i, q) for i, q in enumerate(questions.questions))
+    return list(
+        await asyncio.gather(*(one(i, q) for i, q in enumerate(questions.questions)))
     )
+
+
+def to_read(
+    questions: int,
+    layouts: tuple[str | None, ...],
+    earlier: list[DebiasedReading | None] | None,
+    content_free: bool,
+) -> int:
+    """How many reads :func:`read_all` sends to the engine, given the first pass's ``earlier``."""
+    if earlier is None:
+        return questions * len(layouts)
+    again = sum(r is not None for r in earlier) if content_free else 0
+    return questions * (len(layouts) - 1) + again
+
+
+def answered_by_layout(
+    questions: question_file.QuestionFile,
+    rows: list[Row],
+    layouts: tuple[str | None, ...],
+) -> dict[str | None, list[Any]]:
+    """Each layout's (question, reading) pairs, in file order, failed reads left out."""
     return {
         layout: [
             (item, row[column])
-            for item, row in zip(questions.questions, reads, strict=True)
+            for item, row in zip(questions.questions, rows, strict=True)
             if row[column] is not None
         ]
         for column, layout in enumerate(layouts)
@@ -110,12 +168,39 @@ async def startup_calibration(
     settings: Settings,
     deployment: dict[str, Any],
     progress: Readiness | None = None,
+    first_pass: Callable[[Calibrated], None] | None = None,
 ) -> Calibrated:
     """The temperatures this server applies by default (server-wide and per question type) and each
     type's prior correction, measured (or loaded) now; ``progress`` hears how far the reads are, or
-    that another API-server process is doing them."""
+    that another API-server process is doing them. Where this process measures (no saved result) and
+    ``VLLM_TYPED_DECISIONS_FIRST_PASS`` is on, ``first_pass`` is given the first pass's fits as soon as
+    they are made, while the full calibration (returned) reads on."""
     if settings.calibration == "off":
         return Calibrated(Temperatures(DEFAULT))
+
+    def early(record: dict[str, Any]) -> bool:
+        """The first pass's fits in force (``first_pass``), unless it failed or its T may not apply."""
+        assert first_pass is not None
+        if "failed" in record:
+            logger.warning(
+                "decision calibration, first pass: %s; decisions wait for the full calibration",
+                record["failed"],
+            )
+            return False
+        fits = CalibrationRecord.model_validate(record)
+        if (problem := fits.temperature_problem(settings)) is not None:
+            logger.warning(
+                "decision calibration, first pass not applied (%s); decisions wait for the full "
+                "calibration",
+                problem,
+            )
+            return False
+        log(fits, False, FIRST_PASS)
+        first_pass(
+            Calibrated(fits.temperatures(), fits.reads, FIRST_PASS, fits.question_reads)
+        )
+        return True
+
     source = (
         question_file.BUNDLED if settings.calibration == "on" else settings.calibration
     )
@@ -133,7 +218,12 @@ async def startup_calibration(
         "calibration",
         settings.startup_wait,
         lambda: measure_and_fit(
-            backend, questions, settings.debias, settings.prior, progress
+            backend,
+            questions,
+            settings.debias,
+            settings.prior,
+            progress,
+            early if first_pass is not None and settings.first_pass else None,
         ),
         lambda saved: reusable(saved, settings),
         progress.waiting if progress is not None else None,
@@ -153,7 +243,7 @@ async def startup_calibration(
         logger.warning("decision calibration not applied, T=1.0 (default): %s", problem)
         return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
-    return Calibrated(fits.temperatures(), fits.reads)
+    return Calibrated(fits.temperatures(), fits.reads, FULL, fits.question_reads)
 
 
 def calibration_key(
@@ -213,18 +303,53 @@ async def measure_and_fit(
     debias: Debias = NO_DEBIAS,
     prior: str = "off",
     progress: Readiness | None = None,
+    first_pass: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any]:
     """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
     server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set.
-    Each label layout the backend has is read and compared per type (bias.choose_layout)."""
+    Each label layout the backend has is read and compared per type (bias.choose_layout).
+
+    With ``first_pass``, a smaller pass comes first where it reads less: each question in the first
+    layout only, without content-free reads under auto (which only compares them). It is fitted by the
+    same code and keep rule, handed to ``first_pass`` (True: now in force, so the full pass's progress
+    goes to the log alone), and its reads are the full pass's first layout (none read twice)."""
     started = time.monotonic()
     layouts = backend.compared_layouts() or (None,)
     content_free = prior == AUTO or uses_content_free(prior)
     # Its own cache: the calibration's neutral reads are not kept for the requests.
     cache = PriorCache(len(questions.questions) * len(layouts))
     correction = Correction("content-free", cache) if content_free else NO_CORRECTION
-    announce(len(questions.questions), layouts, progress)
-    by_layout = await measure(backend, questions, debias, correction, layouts, progress)
+    early = correction if prior != AUTO else NO_CORRECTION
+    earlier: list[DebiasedReading | None] | None = None
+    if first_pass is not None and (len(layouts) > 1 or early is not correction):
+        first = layouts[:1]
+        announce(questions, first, progress, uses_content_free(early.mode))
+        rows = await read_all(backend, questions, debias, early, first, progress)
+        earlier = [row[0] for row in rows]
+        record = await fitted_record(
+            answered_by_layout(questions, rows, first), questions, first, prior, started
+        )
+        if first_pass(record):
+            progress = Readiness()
+            progress.begin(f"{CALIBRATION} (full, in the background)")
+    total = to_read(len(questions.questions), layouts, earlier, content_free)
+    announce(questions, layouts, progress, reads=total if earlier is not None else None)
+    rows = await read_all(
+        backend, questions, debias, correction, layouts, progress, earlier
+    )
+    return await fitted_record(
+        answered_by_layout(questions, rows, layouts), questions, layouts, prior, started
+    )
+
+
+async def fitted_record(
+    by_layout: dict[str | None, list[Any]],
+    questions: question_file.QuestionFile,
+    layouts: tuple[str | None, ...],
+    prior: str,
+    started: float,
+) -> dict[str, Any]:
+    """The calibration record fitted on ``by_layout``'s readings, or why none is (:func:`failed`)."""
     for layout, answered in by_layout.items():
         if len(answered) < MIN_ANSWERED:
             return failed(
@@ -267,27 +392,49 @@ async def measure_and_fit(
         len(answered),
         skipped,
         time.monotonic() - started,
+        sum(len(pairs) for pairs in by_layout.values()),
     )
     return record.model_dump(mode="json")
 
 
 def announce(
-    questions: int, layouts: tuple[str | None, ...], progress: Readiness | None
+    questions: question_file.QuestionFile,
+    layouts: tuple[str | None, ...],
+    progress: Readiness | None,
+    first_pass: bool | None = None,
+    reads: int | None = None,
 ) -> None:
-    """The line that says calibration has started, what it reads and (once its first reads tell) how
-    long it takes: progress lines follow every ``readiness.LOG_EVERY_S`` seconds."""
-    reads = questions * len(layouts)
+    """The line that says a calibration pass has started, what it reads and (once its first reads tell)
+    how long it takes: progress lines follow every ``readiness.LOG_EVERY_S`` seconds. ``first_pass``:
+    this is the first pass (True: with content-free reads); ``reads``: what the full pass sends to the
+    engine after one."""
+    count = len(questions.questions)
     named = [layout for layout in layouts if layout is not None]
-    how = f"{questions} questions in {len(named)} label layouts ({', '.join(named)}), {reads} reads in all"
-    if not named:
-        how = f"{reads} questions"
+    everything = count * len(layouts)
+    if first_pass is not None:
+        how = f"{count} questions" + (f" in {named[0]} labels" if named else "")
+        how += (
+            f"{'' if first_pass else ' without content-free reads'} as a first pass, "
+            f"{everything} reads (answers start when it is fitted)"
+        )
+        units = "first-pass reads"
+    else:
+        how = f"{count} questions in {len(named)} label layouts ({', '.join(named)}), {everything} reads in all"
+        if not named:
+            how = f"{everything} questions"
+        units = "reads"
+    if reads is not None:
+        how += (
+            f", {reads} of them (or their content-free reads) left after the first pass"
+        )
+        everything = reads
     logger.info(
         "decision calibration: reading %s; time left unknown until the first %d reads",
         how,
-        min(ESTIMATE_AFTER, reads),
+        min(ESTIMATE_AFTER, everything),
     )
     if progress is not None:
-        progress.count(reads, "reads")
+        progress.count(everything, units)
 
 
 def choose_reads(
@@ -369,10 +516,13 @@ def corrected_scores(
     return bias.corrected(sample, choice.mode, choice.kept.bias)
 
 
-def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]:
-    """(is a warning, line): the server-wide line, then one per question type; a type whose own fit
-    was refused (not merely too few questions) is a warning."""
-    return (
+def log_lines(
+    record: CalibrationRecord, loaded: bool, stage: str = FULL
+) -> list[tuple[bool, str]]:
+    """(is a warning, line): each type's reads, the server-wide line, then one per question type; a
+    type whose own fit was refused (not merely too few questions) is a warning. A first pass's lines
+    say so ("decision first-pass calibration: ...")."""
+    lines = (
         [
             (False, line)
             for name, choice in record.reads.items()
@@ -387,10 +537,13 @@ def log_lines(record: CalibrationRecord, loaded: bool) -> list[tuple[bool, str]]
             for name, entry in record.by_type.items()
         ]
     )
+    if stage == FIRST_PASS:
+        return [(refused, "decision first-pass " + line[9:]) for refused, line in lines]
+    return lines
 
 
-def log(record: CalibrationRecord, loaded: bool) -> None:
-    for refused, line in log_lines(record, loaded):
+def log(record: CalibrationRecord, loaded: bool, stage: str = FULL) -> None:
+    for refused, line in log_lines(record, loaded, stage):
         (logger.warning if refused else logger.info)(line)
 
 
