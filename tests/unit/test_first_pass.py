@@ -91,18 +91,19 @@ async def test_answers_on_the_first_pass_then_the_full_calibration_in_one_swap(
 
     starting = asyncio.create_task(service.start(calibrate))
     await until(lambda: service.readiness.ready)
-    # The 503 counted the first pass's reads: each question once, in letters, no content-free reads.
+    # The 503 counted the first pass's reads: every other question, in both layouts, no content-free.
     assert counted == [(150, 150, "first-pass reads")]
     assert sorted(backend.calibration_reads) == sorted(
-        (f"ticket {i} about {t}", "letters")
-        for i, t in zip(range(150), ["billing", "sales", "technical"] * 50)
+        (f"ticket {i} about {['billing', 'sales', 'technical'][i % 3]}", layout)
+        for i in range(0, 150, 2)
+        for layout in ("letters", "words")
     )
     assert not list((tmp_path / "saved").glob("calibration-*.json")), (
         "a first pass is not saved"
     )
     (first,) = firsts
     assert (first.stage, first.question_reads) == ("first pass", 150)
-    assert set(first.reads["choice"].by_layout) == {"letters"}
+    assert set(first.reads["choice"].by_layout) == {"letters", "words"}
     audit = await audit_of(service)
     assert (audit.calibration_stage, audit.calibration_reads) == ("first pass", 150)
     assert audit.calibration_temperature == first.temperatures.for_type("choice").value

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 Row = list[
     DebiasedReading | None
-]  # a question's readings, one per layout (None: it failed)
+]  # a question's readings, one per layout (None: failed)
 
 
 async def measure(
@@ -72,36 +72,39 @@ async def read_all(
     correction: Correction = NO_CORRECTION,
     layouts: tuple[str | None, ...] = (None,),
     progress: Readiness | None = None,
-    earlier: list[DebiasedReading | None] | None = None,
+    earlier: dict[int, Row] | None = None,
+    only: Collection[int] | None = None,
 ) -> list[Row]:
     """Each question's reading in each layout, read as requests are (``debias``, the backend's options
     in that layout; with ``correction``'s content-free reads when it asks for them), ``CONCURRENCY``
     questions at a time. A question's layouts are read one after the other, so the later ones find the
     prompt they share with the first (template, state, criterion) in the engine's prefix cache.
 
-    ``earlier`` holds the first layout's readings from the first pass: each is taken as it is (given its
-    content-free reads where ``correction`` asks for them), and one that failed is not read again. Each
-    read that goes to the engine, answered or not, advances ``progress``."""
+    ``only``: the questions (by index) to read, the others left unread (None). ``earlier``: the first
+    pass's rows by question; each reading is taken as it is (given its content-free reads where
+    ``correction`` asks for them), and one that failed is not read again. Each read that goes to the
+    engine, answered or not, advances ``progress``."""
     gate = asyncio.Semaphore(CONCURRENCY)
     options = {
         layout: backend.with_layout(backend.options, layout) for layout in layouts
     }
     content_free = uses_content_free(correction.mode)
+    before: Row = [None] * len(layouts)
 
     async def read(
-        index: int, item: question_file.LabelledQuestion, layout: str | None
+        index: int, item: question_file.LabelledQuestion, column: int
     ) -> DebiasedReading | None:
-        reused = earlier is not None and layout == layouts[0]
-        before = earlier[index] if earlier is not None and reused else None
-        if reused and (before is None or not content_free):
-            return before
+        layout = layouts[column]
+        reused = earlier.get(index) if earlier is not None else None
+        if reused is not None and (reused[column] is None or not content_free):
+            return reused[column]
         try:
             context = ReadContext.about(
                 item.state, request_id(index, layout, layouts), options[layout]
             )
-            if before is not None:
+            if reused is not None and (kept := reused[column]) is not None:
                 return await with_content_free(
-                    backend, item.question, context, debias, correction, before
+                    backend, item.question, context, debias, correction, kept
                 )
             return await read_question(
                 backend, item.question, context, debias, correction
@@ -119,25 +122,42 @@ async def read_all(
                 progress.advance()
 
     async def one(index: int, item: question_file.LabelledQuestion) -> Row:
+        if only is not None and index not in only:
+            return list(before)
         async with gate:
-            return [await read(index, item, layout) for layout in layouts]
+            return [await read(index, item, column) for column in range(len(layouts))]
 
     return list(
         await asyncio.gather(*(one(i, q) for i, q in enumerate(questions.questions)))
     )
 
 
+def first_pass_questions(questions: question_file.QuestionFile) -> list[int]:
+    """The questions a first pass reads: every other one of each type, in file order (half the set,
+    each type's share kept)."""
+    seen: dict[str, int] = {}
+    chosen = []
+    for index, item in enumerate(questions.questions):
+        name = item.question.qtype.name
+        if seen.setdefault(name, 0) % 2 == 0:
+            chosen.append(index)
+        seen[name] += 1
+    return chosen
+
+
 def to_read(
     questions: int,
     layouts: tuple[str | None, ...],
-    earlier: list[DebiasedReading | None] | None,
+    earlier: dict[int, Row],
     content_free: bool,
 ) -> int:
     """How many reads :func:`read_all` sends to the engine, given the first pass's ``earlier``."""
-    if earlier is None:
-        return questions * len(layouts)
-    again = sum(r is not None for r in earlier) if content_free else 0
-    return questions * (len(layouts) - 1) + again
+    again = (
+        sum(r is not None for row in earlier.values() for r in row)
+        if content_free
+        else 0
+    )
+    return (questions - len(earlier)) * len(layouts) + again
 
 
 def answered_by_layout(
@@ -309,10 +329,10 @@ async def measure_and_fit(
     server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set.
     Each label layout the backend has is read and compared per type (bias.choose_layout).
 
-    With ``first_pass``, a smaller pass comes first where it reads less: each question in the first
-    layout only, without content-free reads under auto (which only compares them). It is fitted by the
-    same code and keep rule, handed to ``first_pass`` (True: now in force, so the full pass's progress
-    goes to the log alone), and its reads are the full pass's first layout (none read twice)."""
+    With ``first_pass``, a smaller pass comes first: every other question of each type in every
+    layout, without content-free reads under auto (which only compares them). It is fitted by the same
+    code and keep rule, handed to ``first_pass`` (True: now in force, so the full pass's progress goes
+    to the log alone), and the full pass reuses its reads (none read twice)."""
     started = time.monotonic()
     layouts = backend.compared_layouts() or (None,)
     content_free = prior == AUTO or uses_content_free(prior)
@@ -320,20 +340,31 @@ async def measure_and_fit(
     cache = PriorCache(len(questions.questions) * len(layouts))
     correction = Correction("content-free", cache) if content_free else NO_CORRECTION
     early = correction if prior != AUTO else NO_CORRECTION
-    earlier: list[DebiasedReading | None] | None = None
-    if first_pass is not None and (len(layouts) > 1 or early is not correction):
-        first = layouts[:1]
-        announce(questions, first, progress, uses_content_free(early.mode))
-        rows = await read_all(backend, questions, debias, early, first, progress)
-        earlier = [row[0] for row in rows]
+    earlier: dict[int, Row] = {}
+    if first_pass is not None:
+        subset = first_pass_questions(questions)
+        announce(
+            questions, layouts, progress, len(subset), uses_content_free(early.mode)
+        )
+        rows = await read_all(
+            backend, questions, debias, early, layouts, progress, only=subset
+        )
+        earlier = {index: rows[index] for index in subset}
         record = await fitted_record(
-            answered_by_layout(questions, rows, first), questions, first, prior, started
+            answered_by_layout(questions, rows, layouts),
+            questions,
+            layouts,
+            prior,
+            started,
+            full=False,
         )
         if first_pass(record):
             progress = Readiness()
             progress.begin(f"{CALIBRATION} (full, in the background)")
     total = to_read(len(questions.questions), layouts, earlier, content_free)
-    announce(questions, layouts, progress, reads=total if earlier is not None else None)
+    announce(
+        questions, layouts, progress, reads=total if first_pass is not None else None
+    )
     rows = await read_all(
         backend, questions, debias, correction, layouts, progress, earlier
     )
@@ -348,13 +379,16 @@ async def fitted_record(
     layouts: tuple[str | None, ...],
     prior: str,
     started: float,
+    full: bool = True,
 ) -> dict[str, Any]:
-    """The calibration record fitted on ``by_layout``'s readings, or why none is (:func:`failed`)."""
+    """The calibration record fitted on ``by_layout``'s readings, or why none is (:func:`failed`;
+    ``full``: the full calibration's, not a first pass's)."""
     for layout, answered in by_layout.items():
         if len(answered) < MIN_ANSWERED:
             return failed(
-                f"only {len(answered)} of {len(questions.questions)} questions were answered "
-                f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else "")
+                warn=full,
+                reason=f"only {len(answered)} of {len(questions.questions)} questions were answered "
+                f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""),
             )
     reads = await asyncio.to_thread(choose_reads, by_layout, prior)
     # Each type's questions as its chosen layout read them (the first layout's for a type with no choice).
@@ -372,11 +406,12 @@ async def fitted_record(
     try:
         result = await asyncio.to_thread(calibrate, scores, correct, groups)
     except ValueError as exc:
-        return failed(str(exc))
+        return failed(str(exc), full)
     if result.at_edge:
         return failed(
             f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], which points to "
-            "broken scores"
+            "broken scores",
+            full,
         )
     # Every type in the file, in file order: one with no answered question is reported as too few.
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
@@ -401,31 +436,32 @@ def announce(
     questions: question_file.QuestionFile,
     layouts: tuple[str | None, ...],
     progress: Readiness | None,
-    first_pass: bool | None = None,
+    first_pass: int | None = None,
+    content_free: bool = False,
     reads: int | None = None,
 ) -> None:
     """The line that says a calibration pass has started, what it reads and (once its first reads tell)
     how long it takes: progress lines follow every ``readiness.LOG_EVERY_S`` seconds. ``first_pass``:
-    this is the first pass (True: with content-free reads); ``reads``: what the full pass sends to the
-    engine after one."""
-    count = len(questions.questions)
+    this is a first pass of that many questions (``content_free``: with their content-free reads);
+    ``reads``: what the full pass sends to the engine after one."""
+    count = len(questions.questions) if first_pass is None else first_pass
     named = [layout for layout in layouts if layout is not None]
     everything = count * len(layouts)
+    how = f"{count} questions in {len(named)} label layouts ({', '.join(named)}), {everything} reads in all"
+    if not named:
+        how = f"{everything} questions"
+    units = "reads"
     if first_pass is not None:
-        how = f"{count} questions" + (f" in {named[0]} labels" if named else "")
-        how += (
-            f"{'' if first_pass else ' without content-free reads'} as a first pass, "
-            f"{everything} reads (answers start when it is fitted)"
+        how = (
+            f"a first pass: {how}"
+            f"{'' if content_free else ' without content-free reads'} (every other question of "
+            "each type; answers start when it is fitted)"
         )
         units = "first-pass reads"
-    else:
-        how = f"{count} questions in {len(named)} label layouts ({', '.join(named)}), {everything} reads in all"
-        if not named:
-            how = f"{everything} questions"
-        units = "reads"
     if reads is not None:
         how += (
-            f", {reads} of them (or their content-free reads) left after the first pass"
+            f"; after the first pass, {reads} to go (its reads reused, given their content-free "
+            "reads where they are compared)"
         )
         everything = reads
     logger.info(
@@ -547,8 +583,10 @@ def log(record: CalibrationRecord, loaded: bool, stage: str = FULL) -> None:
         (logger.warning if refused else logger.info)(line)
 
 
-def failed(reason: str) -> dict[str, Any]:
+def failed(reason: str, warn: bool = True) -> dict[str, Any]:
     """This run's failure, saved so the other API-server processes of this server don't measure again
-    (a restart does); the server applies T = 1.0 (default)."""
-    logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
+    (a restart does); the server applies T = 1.0 (default). ``warn``: say so (a first pass's failure
+    is said where it is taken, since the full calibration follows)."""
+    if warn:
+        logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
     return {"failed": reason, "run": run_id()}
