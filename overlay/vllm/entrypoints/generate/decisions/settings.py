@@ -235,7 +235,8 @@ class Settings:
                 env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1
             ),
             first_pass=parse_switch(
-                PREFIX + "FIRST_PASS", env.get(PREFIX + "FIRST_PASS", "on")
+                PREFIX + "FIRST_PASS",
+                env.get(PREFIX + "FIRST_PASS", "").strip() or "on",
             ),
             max_request_chars=_int_at_least(
                 env,
