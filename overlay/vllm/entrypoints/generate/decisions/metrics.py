@@ -435,8 +435,8 @@ def record_temperatures(
     temperatures: Temperatures, adapter: str = "", stage: str | None = None
 ) -> None:
     """The temperatures in force for the base model or LoRA ``adapter``: the server-wide one and each
-    question type's own fit, with sources; and the calibration's ``stage`` (corrections.FIRST_PASS or
-    FULL; None: nothing calibrated)."""
+    question type's own fit, with sources; and the calibration's ``stage`` (FIRST_PASS or FULL of
+    calibration/temperature.py; "": none in force any more; None: nothing calibrated, no gauge)."""
     metrics = _active
     if metrics is None:
         return

@@ -146,8 +146,9 @@ class DecisionService:
                 calibrated = await calibrate()
                 if self.calibrated.stage == FIRST_PASS:
                     self.calibrated = calibrated
+                    # A failed full calibration (T = 1.0, no stage) leaves no stage in force.
                     record_temperatures(
-                        self.temperatures, self.adapter_name, calibrated.stage
+                        self.temperatures, self.adapter_name, calibrated.stage or ""
                     )
                     logger.info(
                         "decision calibration: the full calibration replaces the first pass%s: %s",
