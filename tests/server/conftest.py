@@ -167,9 +167,10 @@ def decisions_ready(server: VllmServer, headers: dict[str, str] | None = None) -
 
 
 def all_workers_ready(server: VllmServer, workers: int = 2) -> bool:
-    """Every API-server process (``--api-server-count``) has finished its decision startup work."""
+    """Every API-server process (``--api-server-count``) answers decisions (the one calibrating may
+    answer on calibration's first pass)."""
     ready = re.findall(
-        r"\((ApiServer_\d+) pid=\d+\) INFO .*decisions ready:",
+        r"\((ApiServer_\d+) pid=\d+\) INFO .*decisions ready[: ]",
         server.log.read_text(errors="replace"),
     )
     return set(ready) == {f"ApiServer_{i}" for i in range(workers)}

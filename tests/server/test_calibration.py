@@ -37,9 +37,16 @@ def bundled_lines(count: int) -> list[str]:
 
 
 def start(
-    tmp_path, name: str, question_file, saved_dir, workers: int = 1, **env: str
+    tmp_path,
+    name: str,
+    question_file,
+    saved_dir,
+    workers: int = 1,
+    audits: list[dict] | None = None,
+    **env: str,
 ) -> tuple[VllmServer, list[httpx.Response]]:
-    """Start a server and poll a decision until every worker is ready; returns the 503s seen on the way."""
+    """Start a server and poll a decision until every worker is ready; returns the 503s seen on the way
+    (and appends each answer's audit to ``audits``)."""
     # One read per question (debias off): calibration reading as requests do (rotate) is a unit test.
     env = {
         "VLLM_ENABLE_TYPED_DECISIONS": "1",
@@ -58,6 +65,8 @@ def start(
         response = httpx.post(f"{s.url}/v1/decisions", json=QUESTION, timeout=30)
         if response.status_code == 503:
             starting.append(response)
+        if response.status_code == 200 and audits is not None:
+            audits.append(response.json()["answers"][0]["extra"]["audit"])
         return response.status_code == 200 and (
             workers == 1 or all_workers_ready(s, workers)
         )
@@ -84,8 +93,10 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     # 55 yes/no, 37 choice (too few for a fit of its own: the server-wide T serves it) and 58 score.
     questions.write_text("\n".join(bundled_lines(150)) + "\n")
 
-    first, starting = start(tmp_path, "first", questions, saved_dir, workers=2)
+    audits: list[dict] = []
+    first, starting = start(tmp_path, "first", questions, saved_dir, 2, audits)
     try:
+        first_pass_then_full(first, audits)
         shared_startup_work(first, saved_dir)
         counted = decision_samples(first)  # before both workers answer (metrics.py)
         both_workers_answer_alike(first)
@@ -100,6 +111,10 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         metrics_of_both_workers(first, counted, record)
         answer = audit(first)  # a predicate: a noul question
         noul = record["by_type"]["noul"]
+        assert (answer["calibration_stage"], answer["calibration_reads"]) == (
+            "full",
+            record["question_reads"],
+        )
         assert answer["temperature_source"] == "calibrated"
         assert answer["temperature_scope"] == ("server" if noul["fallback"] else "noul")
         assert answer["calibration_temperature"] == pytest.approx(
@@ -137,6 +152,40 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     # One failure is served below.
 
 
+def first_pass_then_full(server: VllmServer, audits: list[dict]) -> None:
+    """The calibrating process answered on its first pass (every other question of each type, 76, in
+    both layouts, without content-free reads) before the full calibration was done, its audit saying
+    so; then the full one replaced it, without reading those questions again, and every answer since
+    says so."""
+    log = server.log.read_text(errors="replace")
+    assert audits[0]["calibration_stage"] == "first pass", audits[0]
+    reads = audits[0]["calibration_reads"]
+    assert 100 <= reads <= 152, "at most 76 questions in 2 layouts, most answered"
+    assert "decision first-pass calibration: T=" in log
+    assert (
+        log.count(
+            f"decisions ready after calibration's first pass ({reads} question reads"
+        )
+        == 1
+    )
+    assert log.count("the full calibration replaces the first pass") == 1
+    assert re.search(
+        r"decision calibration: reading 150 questions in 2 label layouts \(letters, words\), 300 "
+        r"reads in all; after the first pass, \d+ to go \(its reads reused, given their "
+        r"content-free reads where they are compared\)",
+        log,
+    )
+    assert re.search(
+        r"decision calibration \(full, in the background\): \d+ of \d+ reads", log
+    )
+    later = {
+        (answer["calibration_stage"], answer["calibration_reads"])
+        for answer in [audit(server) for _ in range(4)]
+    }
+    (stage, full_reads), *others = later
+    assert not others and stage == "full" and reads < full_reads <= 300
+
+
 def honest_key(key: dict) -> None:
     """The saved key names what the reads depend on (each ingredient changing it: tests/unit/test_calibration_key.py):
     the model's files by content, the tokenizer, chat template and its kwargs, vLLM, what the startup check
@@ -168,7 +217,8 @@ def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None
         r.headers for r in starting
     ]
     waiting = r"waiting for another API-server process's (?P=step)"
-    step = rf"(?P<step>self-check|calibration)(, {waiting}|, \d+ of 300 reads, .+)?"
+    counted = r"\d+ of 152 first-pass reads, .+"
+    step = rf"(?P<step>self-check|calibration)(, {waiting}|, {counted})?"
     assert all(
         re.fullmatch(rf"decisions are starting(: {step})?; retry shortly", m)
         for m in messages
@@ -179,12 +229,15 @@ def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None
     log = server.log.read_text(errors="replace")
     assert (
         log.count(
-            "decision calibration: reading 150 questions in 2 label layouts (letters, words), 300 reads "
-            "in all; time left unknown until the first 8 reads"
+            "decision calibration: reading a first pass: 76 questions in 2 label layouts (letters, "
+            "words), 152 reads in all without content-free reads (every other question of each "
+            "type; answers start when it is fitted); time left unknown until the first 8 reads"
         )
         == 1
     ), "one process calibrates"
-    assert re.search(r"decision calibration: 8 of 300 reads, about \d+ s left", log)
+    assert re.search(
+        r"decision calibration: 8 of 152 first-pass reads, about \d+ s left", log
+    )
 
 
 def per_type_fits(server: VllmServer, record: dict) -> None:

@@ -502,3 +502,23 @@ async def test_a_client_that_leaves_is_counted_as_cancelled(registry):
         )
         == 0
     )
+
+
+def test_the_calibration_stage_in_force(registry):
+    def stages() -> dict[str, float | None]:
+        return {
+            stage: registry.get_sample_value(
+                "vllm:decision_calibration_stage",
+                {"model_name": MODEL, "stage": stage, "adapter": ""},
+            )
+            for stage in ("first_pass", "full")
+        }
+
+    metrics.record_temperatures(Temperatures())
+    assert stages() == {"first_pass": None, "full": None}, "nothing calibrated"
+    metrics.record_temperatures(Temperatures(), stage="first pass")
+    assert stages() == {"first_pass": 1, "full": 0}
+    metrics.record_temperatures(Temperatures(), stage="full")
+    assert stages() == {"first_pass": 0, "full": 1}
+    metrics.record_temperatures(Temperatures(), stage="")
+    assert stages() == {"first_pass": 0, "full": 0}, "a failed full calibration"

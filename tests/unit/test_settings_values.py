@@ -111,6 +111,8 @@ LENIENT = [
     ("PRIOR_CACHE_BYTES", "", "prior_cache_bytes", 64 * 1024 * 1024),
     ("PRIOR_CACHE_BYTES", "65536", "prior_cache_bytes", 65536),
     ("MAX_ADAPTERS", "", "max_adapters", 16),
+    ("FIRST_PASS", "", "first_pass", True),
+    ("FIRST_PASS", " Off ", "first_pass", False),
     ("MAX_ADAPTERS", " 2 ", "max_adapters", 2),
 ]
 
@@ -208,6 +210,7 @@ REFUSED = [
         "a whole number of at least 65536, or empty for the default, 67108864",
     ),
     ("MAX_ADAPTERS", "0", "a whole number of at least 1, or empty for the default, 16"),
+    ("FIRST_PASS", "later", "expected 1, true, yes or on to switch on"),
 ]
 
 

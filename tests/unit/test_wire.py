@@ -113,6 +113,7 @@ async def test_detail_levels_trim_extra(app):
         "calibration_temperature",
         "temperature_source",
         "temperature_scope",
+        "calibration_stage",
         "readout",
         "forward_passes",
     }

@@ -27,10 +27,16 @@ from .settings import PREFIX, Debias
 
 @dataclass(frozen=True)
 class Calibrated:
-    """What startup calibration gives the server: its temperatures and each type's reads."""
+    """What startup calibration gives the server: its temperatures and each type's reads, and what
+    they were fitted on (the audit's ``calibration_stage`` and ``calibration_reads``): ``stage`` is
+    FIRST_PASS while the full calibration runs on, FULL after (None: nothing was calibrated), and
+    ``question_reads`` the labelled question reads answered (None for a record saved before it was
+    counted)."""
 
     temperatures: Temperatures
     reads: Mapping[str, TypeReads] = field(default_factory=dict)
+    stage: str | None = None
+    question_reads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,13 @@ class Corrections:
         temperatures: Temperatures,
         requested_t: float | None,
         calibrated: bool = True,
+        chosen_reads: Mapping[str, TypeReads] | None = None,
     ) -> Resolved:
-        """How ``question`` is read; ``calibrated``: by the backend calibration measured."""
+        """How ``question`` is read; ``calibrated``: by the backend calibration measured; ``chosen_reads``:
+        the calibration's choices the request took when it began (else this object's)."""
         qtype = question.qtype.name
-        reads = self.reads.get(qtype) if calibrated else None
+        in_force = self.reads if chosen_reads is None else chosen_reads
+        reads = in_force.get(qtype) if calibrated else None
         layout = asked.layout or (reads.layout if reads is not None else None)
         choice, own = None, False
         if reads is not None:

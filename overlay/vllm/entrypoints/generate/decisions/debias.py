@@ -121,15 +121,9 @@ async def read_question(
     ]
     content_free = uses_content_free(correction.mode) and correction.cache is not None
     if content_free:
-        reads += [
-            prior_read(
-                backend, reordered(question, order), context.part(f"p{i}"), correction
-            )
-            for i, order in enumerate(plan)
-        ]
+        reads += prior_reads(backend, question, context, plan, correction)
     results = await gather_or_cancel(reads)
     readings: list[Reading] = list(results[: len(plan)])
-    priors: list[PriorRead] = list(results[len(plan) :])
     per_order = [
         in_client_order(
             checked_scores(reading, len(question.options), backend.name), order
@@ -145,7 +139,54 @@ async def read_question(
     )
     read.rows = rows
     read.positions = [in_client_order(range(len(order)), order) for order in plan]
-    if content_free:
+    priors = list(results[len(plan) :]) if content_free else None
+    return corrected_reading(question, read, plan, priors, correction)
+
+
+async def with_content_free(
+    backend: DecisionBackend,
+    question: CompiledQuestion,
+    context: ReadContext[Any],
+    debias: Debias,
+    correction: Correction,
+    read: DebiasedReading,
+) -> DebiasedReading:
+    """``read`` (made without content-free reads) with them, as :func:`read_question` under
+    ``correction`` would have given it: only the content-free reads go to the engine (calibration's
+    full pass adds them to its first pass's reads)."""
+    assert correction.cache is not None
+    plan = orders(question, debias, backend.order_independent)
+    priors = await gather_or_cancel(
+        prior_reads(backend, question, context, plan, correction)
+    )
+    return corrected_reading(question, replace(read), plan, list(priors), correction)
+
+
+def prior_reads(
+    backend: DecisionBackend,
+    question: CompiledQuestion,
+    context: ReadContext[Any],
+    plan: list[list[int]],
+    correction: Correction,
+) -> list[Awaitable[PriorRead]]:
+    """The content-free reads of ``question`` in each order of ``plan``."""
+    return [
+        prior_read(
+            backend, reordered(question, order), context.part(f"p{i}"), correction
+        )
+        for i, order in enumerate(plan)
+    ]
+
+
+def corrected_reading(
+    question: CompiledQuestion,
+    read: DebiasedReading,
+    plan: list[list[int]],
+    priors: list[PriorRead] | None,
+    correction: Correction,
+) -> DebiasedReading:
+    """``read`` with its content-free reads (``priors``, None when not read) and ``correction`` applied."""
+    if priors is not None:
         read.priors = [
             in_client_order(p.logprobs, order)
             for p, order in zip(priors, plan, strict=True)

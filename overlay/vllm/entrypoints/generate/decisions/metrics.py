@@ -224,6 +224,14 @@ class DecisionMetrics:
             multiprocess_mode="mostrecent",
             registry=r,
         )
+        self.calibration_stage = Gauge(
+            "vllm:decision_calibration_stage",
+            "1 for the calibration in force (first_pass while the full one reads on in the background, "
+            "full after), else 0.",
+            ["model_name", "stage", "adapter"],
+            multiprocess_mode="mostrecent",
+            registry=r,
+        )
         # Known label sets start at 0, so rates and dashboards see them before the first event.
         for endpoint in ENDPOINTS:
             for outcome in OUTCOMES:
@@ -242,6 +250,7 @@ class DecisionMetrics:
             self.option_mass,
             self.temperature,
             self.temperature_source,
+            self.calibration_stage,
         ):
             # Already gone when vLLM rebuilt its own stat logger, which unregisters every vllm: collector.
             with suppress(KeyError):
@@ -422,13 +431,23 @@ def engine_read(kind: str) -> Iterator[None]:
         )
 
 
-def record_temperatures(temperatures: Temperatures, adapter: str = "") -> None:
+def record_temperatures(
+    temperatures: Temperatures, adapter: str = "", stage: str | None = None
+) -> None:
     """The temperatures in force for the base model or LoRA ``adapter``: the server-wide one and each
-    question type's own fit, with sources."""
+    question type's own fit, with sources; and the calibration's ``stage`` (FIRST_PASS or FULL of
+    calibration/temperature.py; "": none in force any more; None: nothing calibrated, no gauge)."""
     metrics = _active
     if metrics is None:
         return
     adapter = adapter_label(adapter)
+    if stage is not None:
+        from .calibration.temperature import STAGES
+
+        for name in STAGES:
+            metrics.calibration_stage.labels(
+                metrics.model_name, name.replace(" ", "_"), adapter
+            ).set(name == stage)
     scopes = {"server": temperatures.server, **temperatures.by_type}
     for scope, applied in scopes.items():
         metrics.temperature.labels(metrics.model_name, scope, adapter).set(

@@ -65,6 +65,7 @@ class AuditRecord(BaseModel):
         "calibration_temperature",
         "temperature_source",
         "temperature_scope",
+        "calibration_stage",
         "readout",
         "forward_passes",
         "adapter",
@@ -79,6 +80,10 @@ class AuditRecord(BaseModel):
     calibration_temperature: float
     temperature_source: str
     temperature_scope: str
+    # What the server's calibration in force was fitted on: "first pass" (answers meanwhile, while the
+    # full one reads on) or "full", and its labelled question reads; None where nothing was calibrated.
+    calibration_stage: str | None = None
+    calibration_reads: int | None = None
     forward_passes: int
     input_tokens: int
     cached_input_tokens: int

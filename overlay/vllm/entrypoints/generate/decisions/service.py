@@ -19,7 +19,13 @@ from .answers import Answer, Decision, Failure
 from .backends import DecisionBackend
 from .backends.base import checked_scores, facts_json
 from .budget import over_request_message
-from .calibration.temperature import DEFAULT, SERVER, Temperature, Temperatures
+from .calibration.temperature import (
+    DEFAULT,
+    FIRST_PASS,
+    SERVER,
+    Temperature,
+    Temperatures,
+)
 from .concurrency import gather_or_cancel
 from .corrections import Asked, Calibrated, Corrections
 from .debias import read_question
@@ -80,6 +86,14 @@ def request_chars(request: DecisionRequest) -> int:
     return len(request.state) + sum(texts)
 
 
+def failure_reason(exc: Exception) -> str:
+    """What a 503 says of failed startup work: our own refusal's message (it says why and what to
+    change); of a fault, only its kind (its text stays in the server's log)."""
+    if isinstance(exc, (BackendUnavailable, SettingsError)):
+        return without_paths(str(exc))
+    return f"the startup work failed ({type(exc).__name__}); the server's log says why"
+
+
 class DecisionService:
     def __init__(
         self,
@@ -112,7 +126,8 @@ class DecisionService:
             if settings.temperature
             else None
         )
-        self.temperatures = Temperatures(configured or DEFAULT)
+        # The calibration in force, replaced as one object: a request takes it once, at its start.
+        self.calibrated = Calibrated(Temperatures(configured or DEFAULT))
         self.corrections = Corrections(
             settings.prior, settings.prior_cache, settings.prior_cache_bytes
         )
@@ -129,37 +144,61 @@ class DecisionService:
             if calibrate is not None and self.temperatures.server.source == "default":
                 self.readiness.begin(CALIBRATION)
                 calibrated = await calibrate()
-                self.temperatures, self.corrections.reads = (
-                    calibrated.temperatures,
-                    calibrated.reads,
+                if self.calibrated.stage == FIRST_PASS:
+                    self.calibrated = calibrated
+                    # A failed full calibration (T = 1.0, no stage) leaves no stage in force.
+                    record_temperatures(
+                        self.temperatures, self.adapter_name, calibrated.stage or ""
+                    )
+                    logger.info(
+                        "decision calibration: the full calibration replaces the first pass%s: %s",
+                        self.through,
+                        self.temperatures.describe(),
+                    )
+                    return
+                self.calibrated = calibrated
+        except Exception as exc:
+            if self.calibrated.stage == FIRST_PASS:
+                # Answering already: the first pass stays in force, and start_service logs the fault.
+                logger.error(
+                    "decision calibration: the full calibration failed; the first pass stays in force"
                 )
-        except (
-            BackendUnavailable,
-            SettingsError,
-        ) as exc:  # ours: the message says why and what to change
-            self.readiness.fail(without_paths(str(exc)))
+            else:
+                self.readiness.fail(failure_reason(exc))
             raise
-        except (
-            Exception
-        ) as exc:  # a fault: its text stays in the server's log (start_service logs it)
-            self.readiness.fail(
-                f"the startup work failed ({type(exc).__name__}); the server's log says why"
-            )
-            raise
+        self._ready("")
+
+    def use_first_pass(self, calibrated: Calibrated) -> None:
+        """Calibration's first pass is fitted: in force, and decisions answer, while the full one reads on."""
+        self.calibrated = calibrated
+        self._ready(
+            f" after calibration's first pass ({calibrated.question_reads} question reads; "
+            "the full calibration continues in the background)"
+        )
+
+    def _ready(self, after: str) -> None:
         self.readiness.succeed()
         record_temperatures(
-            self.temperatures, self.adapter_name
+            self.temperatures, self.adapter_name, self.calibrated.stage
         )  # metrics.py: the temperature gauges
-        through = (
+        logger.info(
+            "decisions ready%s%s: backend=%s, %s",
+            self.through,
+            after,
+            self.backend.name,
+            self.temperatures.describe(),
+        )
+
+    @property
+    def temperatures(self) -> Temperatures:
+        return self.calibrated.temperatures
+
+    @property
+    def through(self) -> str:
+        return (
             f" through LoRA adapter {self.adapter_name!r}"
             if self.adapter is not None
             else ""
-        )
-        logger.info(
-            "decisions ready%s: backend=%s, %s",
-            through,
-            self.backend.name,
-            self.temperatures.describe(),
         )
 
     @property
@@ -241,8 +280,12 @@ class DecisionService:
             )
             for i in range(len(request.questions))
         ]
+        # One calibration for the whole request, even if the full one replaces the first pass meanwhile.
+        calibrated = self.calibrated
         reads = (
-            self._answer(chosen, question, context, request.temperature, asked)
+            self._answer(
+                chosen, question, context, request.temperature, asked, calibrated
+            )
             for question, context in zip(request.questions, contexts, strict=True)
         )
         results = await gather_or_cancel(reads)
@@ -301,14 +344,16 @@ class DecisionService:
         context: ReadContext[Any],
         requested: float | None,
         asked: Asked,
+        calibrated: Calibrated,
     ) -> Answer | Failure:
         try:
             how = self.corrections.resolve(
                 question,
                 asked,
-                self.temperatures,
+                calibrated.temperatures,
                 requested,
                 calibrated=backend is self.backend,
+                chosen_reads=calibrated.reads,
             )
             applied = how.temperature
             laid_out = context.with_options(
@@ -358,6 +403,8 @@ class DecisionService:
             calibration_temperature=applied.value,
             temperature_source=applied.source,
             temperature_scope=applied.scope,
+            calibration_stage=calibrated.stage,
+            calibration_reads=calibrated.question_reads,
             forward_passes=reading.forward_passes,
             input_tokens=reading.input_tokens,
             cached_input_tokens=reading.cached_input_tokens,

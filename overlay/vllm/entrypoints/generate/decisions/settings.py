@@ -40,6 +40,7 @@ VARIABLES = (
     PREFIX + "MIN_OPTION_MASS",
     PREFIX + "CALIBRATION",
     PREFIX + "CALIBRATION_DIR",
+    PREFIX + "FIRST_PASS",
     PREFIX + "STARTUP_WAIT",
     PREFIX + "DEBIAS",
     PREFIX + "BULK_IN_FLIGHT",
@@ -165,6 +166,8 @@ class Settings:
     # The most LoRA adapters with a decision service of their own at once (adapters.py): least recently
     # used out, its saved calibration kept for its return.
     max_adapters: int = DEFAULT_MAX_ADAPTERS
+    # Whether a fresh calibration answers after a smaller first pass while the full one runs on.
+    first_pass: bool = True
     # The most characters a request's input and questions render to together (0: REQUEST_CHARS_PER_INPUT
     # times max_input_chars), and the deepest JSON value in them: one budget per request (budget.py).
     max_request_chars: int = 0
@@ -230,6 +233,10 @@ class Settings:
             ),
             max_adapters=_int_at_least(
                 env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1
+            ),
+            first_pass=parse_switch(
+                PREFIX + "FIRST_PASS",
+                env.get(PREFIX + "FIRST_PASS", "").strip() or "on",
             ),
             max_request_chars=_int_at_least(
                 env,

@@ -252,7 +252,11 @@ async def start_service(service: DecisionService) -> None:
 
     async def calibrate() -> Calibrated:
         return await startup_calibration(
-            service.backend, service.settings, service.deployment, service.readiness
+            service.backend,
+            service.settings,
+            service.deployment,
+            service.readiness,
+            service.use_first_pass,
         )
 
     try:

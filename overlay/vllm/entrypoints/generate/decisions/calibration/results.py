@@ -108,6 +108,8 @@ class CalibrationRecord(Fit):
     seconds: float
     date: str
     vllm_version: str
+    # The labelled question reads answered, over every layout (None in a record saved before it was).
+    question_reads: int | None = None
 
     @classmethod
     def of(
@@ -119,6 +121,7 @@ class CalibrationRecord(Fit):
         answered: int,
         skipped: list[str],
         seconds: float,
+        question_reads: int | None = None,
     ) -> CalibrationRecord:
         import vllm
 
@@ -139,6 +142,7 @@ class CalibrationRecord(Fit):
             seconds=round(seconds, 1),
             date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             vllm_version=vllm.__version__,
+            question_reads=question_reads,
         )
 
     def temperatures(self) -> Temperatures:

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 SERVER = "server"
 REQUEST = "request"
 
+# What a calibration in force was fitted on: a first pass (answers start) or the full set of reads.
+FIRST_PASS = "first pass"
+FULL = "full"
+STAGES = (FIRST_PASS, FULL)
+
 
 @dataclass(frozen=True)
 class Temperature:

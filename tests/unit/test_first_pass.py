@@ -1,0 +1,175 @@
+"""Calibration's first pass: decisions answer on it while the full calibration reads on, the full one
+reuses its reads and replaces it in one swap, each answer's audit says which it was calibrated on, and
+only the full one is saved (a restart loads it with no first pass)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from tests.unit.asking import ask
+from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
+from vllm.entrypoints.generate.decisions.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS
+from vllm.entrypoints.generate.decisions.service import DecisionService
+from vllm.entrypoints.generate.decisions.settings import Settings
+
+from .test_calibration_startup import MODEL
+from .test_prior_calibration import TwoLayoutBackend, team_question, write_tickets
+
+
+class HeldBackend(TwoLayoutBackend):
+    """Records each calibration read (state, layout); once ``hold`` is set, calibration reads wait for
+    ``release``, and so does a request read about ``HELD``."""
+
+    HELD = "a held ticket about sales"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calibration_reads: list[tuple[str, str]] = []
+        self.hold = False
+        self.release = asyncio.Event()
+        self.release_request = asyncio.Event()
+        self.request_waiting = asyncio.Event()
+
+    async def read(self, question, context):
+        labels = (context.options or self.options).labels
+        if context.request_id.startswith("decision-calibration"):
+            self.calibration_reads.append((context.state, labels))
+            if self.hold:
+                await self.release.wait()
+        elif context.state == self.HELD:
+            self.request_waiting.set()
+            await self.release_request.wait()
+        return await super().read(question, context)
+
+
+def configured(tmp_path, first_pass="on"):
+    tmp_path.mkdir(exist_ok=True)
+    return Settings.from_env(
+        {
+            "VLLM_TYPED_DECISIONS_CALIBRATION": str(
+                write_tickets(tmp_path / "q.jsonl")
+            ),
+            "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
+            "VLLM_TYPED_DECISIONS_FIRST_PASS": first_pass,
+        }
+    )
+
+
+async def audit_of(service, state="a new ticket about sales"):
+    (answer,) = (await service.decide(ask(state, [team_question()], "r"))).results
+    return answer.audit
+
+
+async def until(condition):
+    while not condition():
+        await asyncio.sleep(0)
+
+
+async def test_answers_on_the_first_pass_then_the_full_calibration_in_one_swap(
+    tmp_path, caplog
+):
+    settings = configured(tmp_path)
+    backend = HeldBackend()
+    service = DecisionService(settings, backend, "served")
+    firsts: list[Calibrated] = []
+    counted = []
+
+    def first_pass(calibrated: Calibrated) -> None:
+        progress = service.readiness.progress
+        assert progress is not None
+        counted.append((progress.done, progress.total, progress.unit))
+        firsts.append(calibrated)
+        backend.hold = True
+        service.use_first_pass(calibrated)
+
+    async def calibrate():
+        return await startup_calibration(
+            backend, settings, MODEL, service.readiness, first_pass
+        )
+
+    starting = asyncio.create_task(service.start(calibrate))
+    await until(lambda: service.readiness.ready)
+    # The 503 counted the first pass's reads: every other question, in both layouts, no content-free.
+    assert counted == [(150, 150, "first-pass reads")]
+    assert sorted(backend.calibration_reads) == sorted(
+        (f"ticket {i} about {['billing', 'sales', 'technical'][i % 3]}", layout)
+        for i in range(0, 150, 2)
+        for layout in ("letters", "words")
+    )
+    assert not list((tmp_path / "saved").glob("calibration-*.json")), (
+        "a first pass is not saved"
+    )
+    (first,) = firsts
+    assert (first.stage, first.question_reads) == ("first pass", 150)
+    assert set(first.reads["choice"].by_layout) == {"letters", "words"}
+    audit = await audit_of(service)
+    assert (audit.calibration_stage, audit.calibration_reads) == ("first pass", 150)
+    assert audit.calibration_temperature == first.temperatures.for_type("choice").value
+    assert audit.as_json(basic=True)["calibration_stage"] == "first pass"
+    assert "decision first-pass calibration: T=" in caplog.text
+    assert "decision first-pass reads (choice): " in caplog.text
+
+    # A request that began on the first pass finishes on it, though the swap comes meanwhile.
+    held = asyncio.create_task(audit_of(service, HeldBackend.HELD))
+    await backend.request_waiting.wait()
+    backend.release.set()
+    await starting
+    backend.release_request.set()
+    assert (await held).calibration_stage == "first pass"
+
+    audit = await audit_of(service)
+    assert (audit.calibration_stage, audit.calibration_reads) == ("full", 300)
+    assert "the full calibration replaces the first pass" in caplog.text
+    real = [r for r in backend.calibration_reads if r[0] not in NEUTRAL_INPUTS]
+    assert len(real) == len(set(real)) == 300, "no question read twice"
+    assert sorted(r for r in backend.calibration_reads if r[0] in NEUTRAL_INPUTS) == [
+        (text, layout)
+        for text in sorted(NEUTRAL_INPUTS)
+        for layout in ("letters", "words")
+    ]
+    (saved,) = (tmp_path / "saved").glob("calibration-*.json")
+    record = json.loads(saved.read_text())
+    assert record["question_reads"] == 300
+    assert set(record["reads"]["choice"]["by_layout"]) == {"letters", "words"}
+
+    # The same fits as a calibration with no first pass: reusing its reads changes nothing.
+    plain = await startup_calibration(
+        TwoLayoutBackend(), configured(tmp_path / "plain", first_pass="off"), MODEL
+    )
+    assert service.calibrated.temperatures == plain.temperatures
+    assert {k: v.model_dump() for k, v in service.calibrated.reads.items()} == {
+        k: v.model_dump() for k, v in plain.reads.items()
+    }
+
+
+async def test_no_first_pass_where_a_saved_result_or_the_setting_says_so(tmp_path):
+    settings = configured(tmp_path)
+    called: list[Calibrated] = []
+    full = await startup_calibration(
+        TwoLayoutBackend(), settings, MODEL, first_pass=called.append
+    )
+    assert [c.stage for c in called] == ["first pass"]
+    loaded = await startup_calibration(
+        TwoLayoutBackend(), settings, MODEL, first_pass=called.append
+    )
+    assert len(called) == 1, "a saved full calibration is loaded: no first pass"
+    assert (loaded.stage, loaded.question_reads) == ("full", 300)
+    assert loaded.temperatures == full.temperatures
+
+    off = configured(tmp_path / "off", first_pass="off")
+    backend = TwoLayoutBackend()
+    await startup_calibration(backend, off, MODEL, first_pass=called.append)
+    assert len(called) == 1 and len(backend.layouts_read) == 300 + 2 * len(
+        NEUTRAL_INPUTS
+    )
+
+
+async def test_an_uncalibrated_answer_names_no_stage(tmp_path):
+    settings = configured(tmp_path)
+    service = DecisionService(settings, TwoLayoutBackend(), "served")
+    await service.start()
+    audit = await audit_of(service)
+    assert (audit.calibration_stage, audit.calibration_reads) == (None, None)
+    assert audit.as_json()["calibration_stage"] is None
