@@ -60,9 +60,8 @@ class DiffusionGemmaHost(TokenizerHost):
         key = tuple(prompt_ids)
         cached = key in self._encoded
         with torch.no_grad():
-            if (
-                not cached
-            ):  # the causal encoder fills the cache; the decoder only reads it
+            # the causal encoder fills the cache; the decoder only reads it
+            if not cached:
                 cache = DynamicCache(
                     config=self.model.config.get_text_config(decoder=True)
                 )

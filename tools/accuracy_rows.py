@@ -68,9 +68,8 @@ def error_message(response: httpx.Response) -> str:
     error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         error = error.get("message", error)
-    if isinstance(body, dict) and isinstance(
-        body.get("detail"), list
-    ):  # FastAPI's validation errors
+    # FastAPI's validation errors
+    if isinstance(body, dict) and isinstance(body.get("detail"), list):
         error = "; ".join(
             f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
             for e in body["detail"]

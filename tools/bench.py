@@ -62,10 +62,11 @@ import bench_bulk  # noqa: E402
 from serving import add_server_arguments, api_and_engine, serve, startup_seconds, stop  # noqa: E402
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
+# noqa: E402
 from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
     AnswerSlot,
     AnswerSlotPlacer,
-)  # noqa: E402
+)
 from vllm.entrypoints.generate.decisions.prompting.prompt import messages  # noqa: E402
 from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion  # noqa: E402
 
@@ -241,10 +242,11 @@ class Bench:
 
     async def shared_input_once(self, rng: random.Random, words: int) -> dict[str, Any]:
         n = len(QUESTIONS)
+        # fresh states: both start uncached
         state_a, state_b = (
             state_of(rng, words),
             state_of(rng, words),
-        )  # fresh states: both start uncached
+        )
         (t_one, body), api_one, _ = await self.metered(self.decide(state_a, QUESTIONS))
         usage = body["usage"]
         singles, single_in, single_cached, api_singles = [], 0, 0, 0.0
@@ -288,9 +290,8 @@ class Bench:
         seconds: dict[str, list[float]] = {row: [] for row in READS}
         tokens = dict.fromkeys(READS, 0)
         modes: dict[str, set[str]] = {row: set() for row in READS}
-        await self.decide(
-            state_of(rng, 50), QUESTIONS, READS["content-free, cached"]
-        )  # the cache warmed
+        # the cache warmed
+        await self.decide(state_of(rng, 50), QUESTIONS, READS["content-free, cached"])
         for round_ in range(rounds):
             order = list(READS)
             rng.shuffle(order)
@@ -400,9 +401,8 @@ async def measure(
 
     bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path), server_pid)
     rng = random.Random(0)
-    await bench.decide(
-        "warm-up", [QUESTIONS[0]]
-    )  # first-request costs are not what we measure
+    # first-request costs are not what we measure
+    await bench.decide("warm-up", [QUESTIONS[0]])
     results: dict[str, Any] = {}
     if adapter is not None:
         probe = {
@@ -413,9 +413,8 @@ async def measure(
         while (
             response := await bench.client.post("/v1/decisions", json=probe)
         ).status_code == 503:
-            if (
-                "retry-after" not in response.headers
-            ):  # its own startup check refused it
+            # its own startup check refused it
+            if "retry-after" not in response.headers:
                 raise SystemExit(f"the adapter serves no decisions: {response.text}")
             await asyncio.sleep(1)
         results["adapter"] = await bench.adapter(rng, adapter, 8 if quick else 24)
@@ -449,13 +448,11 @@ async def calibration_cost(
     time) through /v1/completions, one at a time, on the same server right after."""
     from transformers import AutoTokenizer
 
-    reads = startup_reads(
-        url
-    )  # before the first answer: the first pass's, where there is one
+    # before the first answer: the first pass's, where there is one
+    reads = startup_reads(url)
     record = saved_calibration(calibration_dir)
-    if (
-        record is None
-    ):  # it failed (T = 1.0): the startup line still says how long it took
+    # it failed (T = 1.0): the startup line still says how long it took
+    if record is None:
         return {"failed": "no successful calibration saved in " + calibration_dir}
     every = startup_reads(url)  # the full calibration's too
     bench = Bench(url, model, AutoTokenizer.from_pretrained(tokenizer_path))

@@ -41,6 +41,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 import profiling  # noqa: E402
+
+# noqa: E402
 from serving import (
     DEFAULT_MODEL,
     cpu_dtype,
@@ -49,7 +51,7 @@ from serving import (
     serve,
     startup_seconds,
     stop,
-)  # noqa: E402
+)
 
 WORDS = [
     "ticket",
@@ -195,9 +197,8 @@ def run_batch(
     )
     memory = PeakMemory(process.pid)
     sampler = None
-    if (
-        profile is not None
-    ):  # from the batch's start (its output file opens) on: engine start-up isn't batch work
+    # from the batch's start (its output file opens) on: engine start-up isn't batch work
+    if profile is not None:
         while process.poll() is None and not target.exists():
             time.sleep(0.2)
         sampler = profiling.Profile(process.pid, profile)
@@ -336,9 +337,8 @@ def main() -> int:
     parser.add_argument("--json", default="bench-bulk-results.json")
     args = parser.parse_args()
     online_in_flight = tuple(int(n) for n in args.online_in_flight.split(","))
-    if len(online_in_flight) >= len(
-        PHASES
-    ):  # each phase needs a word of its own, or it starts with a warm cache
+    # each phase needs a word of its own, or it starts with a warm cache
+    if len(online_in_flight) >= len(PHASES):
         parser.error(f"--online-in-flight: at most {len(PHASES) - 1} concurrencies")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)

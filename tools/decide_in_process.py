@@ -35,9 +35,8 @@ async def main(model: str, dtype: str) -> None:
         )
     )
     try:
-        decisions = await Decisions.start(
-            engine, served_model="m"
-        )  # requests name it "m"
+        # requests name it "m"
+        decisions = await Decisions.start(engine, served_model="m")
         openai = await decisions.decide(
             {
                 "model": "m",

@@ -57,12 +57,10 @@ class Case:
 @dataclass
 class Tally:
     served: Counter = field(default_factory=Counter)  # by status
-    errors: list[str] = field(
-        default_factory=list
-    )  # unexpected outcomes, first few kept in full
-    memory_mib: list[tuple[float, float, float]] = field(
-        default_factory=list
-    )  # (seconds, API MiB, engine MiB)
+    # unexpected outcomes, first few kept in full
+    errors: list[str] = field(default_factory=list)
+    # (seconds, API MiB, engine MiB)
+    memory_mib: list[tuple[float, float, float]] = field(default_factory=list)
 
     def fail(self, case: Case, why: str) -> None:
         if len(self.errors) < 20:

@@ -74,9 +74,8 @@ def arguments() -> None:
         ([1, 2], "must be an object"),
     ]:
         refused(read_params(extra_args={"canvas_read": bad}), DIFFUSION, message)
-    SamplingParams(max_tokens=5)._validate_diffusion(
-        OTHER
-    )  # no read, not diffusion: untouched
+    # no read, not diffusion: untouched
+    SamplingParams(max_tokens=5)._validate_diffusion(OTHER)
     print("ok arguments")
 
 
@@ -196,9 +195,8 @@ def denoise_step() -> None:
         True,
         False,
     ]  # the read converged at max_steps=1, commits next
-    assert int(states.argmax_canvas[0, 1]) == int(
-        states.canvas[0, 1]
-    )  # converged canvas = argmax canvas
+    # converged canvas = argmax canvas
+    assert int(states.argmax_canvas[0, 1]) == int(states.canvas[0, 1])
     states.set_canvas_read(0, canvas_read.CanvasRead((9, 11), (0,), 5))
     states.is_encoder_phase[:] = False
     states.step[:] = 0

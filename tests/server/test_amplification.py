@@ -130,9 +130,8 @@ def test_hostile_bodies_are_refused_while_health_answers_within_100_ms(server):
     ]
     health: list[float] = []
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        assert (
-            client.get("/health").status_code == 200
-        )  # the connection is open before the hostile bodies
+        # the connection is open before the hostile bodies
+        assert client.get("/health").status_code == 200
         for sender in senders:
             sender.start()
         while any(sender.is_alive() for sender in senders):

@@ -313,9 +313,8 @@ def shared_startup_work(server: VllmServer, saved_dir) -> None:
     """One of the two API-server processes calibrated and ran the startup check; the other took both."""
     log = server.log.read_text(errors="replace")
     assert log.count("decision calibration saved to") == 1
-    assert (
-        len(re.findall(r"decision calibration: T=\S+ .*, \d+ s\)", log)) == 1
-    )  # measured once
+    # measured once
+    assert len(re.findall(r"decision calibration: T=\S+ .*, \d+ s\)", log)) == 1
     assert log.count("loaded from a saved result)") == 1
     assert (
         log.count(
@@ -333,9 +332,8 @@ def both_workers_answer_alike(server: VllmServer) -> None:
         "questions": {"blue": {"type": "noul", "instructions": "Blue?"}},
     }
     probabilities = set()
-    for _ in range(
-        12
-    ):  # a new connection each time: the kernel spreads them over both workers
+    # a new connection each time: the kernel spreads them over both workers
+    for _ in range(12):
         probabilities.add(
             answered(server, "/v1/decisions", QUESTION)["answers"][0]["probability"]
         )

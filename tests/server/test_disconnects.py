@@ -76,9 +76,8 @@ def two_stage_body(path: str) -> dict:
 
 
 def disconnect(server: VllmServer, path: str, body: dict) -> None:
-    with pytest.raises(
-        httpx.TimeoutException
-    ):  # the request must still be running when we leave
+    # the request must still be running when we leave
+    with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + path, json=body, timeout=0.3)
 
 
@@ -115,9 +114,8 @@ def test_a_disconnect_leaves_no_engine_work(server, case, whole_request):
     disconnect(server, path, body())
     time.sleep(0.5)
     at_disconnect = finished(server)
-    time.sleep(
-        max(6.0, 1.5 * whole_request[case][0])
-    )  # longer than the whole request takes here
+    # longer than the whole request takes here
+    time.sleep(max(6.0, 1.5 * whole_request[case][0]))
     later = finished(server)
     assert later == at_disconnect, (
         f"engine work went on after the client left: {at_disconnect} -> {later}"

@@ -58,9 +58,8 @@ def decide(client, questions, **extra):
         json={"model": "m", "input": STATE, "questions": questions, **extra},
     )
     assert response.status_code == 200, response.text
-    Decision.model_validate(
-        response.json()
-    )  # every raw body is a valid OpenAI Decision
+    # every raw body is a valid OpenAI Decision
+    Decision.model_validate(response.json())
     return response.json()
 
 
@@ -83,9 +82,8 @@ def test_openai_endpoint_answers_every_type(client, server):
     assert score["name"] is None and 0 <= score["score"] <= 2
     for answer in body["answers"]:
         audit = answer["extra"]["audit"]
-        assert (
-            audit["forward_passes"] == 1 and audit["readout"] == "direct"
-        )  # rotate:1, the default
+        # rotate:1, the default
+        assert audit["forward_passes"] == 1 and audit["readout"] == "direct"
         assert audit["debias"] == "rotate:1" and len(audit["rotations"]) == 1
         assert audit["option_mass"] > 0.5, (
             "the answer slot should put most next-token mass on the letters"
@@ -165,9 +163,8 @@ def test_255_options_with_short_descriptions_are_answered(client):
         "questions": {"topic": question},
         "extra": {"debias": "off"},
     }
-    response = client.post(
-        "/v1/systemone", json=body, timeout=900
-    )  # minutes on a CPU without AVX-512
+    # minutes on a CPU without AVX-512
+    response = client.post("/v1/systemone", json=body, timeout=900)
     assert response.status_code == 200, response.text
     answer, usage = response.json()["answers"]["topic"], response.json()["usage"]
     assert (

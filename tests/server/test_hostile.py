@@ -201,6 +201,5 @@ def test_a_backend_that_cant_serve_this_model_is_a_4xx_naming_what_to_change(
         str(model_path("tiny-qwen2-random")) not in response.text
         and "Traceback" not in response.text
     )
-    assert (
-        post(tiny_qwen_server, path, body).status_code == 200
-    )  # and the server serves on
+    # and the server serves on
+    assert post(tiny_qwen_server, path, body).status_code == 200

@@ -56,6 +56,5 @@ def test_over_the_engine_queue_limit_a_request_gets_503_and_retry_after(
     response = httpx.post(
         tiny_qwen_server.url + "/v1/decisions", json=within, headers=auth, timeout=60
     )
-    assert response.status_code == 200, (
-        response.text
-    )  # the refused reads were cancelled, not left queued
+    # the refused reads were cancelled, not left queued
+    assert response.status_code == 200, response.text

@@ -126,9 +126,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
             assert time.monotonic() < deadline, "no line answered in 600 s"
             time.sleep(0.1)
         (actor,) = map_workers()
-        actor.send_signal(
-            signal.SIGKILL
-        )  # the actor dies mid-dataset, its engine with it
+        # the actor dies mid-dataset, its engine with it
+        actor.send_signal(signal.SIGKILL)
         at_kill = target.read_text().count("\n")
         # Every line answered, some with an error: run-batch's exit status for that.
         assert tool.wait(timeout=600) == FAILED_LINES_EXIT, log.read_text(
@@ -139,9 +138,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
             tool.kill()
     assert at_kill < total  # the kill came while lines were still to be answered
 
-    answered = by_line(
-        target
-    )  # each line once: a retried batch's lines are not written twice
+    # each line once: a retried batch's lines are not written twice
+    answered = by_line(target)
     assert sorted(answered) == list(range(1, total + 1))
     by_custom_id = {record["custom_id"]: record for record in answered.values()}
     assert (
@@ -154,9 +152,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
         refused["status_code"] == 400
         and refused["body"]["error"]["type"] == "BadRequestError"
     )
-    assert (
-        by_custom_id["line-11"]["response"]["status_code"] == 422
-    )  # /api/alpha/decisions, Jev's error shape
+    # /api/alpha/decisions, Jev's error shape
+    assert by_custom_id["line-11"]["response"]["status_code"] == 422
     assert "detail" in by_custom_id["line-11"]["response"]["body"]
     # The hostile lines, answered in place (a bad row never fails its batch).
     assert by_custom_id["tiny-t"]["response"]["status_code"] == 400
@@ -207,9 +204,8 @@ def test_the_actors_of_a_stage_check_and_calibrate_once(cluster, tmp_path):
     bodies += [
         {"body": json.dumps(jev_body(i)), "url": "/v1/systemone"} for i in range(6)
     ]
-    bodies.insert(
-        5, {"body": '{"model": "m", "input": ', "url": "/v1/decisions"}
-    )  # not JSON: refused in place
+    # not JSON: refused in place
+    bodies.insert(5, {"body": '{"model": "m", "input": ', "url": "/v1/decisions"})
     stage = decisions_stage(
         str(MODEL),
         ENGINE,
@@ -224,10 +220,11 @@ def test_the_actors_of_a_stage_check_and_calibrate_once(cluster, tmp_path):
         ],
     )
     context = ray.data.DataContext.get_current()
+    # both actors started, then rows
     waited, context.wait_for_min_actors_s = (
         context.wait_for_min_actors_s,
         600,
-    )  # both actors started, then rows
+    )
     try:
         rows = ray.data.from_items(bodies).map_batches(**stage).take_all()
     finally:
@@ -245,9 +242,8 @@ def test_the_actors_of_a_stage_check_and_calibrate_once(cluster, tmp_path):
     saved = [
         path.read_text() for path in sorted(tmp_path.glob("node-*/calibration-*.json"))
     ]
-    assert (
-        len(saved) == 2 and saved[0] == saved[1]
-    )  # the one record, in each actor's own folder
+    # the one record, in each actor's own folder
+    assert len(saved) == 2 and saved[0] == saved[1]
     # The tiny model's answers are noise, so its fit may fail: then both actors apply the default T.
     source = "default" if "failed" in json.loads(saved[0]) else "calibrated"
     for row in rows:

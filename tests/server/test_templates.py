@@ -227,11 +227,9 @@ def test_a_model_without_a_chat_template_is_refused_with_what_to_pass(family_ser
         refused = httpx.post(server.url + path, json=body, timeout=60)
         assert refused.status_code == 503, refused.text
         assert "--chat-template" in refused.text
-        assert (
-            "retry-after" not in refused.headers
-        )  # waiting won't help: the server needs a template
+        # waiting won't help: the server needs a template
+        assert "retry-after" not in refused.headers
     log = server.log.read_text(errors="replace")
     assert "--chat-template" in log and "Traceback" not in log
-    assert (
-        httpx.get(server.url + "/health", timeout=10).status_code == 200
-    )  # vLLM itself serves on
+    # vLLM itself serves on
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200

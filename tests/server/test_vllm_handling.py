@@ -38,9 +38,8 @@ def test_the_clients_request_id_is_echoed_and_names_the_engine_reads(tiny_qwen_s
         )
         assert response.status_code == 200, response.text
         assert response.headers["x-request-id"] == request_id
-        if (
-            path != "/v1/decisions"
-        ):  # the TypeSafe SDK reports this header's id with a failure
+        # the TypeSafe SDK reports this header's id with a failure
+        if path != "/v1/decisions":
             assert response.headers["x-typesafe-request-id"] == request_id
         # The response's own id is made from the same one id.
         body_id = (

@@ -44,9 +44,10 @@ def serving_models() -> OpenAIServingModels:
     """vLLM's own model registry over an engine that is never called."""
     config = SimpleNamespace(model="/models/base", max_model_len=2048)
     engine = SimpleNamespace(model_config=config, renderer=None, input_processor=None)
+    # type: ignore[arg-type]
     return OpenAIServingModels(
         engine, [BaseModelPath(name=SERVED, model_path="/models/base")]
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture
@@ -85,10 +86,11 @@ async def test_no_name_or_a_served_name_is_the_base_model(models, name):
 
 
 async def test_an_adapter_name_is_its_lora_request(models):
+    # type: ignore[arg-type]
     assert (
         await ServedModels(models, None, None).adapter("judge")
         is models.lora_requests["judge"]
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_an_unknown_name_is_vllms_404(models):
@@ -169,9 +171,8 @@ async def test_unloaded_or_reloaded_adapters_are_dropped(service, models):
     decisions = Decisions(service)
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 200
     first = service.models.services()["judge"]
-    models.lora_requests["judge"] = LoRARequest(
-        "judge", 1, "/adapters/judge-v2"
-    )  # loaded again in place
+    # loaded again in place
+    models.lora_requests["judge"] = LoRARequest("judge", 1, "/adapters/judge-v2")
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 200
     assert service.models.services()["judge"] is not first
     del models.lora_requests["judge"]  # /v1/unload_lora_adapter

@@ -23,7 +23,6 @@ def test_every_read_about_a_state_goes_to_one_replica():
 
 def test_one_replica_or_no_state_pins_nothing_and_states_spread():
     assert replica_for(1, sha("x")) is None
-    assert (
-        replica_for(4, as_context("a bare request id").state_sha256) is None
-    )  # a plugin's old-style call
+    # a plugin's old-style call
+    assert replica_for(4, as_context("a bare request id").state_sha256) is None
     assert {replica_for(2, sha(f"state {i}")) for i in range(64)} == {0, 1}

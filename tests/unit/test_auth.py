@@ -82,9 +82,8 @@ async def test_a_decision_route_refuses_without_the_middlewares_verdict(app):
     app.user_middleware.clear()
     for path in paths.DECISION_PATHS:
         assert (await post(app, path, path, KEY)).status_code == 401
-    app.state.args = Namespace(
-        api_key=None
-    )  # a server without a key answers without one
+    # a server without a key answers without one
+    app.state.args = Namespace(api_key=None)
     assert (
         await post(app, paths.SYSTEMONE_ALPHA, paths.SYSTEMONE_ALPHA)
     ).status_code == 200

@@ -32,9 +32,8 @@ def test_resume_drops_a_line_cut_short_by_a_kill(tmp_path):
     out.write_text(written + output_line(2, "c", "z", 200, {}, None)[:25])
     done = resume(out)
     assert 1 in done and 3 in done and 2 not in done
-    assert (
-        out.read_text() == written
-    )  # the partial line is gone; the rerun answers line 2 again
+    # the partial line is gone; the rerun answers line 2 again
+    assert out.read_text() == written
 
 
 def test_resume_refuses_an_output_file_it_did_not_write(tmp_path):

@@ -73,9 +73,8 @@ def test_depth_is_counted_without_recursion_and_refused_naming_the_setting():
     assert [
         json_depth(v, 10) for v in (1, "x", {}, [], {"a": 1}, [[1]], {"a": [{}]})
     ] == [0, 0, 0, 0, 1, 2, 2]
-    assert (
-        json_depth(nested(100_000), 800) == 801
-    )  # stops counting past the limit; no RecursionError
+    # stops counting past the limit; no RecursionError
+    assert json_depth(nested(100_000), 800) == 801
     check_depth(nested(800), 800)
     with pytest.raises(
         OverLimitError, match=f"deeper than 800 levels .*{PREFIX}MAX_JSON_DEPTH"
@@ -104,9 +103,8 @@ def test_content_text_charges_the_open_budget_and_stops_where_it_runs_out():
         pytest.raises(OverLimitError, match="MAX_REQUEST_CHARS"),
     ):
         content_text(value, 10**9)
-    assert (
-        len(whole) // 3 < spent.spent < len(whole) // 3 + 300
-    )  # refused at the crossing, not after
+    # refused at the crossing, not after
+    assert len(whole) // 3 < spent.spent < len(whole) // 3 + 300
     with (
         spending(RenderBudget(10**9, max_depth=49)),
         pytest.raises(OverLimitError, match="MAX_JSON_DEPTH"),
@@ -131,9 +129,8 @@ def test_nested_jev_questions_are_refused_once_the_request_renders_past_its_budg
         jev.compiled(request, "r", settings())
     (spent,) = recorded
     limit = 4 * 1_000_000
-    assert (
-        limit < spent.spent < limit + 2000
-    )  # ~4 M of the ~16 M characters asked for, then refused
+    # ~4 M of the ~16 M characters asked for, then refused
+    assert limit < spent.spent < limit + 2000
 
 
 def test_sixty_json_parts_are_refused_once_the_input_renders_past_its_budget(recorded):
@@ -284,9 +281,8 @@ def test_only_normalizers_that_shorten_text_by_a_known_factor_get_a_bound():
 )
 def test_no_text_needs_fewer_tokens_than_the_bound_says(any_tokenizer, text):
     per = chars_per_token(any_tokenizer)
-    assert (
-        per is not None
-    )  # byte-level BPE (SmolLM2, Qwen2) and BPE with byte fallback (Llama)
+    # byte-level BPE (SmolLM2, Qwen2) and BPE with byte fallback (Llama)
+    assert per is not None
     tokens = len(any_tokenizer.encode(text, add_special_tokens=False))
     assert len(text) <= per * tokens
 
@@ -316,9 +312,8 @@ def test_check_fits_refuses_only_what_can_never_fit(smollm2_tokenizer):
         OverLimitError, match="at least 100 tokens .*--max-model-len 100"
     ):
         check_fits(host, 10, per * 89 + 1)
-    check_fits(
-        TokenizerHost(smollm2_tokenizer, max_model_len=100), 10, 10**9
-    )  # no bound: nothing refused here
+    # no bound: nothing refused here
+    check_fits(TokenizerHost(smollm2_tokenizer, max_model_len=100), 10, 10**9)
 
 
 async def test_a_long_question_is_refused_by_its_length_before_it_is_tokenized(
@@ -332,9 +327,8 @@ async def test_a_long_question_is_refused_by_its_length_before_it_is_tokenized(
     question = NOUL.compile(NoulQuestion(instructions="word " * 10_000))
     with pytest.raises(OverLimitError, match="--max-model-len 200"):
         await pool.prompt_ids("a short state", question_text(question, ["A", "B"]))
-    assert (
-        max(encoded, default=0) < 1000
-    )  # only the stencil's seam check; never the long question
+    # only the stencil's seam check; never the long question
+    assert max(encoded, default=0) < 1000
     # A question that fits is tokenized (in a worker thread) exactly as before.
     short = question_text(
         NOUL.compile(NoulQuestion(instructions="Is it urgent?")), ["A", "B"]
@@ -350,9 +344,10 @@ async def test_a_state_too_long_for_any_prompt_is_refused_before_the_stencil_tok
     host = host_with_bound(smollm2_tokenizer, 200)
     offsets: list[int] = []
     with_offsets = host.encode_with_offsets
+    # type: ignore[method-assign]
     host.encode_with_offsets = lambda text: (
         offsets.append(len(text)) or with_offsets(text)
-    )  # type: ignore[method-assign]
+    )
     with pytest.raises(OverLimitError, match="--max-model-len 200"):
         await StencilPool(host).prompt_ids("word " * 10_000, "Question: ?")
     assert offsets == []

@@ -113,9 +113,10 @@ async def run(source, target, service) -> int:
     state = State()
     state.decision_service = service
     try:
+        # type: ignore[arg-type]
         await run_decision_batch(
             None, Namespace(input_file=str(source), output_file=str(target)), {}, state
-        )  # type: ignore[arg-type]
+        )
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0

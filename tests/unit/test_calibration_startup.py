@@ -157,9 +157,8 @@ async def test_fits_saves_and_reuses(tmp_path, caplog):
         "a saved result for the same deployment is reused"
     )
 
-    write_questions(
-        source, 199
-    )  # a changed question file: a new key, a new calibration
+    # a changed question file: a new key, a new calibration
+    write_questions(source, 199)
     changed = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
     assert changed.server.source == "calibrated" and len(reads) == 199
     assert len(list((tmp_path / "saved").glob("calibration-*.json"))) == 2
@@ -320,9 +319,8 @@ async def test_bad_files_give_the_default_with_a_warning(
 ):
     path = tmp_path / "q.jsonl"
     path.write_text(content or "")
-    configured = settings(
-        tmp_path, path
-    )  # a file that does not exist is refused here, at startup
+    # a file that does not exist is refused here, at startup
+    configured = settings(tmp_path, path)
     if content is None:
         path.unlink()  # there when the server started, gone when calibration reads it
     result = await calibrated_temperatures(
@@ -428,9 +426,8 @@ async def test_an_unwritable_folder_keeps_the_fit_and_warns(tmp_path, caplog):
     result = await calibrated_temperatures(
         ScriptedBackend(overconfident), settings(tmp_path, source), MODEL
     )
-    assert (
-        result.server.source == "calibrated" and result.server.value > 2
-    )  # measured and applied, not saved
+    # measured and applied, not saved
+    assert result.server.source == "calibrated" and result.server.value > 2
     assert (
         "decision calibration not saved (VLLM_TYPED_DECISIONS_CALIBRATION_DIR="
         in caplog.text
@@ -468,12 +465,10 @@ async def test_a_corrupt_saved_result_is_measured_again(tmp_path, caplog, damage
     reads = []
     backend.score = lambda q: reads.append(q) or overconfident(q)
     again = await calibrated_temperatures(backend, settings(tmp_path, source), MODEL)
-    assert (
-        again == first and len(reads) == 120
-    )  # not trusted: measured again, same answer
-    assert (
-        json.loads(saved.read_text())["applied_temperature"] == first.server.value
-    )  # and saved whole again
+    # not trusted: measured again, same answer
+    assert again == first and len(reads) == 120
+    # and saved whole again
+    assert json.loads(saved.read_text())["applied_temperature"] == first.server.value
     if damage in (denormal, type_huge):
         assert (
             "the saved result is not reused" in caplog.text

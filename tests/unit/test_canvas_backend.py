@@ -130,12 +130,10 @@ def test_samples_average_noise_draws_from_one_seed(host):
         reading.meta.samples.agreement
         == sum(max(range(3), key=lambda i: p[i]) == top for p in per_read) / 5
     )
-    assert (
-        reading.forward_passes == 5 and reading.cached_input_tokens > 0
-    )  # reads after the first hit the cache
-    assert (
-        read(backend, question).scores == reading.scores
-    )  # the same seed, the same canvases
+    # reads after the first hit the cache
+    assert reading.forward_passes == 5 and reading.cached_input_tokens > 0
+    # the same seed, the same canvases
+    assert read(backend, question).scores == reading.scores
 
 
 def test_extra_seed_reaches_the_reads_and_no_seed_draws_one(host):
@@ -196,9 +194,8 @@ def test_startup_needs_the_patch_and_a_turn_close_marker(host):
 
 def test_average_maths():
     together = average([[0.75, 0.25], [0.25, 0.75], [0.5, 0.5], [0.5, 0.5]])
-    assert (
-        together.probabilities == [0.5, 0.5] and together.agreement == 0.75
-    )  # a tie goes to the first
+    # a tie goes to the first
+    assert together.probabilities == [0.5, 0.5] and together.agreement == 0.75
     assert together.stderr == pytest.approx([math.sqrt((0.0625 * 2) / 3 / 4)] * 2)
     assert average([[0.2, 0.8]]).stderr == [0.0, 0.0]
     assert noise_tokens(3, 4, 100) == noise_tokens(3, 4, 100) != noise_tokens(4, 4, 100)

@@ -57,9 +57,8 @@ def admitted(
     return params
 
 
-@pytest.mark.parametrize(
-    "canvas_length", [SERVED_CANVAS, None]
-)  # None: served without --diffusion-config
+# None: served without --diffusion-config
+@pytest.mark.parametrize("canvas_length", [SERVED_CANVAS, None])
 @pytest.mark.parametrize("max_steps", [1, 3])
 def test_the_hosts_read_is_admitted_as_a_read_only_one_canvas_read(
     tiny, canvas_length, max_steps

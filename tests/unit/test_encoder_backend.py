@@ -168,9 +168,8 @@ def test_choice_and_score_keep_their_order_and_say_level(folder):
     )
     read(backend, score)
     text = host.tokenizer.decode(host.pooled[-1])
-    assert (
-        "level 0 : not" in text and "level 2 : very" in text
-    )  # as the tiny (lower-case) tokenizer decodes
+    # as the tiny (lower-case) tokenizer decodes
+    assert "level 0 : not" in text and "level 2 : very" in text
 
 
 @pytest.mark.parametrize(
@@ -239,9 +238,8 @@ def test_the_checkpoint_builder_runs_only_with_trust_remote_code(folder):
         folder, trust_remote_code=True, files={"laya_prompts.py": wording}
     )
     assert read(started(trusted), question).meta.prompt_source == "checkpoint"
-    assert (
-        trusted.pooled[-1] != untrusted.pooled[-1]
-    )  # the checkpoint's own wording was used
+    # the checkpoint's own wording was used
+    assert trusted.pooled[-1] != untrusted.pooled[-1]
     assert (
         read(started(LayaHost(folder, True, files={})), question).meta.prompt_source
         == "built-in"

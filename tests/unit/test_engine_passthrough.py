@@ -181,9 +181,8 @@ async def test_every_read_goes_through_the_adapter_its_context_or_host_names():
     await host.generate([1], 1, named)
     await host.pool([1], "token_classify", named)
     bound = host.for_adapter(adapter)
-    await bound.read_top_logprobs(
-        [1], 5, "decision-self-check-0"
-    )  # a context of its own naming none
+    # a context of its own naming none
+    await bound.read_top_logprobs([1], 5, "decision-self-check-0")
     await host.read_token_logprobs([1], [5], "plugin-read")
     assert [kwargs["lora_request"] for _, _, kwargs in engine.calls] == [
         adapter

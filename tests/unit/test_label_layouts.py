@@ -420,7 +420,6 @@ async def test_without_any_probe_in_words_reads_use_letters(local_tokenizer):
     facts = await backend.start()
     assert facts.words_option_mass is None and backend.runner.word_reads is False
     assert "none of the probes' words are single tokens" in describe_prompt(facts, 0.5)
-    reading = await backend.read(
-        score("low", "high"), ReadContext.about("s", "r")
-    )  # " 1" is one token here, but unchecked
+    # " 1" is one token here, but unchecked
+    reading = await backend.read(score("low", "high"), ReadContext.about("s", "r"))
     assert reading.audit.label_layout == "markers"

@@ -224,9 +224,8 @@ def test_reference_equals_laya(tiny, tokenizer, build_prompt, batch):
             (ids, markers, {"choice": 0, "score": 1, "noul": 2}[QUESTIONS[index]["t"]])
         )
     for (ids, _, _), theirs in zip(rows, laya_outputs(tiny, rows), strict=True):
-        assert (
-            len(ids) > 2 * 16
-        )  # longer than the sliding window, so both attention kinds matter
+        # longer than the sliding window, so both attention kinds matter
+        assert len(ids) > 2 * 16
         torch.testing.assert_close(
             torch.tensor(reference_outputs(tiny, ids)),
             torch.tensor(theirs),
@@ -330,9 +329,8 @@ def test_converter_refuses_the_parallel_layout(tiny, convert, tmp_path):
 def test_converter_refuses_weights_that_disagree_with_the_config(
     tiny, convert, tmp_path
 ):
-    src = published(
-        tiny, tmp_path / "published", act_costs={"ask": 0.1}
-    )  # act head has 3 rows, not 2
+    # act head has 3 rows, not 2
+    src = published(tiny, tmp_path / "published", act_costs={"ask": 0.1})
     status, err = convert(src, tmp_path / "ours")
     assert status != 0 and "act_head.2.weight" in err
 

@@ -130,9 +130,8 @@ async def test_top_k_floors_labels_outside_the_window(smollm2_tokenizer):
     # The 5-wide window holds B and the four next-best tokens (ids 0-3); its lowest value is the floor.
     floor = -3.0 - 3 / 1e5
     assert reading.scores[1] == -0.1 and reading.scores[0] == reading.scores[2] == floor
-    assert reading.option_mass == pytest.approx(
-        math.exp(-0.1)
-    )  # only labels actually read count
+    # only labels actually read count
+    assert reading.option_mass == pytest.approx(math.exp(-0.1))
 
 
 async def test_incomplete_exact_read_falls_back_and_says_so(smollm2_tokenizer):
@@ -183,9 +182,8 @@ async def test_two_stage_finalists_share_their_stage_one_mass(smollm2_tokenizer)
 
     def logprob(prompt, token):
         text = host.decode(prompt)
-        if (
-            "Does this option fit" in text
-        ):  # stage 1: options 0-2 look good, the rest bad
+        # stage 1: options 0-2 look good, the rest bad
+        if "Does this option fit" in text:
             good = any(f"fit: option {i}\n" in text for i in range(3))
             return {
                 a_id: math.log(0.8 if good else 0.1),

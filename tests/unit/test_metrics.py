@@ -481,9 +481,8 @@ async def test_a_client_that_leaves_is_counted_as_cancelled(registry):
         "client": None,
         "server": ("unit", 80),
     }
-    await asyncio.wait_for(
-        app(scope, receive, send), timeout=3
-    )  # the read was cancelled, not awaited
+    # the read was cancelled, not awaited
+    await asyncio.wait_for(app(scope, receive, send), timeout=3)
     assert (
         value(
             registry,

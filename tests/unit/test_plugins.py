@@ -87,9 +87,8 @@ def test_what_each_group_takes_is_loaded(loaded):
 
 def test_anything_else_is_a_failure_with_its_reason(loaded):
     _, reg = loaded
-    note = (
-        reg.failures_detail()
-    )  # the operator's view (startup errors); a response names the plugins only
+    # the operator's view (startup errors); a response names the plugins only
+    note = reg.failures_detail()
     assert (
         reg.failures_note()
         == "; plugins that failed to load (the server's log says why): "

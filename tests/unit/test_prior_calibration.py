@@ -359,9 +359,8 @@ def test_a_layout_is_kept_only_where_it_clearly_beats_the_first_without_a_correc
     letters = measured([0.69] * 100, 0.5)
     better = measured([0.60 + (0.05 if i % 2 else -0.05) for i in range(100)], 0.6)
     rng = random.Random(0)
-    noise = measured(
-        [0.69 + rng.gauss(-0.005, 0.2) for _ in range(100)], 0.5
-    )  # a little lower, by chance
+    # a little lower, by chance
+    noise = measured([0.69 + rng.gauss(-0.005, 0.2) for _ in range(100)], 0.5)
     assert noise.kept.log_loss < letters.kept.log_loss
     assert choose_layout({"letters": letters, "words": better}).layout == "words"
     assert choose_layout({"letters": letters, "words": noise}).layout == "letters", (

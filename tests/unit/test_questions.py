@@ -91,14 +91,12 @@ def test_json_content_renders_as_indented_json_and_stops_at_the_limit():
     deep: dict = {}
     for _ in range(300):
         deep = {"a": deep}  # about 2 KB of JSON that renders to about 90,000 characters
-    assert (
-        len(content_text(deep)) > 10_000
-    )  # the default limit (1,000,000) lets it through
+    # the default limit (1,000,000) lets it through
+    assert len(content_text(deep)) > 10_000
     with pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS"):
         content_text(deep, 10_000)
     question = ScoreQuestion(instructions=deep, criteria=["low", "high"])
     assert len(SCORE.compile(question).instructions) > 10_000
     with pytest.raises(DecisionError, match="more than 10000 characters"):
-        SCORE.compile(
-            question, max_chars=10_000
-        )  # the server's limit, passed by the wire
+        # the server's limit, passed by the wire
+        SCORE.compile(question, max_chars=10_000)

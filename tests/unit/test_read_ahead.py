@@ -29,9 +29,8 @@ def order(inputs: str, window: int) -> str:
 
 def test_lines_about_one_input_come_out_together_first_appearance_first():
     assert order("abcabcab", window=100) == "aaabbbcc"
-    assert (
-        order("ab?ba?", window=100) == "aabb??"
-    )  # lines that are not requests group as one
+    # lines that are not requests group as one
+    assert order("ab?ba?", window=100) == "aabb??"
 
 
 def test_the_window_bounds_how_far_ahead_lines_are_grouped():

@@ -99,19 +99,16 @@ def test_the_patch_names_no_setting_settings_py_is_the_one_list(version):
 def test_a_name_no_setting_reads_is_refused_by_name(our_variables_only):
     typo = PREFIX + "MAX_QUESTION"
     our_variables_only.setenv(typo, "8")
-    strictly_validated(
-        fresh_vllm_envs(), our_variables_only
-    )  # declared by prefix: vLLM lets it through ...
+    # declared by prefix: vLLM lets it through ...
+    strictly_validated(fresh_vllm_envs(), our_variables_only)
     with pytest.raises(
         SettingsError,
         match=f"^{typo} is not a setting.*did you mean {PREFIX}MAX_QUESTIONS",
     ):
-        check_environment(
-            {ENABLE_VARIABLE: "1", typo: "8"}
-        )  # ... and we refuse it before the engine starts
+        # ... and we refuse it before the engine starts
+        check_environment({ENABLE_VARIABLE: "1", typo: "8"})
     assert unknown_variables(
         {typo: "8", PREFIX + "ZZZ": "", PREFIX + "BACKEND": "logit"}
     ) == [typo, PREFIX + "ZZZ"]
-    assert (
-        check_environment({ENABLE_VARIABLE: "0", typo: "8"}) is None
-    )  # off: none of ours is read
+    # off: none of ours is read
+    assert check_environment({ENABLE_VARIABLE: "0", typo: "8"}) is None

@@ -301,9 +301,8 @@ def test_vllm_envs_reads_the_switch_without_raising(clean_env, value):
     assert vllm.envs.environment_variables[ENABLE_VARIABLE]() is (value in ON)
     for variable in VARIABLES[1:]:
         clean_env.setenv(variable, value)
-    envs = (
-        fresh_vllm_envs()
-    )  # the settings are declared by prefix, as vllm/envs.py finds them at import
+    # the settings are declared by prefix, as vllm/envs.py finds them at import
+    envs = fresh_vllm_envs()
     for variable in VARIABLES[1:]:
         assert envs.environment_variables[variable]() == value
 

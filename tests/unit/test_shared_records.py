@@ -107,9 +107,8 @@ async def test_one_process_makes_the_record_and_another_with_its_own_folder_take
     assert len(made) == 1 and shared.given == [{"t": 1.25}]
     assert sorted(loaded for _, loaded in results) == [False, True]
     assert all(record == {"t": 1.25} for record, _ in results)
-    for n in range(
-        2
-    ):  # each folder holds the record, so a restart on that node loads it from disk
+    # each folder holds the record, so a restart on that node loads it from disk
+    for n in range(2):
         assert store.load(node(n), KEY, "calibration")["t"] == 1.25
 
 
@@ -137,10 +136,11 @@ async def test_a_maker_that_raises_gives_the_work_up(tmp_path, shared):
             tmp_path, KEY, "calibration", 30, produce, lambda saved: True
         )
     assert shared.given == [None]
+    # free to make
     assert (
         await shared.board.take(store.path_for(tmp_path, KEY, "calibration").stem, 30)
         is None
-    )  # free to make
+    )
 
 
 def test_a_named_run_is_kept_by_the_servers_run_naming():

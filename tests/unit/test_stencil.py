@@ -72,9 +72,8 @@ async def test_stencil_prompts_are_the_full_rendering(any_tokenizer):
                 state[:40],
                 question.instructions,
             )
-    assert (
-        shared >= len(STATES) - 3
-    )  # only states with no clean cut near their end go without
+    # only states with no clean cut near their end go without
+    assert shared >= len(STATES) - 3
 
 
 async def test_questions_in_flight_share_one_rendering(smollm2_tokenizer):

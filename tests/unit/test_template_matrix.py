@@ -98,9 +98,8 @@ def test_the_decision_prompt_on_each_family(family, pinned):
     found = checks(family)
     assert (found.system_role, found.closing, found.stencil) == EXPECTED[family.name]
     assert SYSTEM_PROMPT in found.prompt and found.prompt.endswith(ANSWER_CUE)
-    if (
-        family.reasoning
-    ):  # thinking is off or closed: no reasoning block is left open before the answer
+    # thinking is off or closed: no reasoning block is left open before the answer
+    if family.reasoning:
         opener, closer = family.reasoning
         assert found.prompt.count(opener) == found.prompt.count(closer)
     assert found.markers == 26

@@ -343,9 +343,8 @@ def tokenizer_for(family, sources: dict, work: str):
             i: PHI4_NAMED[i] if i in PHI4_NAMED else f"<|dummy_{next(unnamed)}|>"
             for i in ids
         }
-        return from_tiktoken(
-            ranks_file, None, added
-        )  # Phi-4's split pattern is TikTokenConverter's default
+        # Phi-4's split pattern is TikTokenConverter's default
+        return from_tiktoken(ranks_file, None, added)
     if source == "o200k":  # GPT-OSS
         ranks_file = os.path.join(work, "o200k_base.tiktoken")
         encoding = openai_encoding(

@@ -103,9 +103,8 @@ def word_piece_tokenizer():
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
-    tokenizer.add_special_tokens(
-        SPECIALS
-    )  # matched before normalisation: "[MASK]" is never split
+    # matched before normalisation: "[MASK]" is never split
+    tokenizer.add_special_tokens(SPECIALS)
     for word in QUESTION_TYPES:  # the type token after [CLS] must be the whole word
         assert (
             tokenizer.encode(f"{word} question: x", add_special_tokens=False).tokens[0]

@@ -45,9 +45,8 @@ def answered_by_decision_route(scope: Scope) -> bool:
     app = scope.get("app")
     for route in getattr(getattr(app, "router", None), "routes", ()):
         if route.matches(scope)[0] is Match.FULL:
-            return bool(
-                getattr(route, "checks_decision_authorization", False)
-            )  # routing.py
+            # routing.py
+            return bool(getattr(route, "checks_decision_authorization", False))
     return False
 
 
@@ -64,9 +63,8 @@ class DecisionAuthentication(AuthenticationMiddleware):
             return super().__call__(scope, receive, send)
         scope[AUTHORIZED] = self.verify_token(Headers(scope=scope))
         if answered_by_decision_route(scope):
-            return self.app(
-                scope, receive, send
-            )  # the route refuses a bad key in its wire's shape
+            # the route refuses a bad key in its wire's shape
+            return self.app(scope, receive, send)
         if (
             guarded_by_us(scope)
             and not scope[AUTHORIZED]

@@ -125,15 +125,13 @@ def parse_json(body: bytes) -> Any:
         raise DecisionError(
             "the request body's JSON is nested too deeply to parse"
         ) from None
-    except (
-        ValueError
-    ):  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+    except ValueError:
+        # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise DecisionError(
             f"the request body has a number of more than {sys.get_int_max_str_digits()} digits; no field takes one"
         ) from None
-    if SURROGATE_ESCAPE.search(
-        text
-    ):  # only \uD800-\uDFFF escapes can make text that isn't Unicode
+    # only \uD800-\uDFFF escapes can make text that isn't Unicode
+    if SURROGATE_ESCAPE.search(text):
         _refuse_lone_surrogates(parsed)
     return parsed
 

@@ -151,9 +151,8 @@ async def once_per_server(
         try:
             record = await produce()
         finally:
-            if (
-                _SHARED is not None
-            ):  # given even when producing raised, so that a waiting process takes over
+            # given even when producing raised, so that a waiting process takes over
+            if _SHARED is not None:
                 await _SHARED.give(name, record)
         _save(directory, key, record, kind)
         return record, False

@@ -314,11 +314,12 @@ class VllmHost(BackendHost):
             encoded = self.tokenizer(
                 text, add_special_tokens=False, return_offsets_mapping=True
             )
+        # slow or custom tokenizers have no offsets
         except (
             NotImplementedError,
             TypeError,
             ValueError,
-        ):  # slow or custom tokenizers have no offsets
+        ):
             return None
         return list(encoded["input_ids"]), [
             tuple(span) for span in encoded["offset_mapping"]
@@ -414,21 +415,9 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        read, final = self._context(context), None
-        with (
-            engine_admission(),
-            engine_read("generate"),
-        ):  # metrics.py: engine-read latency
-            self._log(read, prompt_ids, params)
-            async for output in self.engine_client.generate(
-                engine_input(prompt_ids, read),
-                params,
-                read.request_id,
-                lora_request=read.adapter,
-                priority=read.priority,
-                data_parallel_rank=self._replica(read),
-            ):
-                final = output
+        final = await self._final(
+            prompt_ids, params, self._context(context), "generate"
+        )
         if final is None or not final.outputs:
             raise DecisionError(
                 "the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR
@@ -449,10 +438,11 @@ class VllmHost(BackendHost):
         read, final = self._context(context), None
         try:
             params = PoolingParams(task=cast(Any, task))
+            # metrics.py: engine-read latency
             with (
                 engine_admission(),
                 engine_read("pool"),
-            ):  # metrics.py: engine-read latency
+            ):
                 self._log(read, prompt_ids, params)
                 async for output in self.engine_client.encode(
                     engine_input(prompt_ids, read),
@@ -515,9 +505,10 @@ class VllmHost(BackendHost):
     def _replica(self, context: ReadContext[Any]) -> int | None:
         return replica_for(self.replicas, context.state_sha256)
 
-    async def _read(
+    async def _final(
         self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str
-    ) -> TokenRead:
+    ) -> Any:
+        """One engine request, admitted and timed as a ``kind`` read; its last output (None: none)."""
         final = None
         with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
             self._log(context, prompt_ids, params)
@@ -530,6 +521,12 @@ class VllmHost(BackendHost):
                 data_parallel_rank=self._replica(context),
             ):
                 final = output
+        return final
+
+    async def _read(
+        self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str
+    ) -> TokenRead:
+        final = await self._final(prompt_ids, params, context, kind)
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise DecisionError(
                 "the engine returned no log-probabilities",

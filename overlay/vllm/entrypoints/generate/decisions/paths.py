@@ -6,8 +6,7 @@ another. Imports nothing, so any module may use it."""
 DECISIONS = "/v1/decisions"  # OpenAI's Decisions API
 SYSTEMONE = "/v1/systemone"  # Jev's System One API
 ALPHA_PREFIX = "/api/alpha"  # outside vLLM's guarded prefixes: auth.py guards it
-SYSTEMONE_ALPHA = (
-    ALPHA_PREFIX + "/decisions"
-)  # the System One API under its earlier path
+# the System One API under its earlier path
+SYSTEMONE_ALPHA = ALPHA_PREFIX + "/decisions"
 
 DECISION_PATHS = (DECISIONS, SYSTEMONE, SYSTEMONE_ALPHA)

@@ -113,9 +113,8 @@ def decision_route(wire: Wire) -> type[APIRoute]:
                     body = await request_body(request)
                 except DecisionError as exc:
                     reply: Reply | None = wire.refusal(exc)
-                except (
-                    ClientDisconnect
-                ):  # the client left before its body arrived: cancelled, not a fault
+                except ClientDisconnect:
+                    # the client left before its body arrived: cancelled, not a fault
                     reply = None
                 else:
                     reply = await answer_unless_cancelled(body, request, request_id)
@@ -132,8 +131,7 @@ def decision_route(wire: Wire) -> type[APIRoute]:
                 )
                 return response
 
-            return observed_route(
-                self.path, handle_decision
-            )  # metrics.py: counted and timed
+            # metrics.py: counted and timed
+            return observed_route(self.path, handle_decision)
 
     return DecisionRoute

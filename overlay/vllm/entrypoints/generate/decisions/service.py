@@ -178,9 +178,8 @@ class DecisionService:
 
     def _ready(self, after: str) -> None:
         self.readiness.succeed()
-        record_temperatures(
-            self.temperatures, self.adapter_name, self.calibrated.stage
-        )  # metrics.py: the temperature gauges
+        # metrics.py: the temperature gauges
+        record_temperatures(self.temperatures, self.adapter_name, self.calibrated.stage)
         logger.info(
             "decisions ready%s%s: backend=%s, %s",
             self.through,
@@ -289,9 +288,8 @@ class DecisionService:
             for question, context in zip(request.questions, contexts, strict=True)
         )
         results = await gather_or_cancel(reads)
-        record_questions(
-            results, chosen.name, self.adapter_name
-        )  # metrics.py: questions, refusals, option mass
+        # metrics.py: questions, refusals, option mass
+        record_questions(results, chosen.name, self.adapter_name)
         return Decision(self.served_model, results)
 
     async def backend_named(

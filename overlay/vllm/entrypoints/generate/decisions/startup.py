@@ -79,9 +79,8 @@ def build_service(
         else None,
         request_logger=request_logger(args),
     )
-    init_metrics(
-        host.served_model
-    )  # metrics.py: after vLLM's stat logger, in every API-server process
+    # metrics.py: after vLLM's stat logger, in every API-server process
+    init_metrics(host.served_model)
     config = engine_client.model_config
     model = deployment(
         config,

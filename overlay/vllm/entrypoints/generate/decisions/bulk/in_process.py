@@ -82,9 +82,8 @@ class Decisions:
             engine_client, args, await serving_models(engine_client, args, lora_modules)
         )
         await start_service(service)
-        if (
-            service.models is not None
-        ):  # an adapter first named later starts before its request is decided
+        # an adapter first named later starts before its request is decided
+        if service.models is not None:
             service.models.wait_for_start = True
         if service.readiness.failure is not None:
             raise RuntimeError(
@@ -125,15 +124,13 @@ class Decisions:
                 return wire.refusal(exc)
             try:
                 return await wire.answer(lambda: self.service, value, request_id)
-            except (
-                Exception
-            ):  # a fault: a 500 in the wire's shape, as the route's, not a lost request
+            except Exception:
+                # a fault: a 500 in the wire's shape, as the route's, not a lost request
                 logger.exception("decision %s failed", request_id)
                 return wire.refusal(internal_error(request_id))
 
-        reply = await observed_route(url, answer)(
-            body
-        )  # metrics.py: counted and timed as the route is
+        # metrics.py: counted and timed as the route is
+        reply = await observed_route(url, answer)(body)
         return Result(reply.status_code, reply.json(), request_id)
 
     async def decide_many(

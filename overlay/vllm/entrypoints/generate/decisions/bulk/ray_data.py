@@ -68,9 +68,8 @@ class Board:
     async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
         while name not in self.records:
             making = self.making.get(name)
-            if (
-                making is None
-            ):  # nobody is making it (or the maker failed): the caller makes it
+            # nobody is making it (or the maker failed): the caller makes it
+            if making is None:
                 self.making[name] = asyncio.Event()
                 return None
             try:
@@ -179,9 +178,8 @@ class DecisionStage:
             rid = str(request_id or "") or new_request_id()
             try:
                 async with self.gate:
-                    value = (
-                        dict(body) if isinstance(body, Mapping) else str(body)
-                    )  # text: held to the body limit
+                    # text: held to the body limit
+                    value = dict(body) if isinstance(body, Mapping) else str(body)
                     result = await self.decisions.decide(
                         value, str(url or DECISIONS), rid
                     )
@@ -190,9 +188,8 @@ class DecisionStage:
                     json.dumps(result.body, ensure_ascii=False),
                     result.request_id,
                 )
-            except (
-                Exception
-            ):  # this row is answered as a fault; the batch and its other rows go on
+            except Exception:
+                # this row is answered as a fault; the batch and its other rows go on
                 logger.exception("decision stage: row %s failed", rid)
                 return (
                     HTTPStatus.INTERNAL_SERVER_ERROR.value,
@@ -220,9 +217,8 @@ class DecisionStage:
                 return output_line(
                     line.number, request_id, custom_id, status, body, error
                 )
-            except (
-                Exception
-            ):  # answer_line doesn't raise; this guards the row's own fields
+            except Exception:
+                # answer_line doesn't raise; this guards the row's own fields
                 logger.exception(
                     "decision stage: line %s (request %s) failed", number, request_id
                 )

@@ -121,9 +121,8 @@ class Line:
             record = parse_json(text.encode())
         except DecisionError as exc:
             return cls(number, text, None, f"line {number}: {exc.message}")
-        except (
-            Exception
-        ):  # whatever else: this line is answered as unreadable, the others go on
+        except Exception:
+            # whatever else: this line is answered as unreadable, the others go on
             logger.exception("decision batch: line %d could not be parsed", number)
             return cls(number, text, None, f"line {number}: could not be read as JSON")
         if (
@@ -265,9 +264,8 @@ class DecisionBatch:
         self.progress = progress
 
     async def answer(self, line: Line) -> None:
-        request_id = (
-            new_request_id()
-        )  # the line's one id: its output line's and its response's
+        # the line's one id: its output line's and its response's
+        request_id = new_request_id()
         status, body, error, custom_id = await answer_line(
             self.decisions, line, request_id, self.others
         )
@@ -296,9 +294,8 @@ async def run_decision_batch(
     await service.readiness.settled()
     if (startup := getattr(state, "decision_startup", None)) is not None:
         await startup  # then the startup work of each --lora-modules adapter
-    if (
-        service.models is not None
-    ):  # an adapter's line waits for its startup work rather than failing
+    # an adapter's line waits for its startup work rather than failing
+    if service.models is not None:
         service.models.wait_for_start = True
     if service.readiness.failure is not None:
         raise SystemExit(
@@ -359,9 +356,8 @@ async def run_decision_batch(
             await asyncio.gather(*tasks, return_exceptions=True)
     writer.close()
     logger.info(tally.summary())
-    if (
-        faults
-    ):  # the lines not written are answered by a rerun with the same output file
+    # the lines not written are answered by a rerun with the same output file
+    if faults:
         raise faults[0]
     if tally.all_failed:
         logger.error(

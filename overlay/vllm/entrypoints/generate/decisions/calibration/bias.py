@@ -32,9 +32,8 @@ FloatArray = npt.NDArray[np.float64]
 RIDGE = (
     0.1  # on the position intercepts, so a position seen a few times gets a small bias
 )
-SCORE_FLOOR = (
-    -30.0
-)  # a -inf score (an option the reading gives nothing) enters the fit here
+# a -inf score (an option the reading gives nothing) enters the fit here
+SCORE_FLOOR = -30.0
 ITERATIONS = 50
 
 

@@ -15,12 +15,10 @@ from .maths import HIGH_TEMPERATURE, LOW_TEMPERATURE, CalibrationResult, calibra
 @dataclass(frozen=True)
 class TypeFit:
     used: int  # answered questions of this type
-    result: (
-        CalibrationResult | None
-    )  # None when no fit was made (too few questions, the maths refused)
-    fallback: (
-        str | None
-    )  # why the server-wide T applies instead; None when this type's own fit does
+    # None when no fit was made (too few questions, the maths refused)
+    result: CalibrationResult | None
+    # why the server-wide T applies instead; None when this type's own fit does
+    fallback: str | None
 
 
 def fit_types(

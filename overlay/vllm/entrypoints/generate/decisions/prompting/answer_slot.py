@@ -136,9 +136,8 @@ class AnswerSlotPlacer:
                 raise DecisionError(
                     f"option label {label!r} does not decode back to itself"
                 )
-            if (
-                len(self._labels) >= LABEL_CACHE_SIZE
-            ):  # word labels come from requests: keep the newest
+            # word labels come from requests: keep the newest
+            if len(self._labels) >= LABEL_CACHE_SIZE:
                 del self._labels[next(iter(self._labels))]
             self._labels[key] = ids[-1]
         return self._labels[key]

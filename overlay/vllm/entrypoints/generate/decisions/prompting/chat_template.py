@@ -29,9 +29,8 @@ async def takes_system_role(host: BackendHost) -> bool:
     probe = "Paris is the capital of France."
     try:
         rendered = await host.render_chat(chat(probe, "Question: ?"))
-    except (
-        Exception
-    ):  # a template's own raise_exception, or a renderer error: try the other layout
+    except Exception:
+        # a template's own raise_exception, or a renderer error: try the other layout
         pass
     else:
         if SYSTEM_PROMPT in host.decode(rendered):

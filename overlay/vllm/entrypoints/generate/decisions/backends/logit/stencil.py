@@ -89,9 +89,8 @@ async def build_stencil(
     ids, spans = encoded
     for seam in seam_candidates(head, spans):
         seam_text = head[spans[seam][0] :]
-        if (
-            host.encode(seam_text) == ids[seam:]
-        ):  # a clean cut: tokenizing afresh from here changes nothing
+        # a clean cut: tokenizing afresh from here changes nothing
+        if host.encode(seam_text) == ids[seam:]:
             return Stencil(ids[:seam], seam_text, closing)
     return None
 

@@ -122,11 +122,12 @@ def compiled(
     for name, reason in NOT_TAKEN.items():
         if getattr(request, name) not in (None, "", [], {}):
             raise JevValidationError.at((name,), reason)
+    # at the top level or under extra, not both
     for name in (
         "backend",
         "cache_salt",
         "priority",
-    ):  # at the top level or under extra, not both
+    ):
         if (value := getattr(request, name)) is not None:
             if getattr(request.extra, name) is not None:
                 raise JevValidationError.at(

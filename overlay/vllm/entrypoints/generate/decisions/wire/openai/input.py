@@ -114,9 +114,8 @@ def item_kind(item: Any) -> str | None:
     if not isinstance(item, dict):
         return None
     kind, role = item.get("type", "message"), item.get("role")
-    if not isinstance(
-        kind, str
-    ):  # a JSON object or list can't name a kind (nor be a dict key)
+    # a JSON object or list can't name a kind (nor be a dict key)
+    if not isinstance(kind, str):
         return None
     if kind == "message":
         if not isinstance(role, str):
