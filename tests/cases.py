@@ -218,6 +218,15 @@ OPENAI_INVALID: list[tuple[str, Any, str]] = [
         "extra.cache_salt",
     ),
     ("cache salt at the top level", openai(cache_salt="tenant-7"), "cache_salt"),
+    # extra.debias: the variable's forms, spelled exactly; extra.prior: a correction or auto.
+    ("debias in capitals", openai(extra={"debias": "ROTATE"}), "extra.debias"),
+    (
+        "debias with no rotations",
+        openai(extra={"debias": "rotate:0"}),
+        "expected off, rotate or rotate:N with N >= 1",
+    ),
+    ("unknown prior", openai(extra={"prior": "learned"}), "extra.prior"),
+    ("prior not a word", openai(extra={"prior": 1}), "'content-free+fitted'"),
     ("priority not an integer", openai(extra={"priority": "high"}), "extra.priority"),
     ("priority past int64", openai(extra={"priority": 2**63}), "extra.priority"),
     # The test servers and the unit tests' service schedule first come, first served.
@@ -299,6 +308,8 @@ JEV_INVALID: list[tuple[str, Any, str]] = [
     ("unknown backend", jev(backend="diffusion"), "backend"),
     ("unknown extra field", jev(extra={"temperature": 2}), "temperature"),
     ("bad detail", jev(extra={"detail": "all"}), "detail"),
+    ("bad debias", jev(extra={"debias": "rotate:01"}), "rotate:N with N >= 1"),
+    ("bad prior", jev(extra={"prior": "Auto"}), "'auto', 'off'"),
     ("cache salt with a NUL", jev(cache_salt="a\x00b"), "cache_salt"),
     ("bad cache salt under extra", jev(extra={"cache_salt": ""}), "cache_salt"),
     ("cache salt twice", jev(cache_salt="a", extra={"cache_salt": "a"}), "not both"),

@@ -5,6 +5,9 @@ any engine starts)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from vllm.entrypoints.generate.decisions import settings
@@ -266,6 +269,33 @@ def test_defaults_where_unset():
         900.0,
     )
     assert unset.calibration_dir.endswith("decisions-calibration")
+
+
+def test_the_readme_gives_the_defaults_from_env_applies(monkeypatch):
+    """The README's table of variables shows each default; from_env is where they are written, so
+    every written-out default there must be what an unset variable reads as."""
+    monkeypatch.undo()  # the real debias default, not the unit tests' single reads
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    unset = Settings.from_env({"HF_HOME": "/hf"})
+    checked = set()
+    for variable, default in re.findall(
+        r"^\| `([A-Z_]+)` \| `([^`|]+)` \|", readme, re.M
+    ):
+        value = getattr(unset, variable.removeprefix(PREFIX).lower())
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        if isinstance(value, int | float):
+            assert float(default) == value, variable
+        else:
+            assert default.replace("$HF_HOME", "/hf") == str(value), variable
+        checked.add(variable)
+    # The rest show it in words: off (the switch), (auto), (unset), 4 x MAX_INPUT_CHARS.
+    assert set(VARIABLES) - checked == {
+        ENABLE_VARIABLE,
+        PREFIX + "BACKEND",
+        PREFIX + "TEMPERATURE",
+        PREFIX + "MAX_REQUEST_CHARS",
+    }
 
 
 def test_a_calibration_file_that_exists_is_taken_as_is(tmp_path):

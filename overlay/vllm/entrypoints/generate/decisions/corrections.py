@@ -20,7 +20,7 @@ from .calibration.bias import TypeReads, question_key
 from .calibration.temperature import Temperature, Temperatures
 from .debias import Correction
 from .errors import DecisionError
-from .prior import AUTO, PriorCache, uses_fitted
+from .prior import AUTO, PriorCache, PriorSetting, uses_fitted
 from .questions import CompiledQuestion
 from .settings import PREFIX, Debias
 
@@ -45,7 +45,7 @@ class Asked:
     and the label layout its ``extra.backend_options`` name."""
 
     debias: Debias
-    prior: str | None = None
+    prior: PriorSetting | None = None
     layout: str | None = None
 
 
@@ -64,7 +64,7 @@ class Corrections:
     request (cached per question fingerprint)."""
 
     def __init__(
-        self, setting: str, cache_size: int, cache_bytes: int | None = None
+        self, setting: PriorSetting, cache_size: int, cache_bytes: int | None = None
     ) -> None:
         self.setting = setting
         self.cache = PriorCache(cache_size, cache_bytes)
@@ -89,7 +89,7 @@ class Corrections:
         if reads is not None:
             key = question_key(question) if reads.questions else None
             choice, own = reads.for_question(key, layout)
-        mode = asked.prior or self.setting
+        mode: str = asked.prior or self.setting
         if mode == AUTO:
             mode = choice.mode if choice is not None else "off"
         candidate = choice.candidates.get(mode) if choice is not None else None

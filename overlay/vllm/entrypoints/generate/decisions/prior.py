@@ -27,15 +27,20 @@ import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
 
 from .scoring import log_softmax
 
+# The corrections, and what VLLM_TYPED_DECISIONS_PRIOR and a request's ``extra.prior``
+# accept: one of them or auto (calibration's choice per question type). The one list
+# of these words: settings.py and the wires validate against these types.
 PriorMode = Literal["off", "content-free", "fitted", "content-free+fitted"]
-MODES: tuple[PriorMode, ...] = ("off", "content-free", "fitted", "content-free+fitted")
-AUTO = "auto"
+PriorSetting = Literal["auto", PriorMode]
+MODES: tuple[PriorMode, ...] = get_args(PriorMode)
+PRIOR_CHOICES: tuple[PriorSetting, ...] = get_args(PriorSetting)
+AUTO: PriorSetting = "auto"
 
 # Inputs that carry no evidence; each is one read per distinct question, averaged.
 NEUTRAL_INPUTS = ("N/A", "")

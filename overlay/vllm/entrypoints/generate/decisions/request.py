@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .read_context import sha256_of
 
 if TYPE_CHECKING:
+    from .prior import PriorSetting
     from .questions import CompiledQuestion
     from .settings import Debias
 
@@ -43,7 +44,7 @@ class DecisionRequest:
     backend_options: Mapping[str, Any] | None = None
     seed: int | None = None
     debias: Debias | None = None
-    prior: str | None = None
+    prior: PriorSetting | None = None
     temperature: float | None = None
     detail: Detail = "full"
     cache_salt: str | None = None

@@ -16,10 +16,14 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from .prior import AUTO, PRIOR_CHOICES, PriorSetting
 
 PREFIX = "VLLM_TYPED_DECISIONS_"
 ENABLE_VARIABLE = "VLLM_ENABLE_TYPED_DECISIONS"
+
+W = TypeVar("W", bound=str)
 
 # Every name this module reads: the one list of them. The router patch declares whatever
 # VLLM_TYPED_DECISIONS_* name the environment holds in vllm/envs.py, so vLLM's environment validation
@@ -116,28 +120,36 @@ class Debias:
 NO_DEBIAS = Debias()
 
 
-def parse_debias(text: str) -> Debias:
-    """``off``, ``rotate`` or ``rotate:N`` (N >= 1); ValueError with the accepted forms otherwise."""
+# The debias forms, as messages and the request schema name them (parse_debias).
+DEBIAS_FORMS = "off, rotate or rotate:N with N >= 1"
+
+
+def parse_debias(text: str, exact: bool = False) -> Debias:
+    """``off``, ``rotate`` or ``rotate:N`` (N >= 1): in any case and spacing (the
+    variable), or when ``exact`` (a request's ``extra.debias``) spelled as str() spells
+    the result; ValueError naming the accepted forms otherwise."""
     mode, sep, count = (part.strip() for part in text.strip().lower().partition(":"))
+    parsed = None
     if mode == "off" and not sep:
-        return NO_DEBIAS
-    if mode == "rotate":
-        if not sep:
-            return Debias("rotate")
-        # isdecimal, not isdigit: "²" is a digit that int() refuses.
-        if count.isdecimal() and int(count) >= 1:
-            return Debias("rotate", int(count))
-    raise ValueError(f"{text!r}: expected off, rotate or rotate:N with N >= 1")
+        parsed = NO_DEBIAS
+    elif mode == "rotate" and not sep:
+        parsed = Debias("rotate")
+    # isdecimal, not isdigit: "²" is a digit that int() refuses.
+    elif mode == "rotate" and count.isdecimal() and int(count) >= 1:
+        parsed = Debias("rotate", int(count))
+    if parsed is None or (exact and str(parsed) != text):
+        raise ValueError(f"{text!r}: expected {DEBIAS_FORMS}")
+    return parsed
 
 
 DEFAULT_DEBIAS = Debias("rotate", 1)
 
-# The prior corrections (prior.py's MODES) and auto, calibration's choice per question type.
-PRIOR_CHOICES = ("auto", "off", "content-free", "fitted", "content-free+fitted")
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
+    """The values in force. Each default is written once, where :meth:`from_env`
+    reads its variable (the fields have none: only from_env builds Settings)."""
+
     backend: BackendSpec
     temperature: float | None
     max_questions: int
@@ -153,28 +165,28 @@ class Settings:
     # Seconds an API-server process waits for another one's startup work before doing it itself.
     startup_wait: float
     # How answers are made independent of the clients' option order (debias.py).
-    debias: Debias = DEFAULT_DEBIAS
+    debias: Debias
     # vllm run-batch: the most lines in flight at once, and the most read ahead to group lines about one
     # input (bulk/run_batch.py).
-    bulk_in_flight: int = 256
-    bulk_window: int = 4096
+    bulk_in_flight: int
+    bulk_window: int
     # The prior correction of each read (prior.py): a mode, or auto for what calibration chose per type;
     # and how many questions' content-free reads are kept, and in how much memory (per decision service).
-    prior: str = "auto"
-    prior_cache: int = 4096
-    prior_cache_bytes: int = DEFAULT_PRIOR_CACHE_BYTES
+    prior: PriorSetting
+    prior_cache: int
+    prior_cache_bytes: int
     # The most LoRA adapters with a decision service of their own at once (adapters.py): least recently
     # used out, its saved calibration kept for its return.
-    max_adapters: int = DEFAULT_MAX_ADAPTERS
+    max_adapters: int
     # Whether a fresh calibration answers after a smaller first pass while the full one runs on.
-    first_pass: bool = True
-    # The most characters a request's input and questions render to together (0: REQUEST_CHARS_PER_INPUT
-    # times max_input_chars), and the deepest JSON value in them: one budget per request (budget.py).
-    max_request_chars: int = 0
-    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    first_pass: bool
+    # The most characters a request's input and questions render to together, and the
+    # deepest JSON value in them: one budget per request (budget.py).
+    max_request_chars: int
+    max_json_depth: int
     # The temperatures that may apply (a request's, the configured one, a saved calibration's).
-    min_temperature: float = DEFAULT_MIN_TEMPERATURE
-    max_temperature: float = DEFAULT_MAX_TEMPERATURE
+    min_temperature: float
+    max_temperature: float
 
     def temperature_problem(self, value: float) -> str | None:
         """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
@@ -184,14 +196,6 @@ class Settings:
             f"{value!r} is outside the temperatures this server applies, {self.min_temperature!r} to "
             f"{self.max_temperature!r} ({PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set the range)"
         )
-
-    def __post_init__(self) -> None:
-        if not self.max_request_chars:
-            object.__setattr__(
-                self,
-                "max_request_chars",
-                REQUEST_CHARS_PER_INPUT * self.max_input_chars,
-            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -226,7 +230,7 @@ class Settings:
             debias=_debias(env),
             bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
             bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
-            prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, "auto"),
+            prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, AUTO),
             prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
             prior_cache_bytes=_int_at_least(
                 env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536
@@ -402,18 +406,19 @@ def _debias(env: Mapping[str, str]) -> Debias:
 
 
 def _choice(
-    env: Mapping[str, str], name: str, accepted: tuple[str, ...], default: str
-) -> str:
+    env: Mapping[str, str], name: str, accepted: tuple[W, ...], default: W
+) -> W:
     """One word of ``accepted`` (any case), or the default when unset or empty."""
     raw = env.get(name, "")
     word = raw.strip().lower()
     if not word:
         return default
-    if word not in accepted:
-        raise SettingsError(
-            f"{name}={raw!r}: expected one of {', '.join(accepted)}, or empty for {default}"
-        )
-    return word
+    for choice in accepted:
+        if word == choice:
+            return choice
+    raise SettingsError(
+        f"{name}={raw!r}: expected one of {', '.join(accepted)}, or empty for {default}"
+    )
 
 
 def default_calibration_dir(env: Mapping[str, str]) -> str:

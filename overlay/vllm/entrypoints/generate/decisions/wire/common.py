@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import Request
 from pydantic import (
@@ -20,10 +21,12 @@ from pydantic import (
 
 from ..answers import Answer, Decision
 from ..errors import NotReadyError
+from ..prior import PriorSetting
 from ..questions import CompiledQuestion
+from ..registry import built_in_question_type
 from ..request import DecisionRequest, Detail
 from ..service import DecisionService
-from ..settings import parse_debias
+from ..settings import DEBIAS_FORMS, parse_debias
 
 
 def salt(value: str) -> str:
@@ -47,6 +50,22 @@ CacheSalt = Annotated[str, AfterValidator(salt)]
 Priority = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 
+def debias_text(value: str) -> str:
+    """``extra.debias``: the forms VLLM_TYPED_DECISIONS_DEBIAS takes, spelled
+    exactly (lower case, no spaces, N without leading zeros). The message leaves the
+    value out: the field's location names it, and a body may hold megabytes of it."""
+    try:
+        parse_debias(value, exact=True)
+    except ValueError:
+        raise ValueError(f"expected {DEBIAS_FORMS}") from None
+    return value
+
+
+DebiasText = Annotated[
+    str, AfterValidator(debias_text), Field(description=DEBIAS_FORMS)
+]
+
+
 class ExtraRequest(BaseModel):
     """Everything a decision request can ask for that neither wire format has a field for."""
 
@@ -59,12 +78,10 @@ class ExtraRequest(BaseModel):
     backend_options: dict[str, Any] | None = None
     seed: int | None = None
     detail: Detail = "full"
-    # off | rotate | rotate:N (debias.py); unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
-    debias: str | None = Field(default=None, pattern=r"^(off|rotate(:[1-9][0-9]*)?)$")
-    # auto | off | content-free | fitted | content-free+fitted (prior.py); unset: VLLM_TYPED_DECISIONS_PRIOR.
-    prior: str | None = Field(
-        default=None, pattern=r"^(auto|off|content-free|fitted|content-free\+fitted)$"
-    )
+    # debias.py; unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
+    debias: DebiasText | None = None
+    # prior.py; unset: the server's VLLM_TYPED_DECISIONS_PRIOR.
+    prior: PriorSetting | None = None
     cache_salt: CacheSalt | None = None
     priority: Priority | None = None
 
@@ -127,6 +144,34 @@ def answer_extra(answer: Answer, detail: Detail) -> AnswerExtra | None:
         k: finite(v) for k, v in backend["option_logits"].items()
     }
     return AnswerExtra(backend=backend, audit=answer.audit.as_json(basic))
+
+
+class WireAnswer(Protocol):
+    """A wire's answer model: its ``extra`` is set when the request's detail asks."""
+
+    extra: AnswerExtra | None
+
+
+A = TypeVar("A", bound=WireAnswer)
+
+
+def answer_of(
+    answer: Answer,
+    detail: Detail,
+    shapes: Mapping[str, Callable[..., A]],
+    plugin: Callable[..., A],
+    *leading: Any,
+) -> A:
+    """``answer`` in a wire's shape: ``shapes`` has one per built-in question type,
+    ``plugin`` makes a plugin type's; either is called with the wire's ``leading``
+    arguments, then the answer. Its ``extra`` holds what ``detail`` asks for."""
+    qtype = answer.question.qtype
+    shape = shapes.get(qtype.name) if built_in_question_type(qtype) else None
+    result = (shape or plugin)(*leading, answer)
+    extra = answer_extra(answer, detail)
+    if extra is not None:
+        result.extra = extra
+    return result
 
 
 def decision_service(raw_request: Request) -> DecisionService:

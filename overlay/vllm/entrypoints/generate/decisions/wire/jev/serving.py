@@ -19,7 +19,7 @@ from ...request import DecisionRequest
 from ...service import DecisionService, check_option_count, check_question_count
 from ...settings import Settings
 from ...validation import detail_message, is_field_name
-from ..common import answer_extra, decide, decision_request, response_id
+from ..common import answer_of, decide, decision_request, response_id
 from .protocol import (
     ChoiceAnswer,
     NoulAnswer,
@@ -201,16 +201,6 @@ ANSWER_SHAPES: dict[str, Callable[[Answer], JevAnswer]] = {
 }
 
 
-def answer_of(answer: Answer, detail: str) -> JevAnswer:
-    qtype = answer.question.qtype
-    shape = ANSWER_SHAPES.get(qtype.name) if built_in_question_type(qtype) else None
-    result = (shape or plugin_answer)(answer)
-    extra = answer_extra(answer, detail)  # type: ignore[arg-type]
-    if extra is not None:
-        result.extra = extra
-    return result
-
-
 def response(
     request: SystemOneRequest, ids: list[str], decision: Decision, request_id: str
 ) -> SystemOneResponse:
@@ -218,7 +208,9 @@ def response(
     failures: dict[str, str] = {}
     for question_id, result in zip(ids, decision.results, strict=True):
         if isinstance(result, Answer):
-            answers[question_id] = answer_of(result, request.extra.detail)
+            answers[question_id] = answer_of(
+                result, request.extra.detail, ANSWER_SHAPES, plugin_answer
+            )
         else:
             failures[question_id] = result.error.message
     id_, created = response_id("systemone", request_id)

@@ -32,7 +32,7 @@ from ...request import DecisionRequest
 from ...service import DecisionService, check_option_count, check_question_count
 from ...settings import Settings
 from ...validation import validation_message
-from ..common import answer_extra, decide, decision_request, response_id
+from ..common import answer_of, decide, decision_request, response_id
 from .input import parse_items, parts_text, render_input
 from .protocol import (
     BUILT_IN,
@@ -197,16 +197,6 @@ ANSWER_SHAPES: dict[str, Callable[[str | None, Answer], AnyAnswer]] = {
 }
 
 
-def answer_of(name: str | None, answer: Answer, detail: str) -> AnyAnswer:
-    qtype = answer.question.qtype
-    shape = ANSWER_SHAPES.get(qtype.name) if built_in_question_type(qtype) else None
-    result: AnyAnswer = (shape or plugin_answer)(name, answer)
-    extra = answer_extra(answer, detail)  # type: ignore[arg-type]
-    if extra is not None:
-        result.extra = extra
-    return result
-
-
 def response(
     request: DecisionsRequest,
     names: list[str | None],
@@ -216,7 +206,11 @@ def response(
     answers: list[AnyAnswer | Refusal] = []
     for name, result in zip(names, decision.results, strict=True):
         if isinstance(result, Answer):
-            answers.append(answer_of(name, result, request.extra.detail))
+            answers.append(
+                answer_of(
+                    result, request.extra.detail, ANSWER_SHAPES, plugin_answer, name
+                )
+            )
         else:
             answers.append(
                 Refusal(
