@@ -223,7 +223,7 @@ OPENAI_INVALID: list[tuple[str, Any, str]] = [
     (
         "debias with no rotations",
         openai(extra={"debias": "rotate:0"}),
-        "expected off, rotate or rotate:N with N >= 1",
+        "extra.debias: expected off, rotate or rotate:N with N >= 1",
     ),
     ("unknown prior", openai(extra={"prior": "learned"}), "extra.prior"),
     ("prior not a word", openai(extra={"prior": 1}), "'content-free+fitted'"),

@@ -61,9 +61,9 @@ def errors_message(
     found = []
     for error in errors:
         loc = tuple(error["loc"][1:] if skip_first else error["loc"])
-        found.append(
-            (tuple(p for p in loc if is_field_name(p)), error["type"], error["msg"])
-        )
+        # A validator's own ValueError is the message; pydantic prefixes it with "Value error, ".
+        msg = str(error["msg"]).removeprefix("Value error, ")
+        found.append((tuple(p for p in loc if is_field_name(p)), error["type"], msg))
     specific = [e for e in found if e[1] not in BRANCH_MISMATCH]
     kept = [
         e
