@@ -56,7 +56,7 @@ STRINGS = [
     "Option A",
     "A",
 ]
-NUMBERS = [0, 1, -1, 2, 7, 10**30, -(10**30), 0.5, 1e-300, 1e308, 3.14159]
+NUMBERS = [0, 1, -1, 2, 7, 10**30, -(10**30), 0.5, 1e-300, 5e-324, 1e308, 3.14159]
 WRONG = [None, True, 0, -5, 1.5, "text", [], [1, "a"], {}, {"unknown": 1}]
 
 
@@ -210,6 +210,23 @@ HOSTILE = [
         + b"}}}}",
         "5,000 criteria",
     ),
+    # Numbers no field takes: a denormal temperature once answered null probabilities with a 200, and
+    # a number of more digits than Python converts was a server error in the wrong wire's shape.
+    (
+        (
+            b'{"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}],'
+            b' "extra": {"calibration_temperature": 5e-324}}'
+        ),
+        "OpenAI: a denormal temperature",
+    ),
+    (
+        (
+            b'{"state": "x", "questions": {"q": {"type": "noul"}},'
+            b' "extra": {"calibration_temperature": 1e-310}}'
+        ),
+        "Jev: a denormal temperature",
+    ),
+    (b'{"state": "x", "input": ' + b"9" * 5000 + b"}", "a 5,000-digit number"),
 ]
 
 

@@ -8,8 +8,11 @@ set -euo pipefail
 export DECISIONS_VLLM_VERSION=0.30.0  # the first pass; the second sets up its own
 source "$(dirname "$0")/env/common.sh"
 cd "$ROOT"
-# The example plugin (tests/plugin), installed the way a third party's package would be.
+# The example plugin (tests/plugin), installed the way a third party's package would be, for the tests
+# only: it claims Qwen2 models, so it leaves with them and tools/serve.sh serves what a user gets.
 plugin() { "$1/bin/pip" install -q --no-deps --no-build-isolation "$ROOT/tests/plugin" 2> >(grep -v '^WARNING: Location' >&2); }
+unplug() { for venv in "$@"; do "$venv/bin/pip" uninstall -y -q decisions-test-plugin >/dev/null 2>&1 || true; done; }
+trap 'unplug "$VENV" ${VENV_032:+"$VENV_032"}' EXIT
 plugin "$VENV"
 # vLLM 0.32 beside it, the overlay installed into it the same way (tests/install reads its stock files too),
 # and vLLM 0.33's sources for the static checks of tests/install/test_vllm_versions.py.

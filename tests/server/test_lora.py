@@ -226,12 +226,23 @@ def test_an_adapter_loaded_at_run_time_starts_on_its_first_request_and_goes_when
     )
     metrics = httpx.get(f"{lora_server.url}/metrics", timeout=30).text
     assert 'adapter="late"' in metrics and 'adapter="judge"' in metrics
-    unload = httpx.post(
-        f"{lora_server.url}/v1/unload_lora_adapter",
-        json={"lora_name": "late"},
-        timeout=60,
+    # Another name for the same folder is the same adapter: it answers on its first request, from the
+    # service "late" started (a service of its own would answer 503 while it starts).
+    alias = {"lora_name": "late-alias", "lora_path": f"{adapters / 'late'}/."}
+    loaded = httpx.post(
+        f"{lora_server.url}/v1/load_lora_adapter", json=alias, timeout=60
     )
-    assert unload.status_code == 200
+    assert loaded.status_code == 200, loaded.text
+    again = decide(lora_server, "late-alias")
+    assert again.status_code == 200, again.text
+    assert logits(again) == pytest.approx(logits(answer), abs=1e-4)
+    for name in ("late-alias", "late"):
+        unload = httpx.post(
+            f"{lora_server.url}/v1/unload_lora_adapter",
+            json={"lora_name": name},
+            timeout=60,
+        )
+        assert unload.status_code == 200
     assert decide(lora_server, "late").status_code == 404
     assert (
         "decisions through LoRA adapter 'late' dropped: it is unloaded"
