@@ -14,8 +14,8 @@ import inspect
 from http import HTTPStatus
 from pathlib import Path
 
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.host import TokenRead
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.host import TokenRead
 
 from .unit.fakes import TokenizerHost
 

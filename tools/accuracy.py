@@ -86,7 +86,7 @@ from accuracy_figures import Reading, batch_calibrated, first_errors, row_metric
 from accuracy_rows import ROWS, RowRefused, Servers  # noqa: E402
 from serving import add_server_arguments, target  # noqa: E402
 
-from vllm.entrypoints.generate.decisions.calibration import question_file  # noqa: E402
+from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 
 DEFAULT_QUESTIONS = str(Path(__file__).parent / "data" / "heldout.jsonl")
 

@@ -9,9 +9,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.calibration import maths, question_file
-from vllm.entrypoints.generate.decisions.questions import top_index
-from vllm.entrypoints.generate.decisions.scoring import log_softmax, softmax
+from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
+from vllm.entrypoints.generate.decisions.decide.questions import top_index
+from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
+    log_softmax,
+    softmax,
+)
 
 LOG_FLOOR = -100.0  # batch calibration: log-probabilities below this count as this
 COLLAPSE_SHARE = 0.8

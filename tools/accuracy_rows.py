@@ -12,8 +12,12 @@ from typing import Any
 import httpx
 from accuracy_figures import Reading
 
-from vllm.entrypoints.generate.decisions.calibration import question_file
-from vllm.entrypoints.generate.decisions.questions import NOUL, SCORE, CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.questions import (
+    NOUL,
+    SCORE,
+    CompiledQuestion,
+)
 
 
 # The rows ours answers: the request's extra block besides "detail".

@@ -63,12 +63,12 @@ from serving import add_server_arguments, api_and_engine, serve, startup_seconds
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
 # noqa: E402
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlot,
     AnswerSlotPlacer,
 )
-from vllm.entrypoints.generate.decisions.prompting.prompt import messages  # noqa: E402
-from vllm.entrypoints.generate.decisions.questions import NOUL, NoulQuestion  # noqa: E402
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import messages  # noqa: E402
+from vllm.entrypoints.generate.decisions.decide.questions import NOUL, NoulQuestion  # noqa: E402
 
 WORDS = [
     "ticket",

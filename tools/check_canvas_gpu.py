@@ -53,8 +53,10 @@ def main() -> int:
     import vllm
     from tests.canvas_reference import DiffusionGemmaHost
     from vllm import LLM, SamplingParams
-    from vllm.entrypoints.generate.decisions.host import canvas_read_args
-    from vllm.entrypoints.generate.decisions.vllm_versions import BUILT_IN_CANVAS_READ
+    from vllm.entrypoints.generate.decisions.decide.host import canvas_read_args
+    from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
+        BUILT_IN_CANVAS_READ,
+    )
 
     read = (
         "built-in diffusion_* read"

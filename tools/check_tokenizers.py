@@ -19,13 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit.self_check import PROBES
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlotPlacer,
     supported_reasoning_blocks,
 )
-from vllm.entrypoints.generate.decisions.prompting.labels import pair_candidates
-from vllm.entrypoints.generate.decisions.prompting.prompt import messages
+from vllm.entrypoints.generate.decisions.decide.prompting.labels import pair_candidates
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import messages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tokenizer_host import TokenizerOnlyHost  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = (
     ROOT
-    / "overlay/vllm/entrypoints/generate/decisions/backends/encoder/laya_prompts.py"
+    / "overlay/vllm/entrypoints/generate/decisions/decide/backends/encoder/laya_prompts.py"
 )
 QUESTION_TYPES = {"choice": 0, "score": 1, "noul": 2}
 # Laya's defaults when rl_agent_config.json leaves a key out (laya.common.build_model / build_sequence).

@@ -47,7 +47,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from serving import add_server_arguments, target  # noqa: E402
 
-from vllm.entrypoints.generate.decisions.calibration import maths, question_file  # noqa: E402
+from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
 
 CONFIGS = {
     "bf16 logits, off": {"backend_options": {"precision": "model"}, "debias": "off"},

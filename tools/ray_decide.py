@@ -46,7 +46,7 @@ from vllm.entrypoints.generate.decisions.bulk.batch_file import (
 )
 from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
 from vllm.entrypoints.generate.decisions.bulk.run_batch import FAILED_LINES_EXIT
-from vllm.entrypoints.generate.decisions.wire.handling import new_request_id
+from vllm.entrypoints.generate.decisions.http.wire.handling import new_request_id
 
 # What the actors' engines and decision services read from the driver's environment; never a secret.
 FORWARDED = ("VLLM_", "HF_", "TORCH_", "OMP_")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.host import BackendHost, TokenRead
+from vllm.entrypoints.generate.decisions.decide.host import BackendHost, TokenRead
 
 
 class TokenizerOnlyHost(BackendHost):

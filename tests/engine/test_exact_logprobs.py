@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.prompting.prompt import chat
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import chat
 
 from ..conftest import model_path
 

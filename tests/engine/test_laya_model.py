@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.encoder import laya_prompts
+from vllm.entrypoints.generate.decisions.decide.backends.encoder import laya_prompts
 
 from ..conftest import model_path
 from ..laya_reference import reference_outputs

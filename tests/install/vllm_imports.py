@@ -36,7 +36,7 @@ class Import:
 
 def release_flags(release: tuple[int, int]) -> dict[str, bool]:
     """The flags ``vllm_versions.py`` defines as ``NAME = VLLM_RELEASE <op> (major, minor)``, for ``release``."""
-    tree = ast.parse((OVERLAY / "vllm_versions.py").read_text())
+    tree = ast.parse((OVERLAY / "decide" / "vllm_versions.py").read_text())
     flags = {}
     for node in tree.body:
         if (

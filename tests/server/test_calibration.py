@@ -29,7 +29,7 @@ def bundled_lines(count: int) -> list[str]:
     """The last ``count`` questions of the bundled set. (SmolLM2-135M is near chance on the set's first
     questions, which puts the fitted T at the range's edge: a failure by design, tested below.)"""
     text = (
-        resources.files("vllm.entrypoints.generate.decisions.calibration")
+        resources.files("vllm.entrypoints.generate.decisions.decide.calibration")
         .joinpath("bundled.jsonl")
         .read_text()
     )
@@ -191,7 +191,9 @@ def honest_key(key: dict) -> None:
     the model's files by content, the tokenizer, chat template and its kwargs, vLLM, what the startup check
     found (fp32 reads here), the self-check threshold and the prompt's derived render version."""
     import vllm
-    from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION
+    from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+        RENDER_VERSION,
+    )
 
     assert re.fullmatch(r"[0-9a-f]{64}", key["model_files_sha256"]), key
     assert re.fullmatch(r"[0-9a-f]{64}", key["chat_template_sha256"])

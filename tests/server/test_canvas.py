@@ -5,7 +5,9 @@ vLLM (0.30 and 0.32) serves DiffusionGemma only on a GPU."""
 
 from __future__ import annotations
 
-from vllm.entrypoints.generate.decisions.vllm_versions import BUILT_IN_CANVAS_READ
+from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
+    BUILT_IN_CANVAS_READ,
+)
 
 from .conftest import answered
 

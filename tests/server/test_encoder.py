@@ -10,7 +10,7 @@ import pytest
 import typesafe_sdk
 from openai.types import Decision
 
-from vllm.entrypoints.generate.decisions.backends.encoder import laya_prompts
+from vllm.entrypoints.generate.decisions.decide.backends.encoder import laya_prompts
 
 from ..conftest import model_path
 from ..laya_reference import reference_outputs

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm.entrypoints.generate.decisions.adapters import weights_sha256
+from vllm.entrypoints.generate.decisions.runtime.adapters import weights_sha256
 
 from ..conftest import engine_binding, model_path
 from .conftest import VllmServer, running
@@ -87,7 +87,7 @@ def env(tmp_path_factory, saved) -> dict[str, str]:
     """Decisions with the self-check off (random weights) and a 60-question calibration read once per model."""
     questions = tmp_path_factory.mktemp("lora-questions") / "questions.jsonl"
     bundled = resources.files(
-        "vllm.entrypoints.generate.decisions.calibration"
+        "vllm.entrypoints.generate.decisions.decide.calibration"
     ).joinpath("bundled.jsonl")
     questions.write_text("\n".join(bundled.read_text().splitlines()[-60:]) + "\n")
     return {

@@ -187,7 +187,7 @@ def last_questions(count: int) -> str:
     from importlib import resources
 
     text = (
-        resources.files("vllm.entrypoints.generate.decisions.calibration")
+        resources.files("vllm.entrypoints.generate.decisions.decide.calibration")
         .joinpath("bundled.jsonl")
         .read_text()
     )

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer
-from vllm.entrypoints.generate.decisions.prompting.prompt import messages
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
+    AnswerSlotPlacer,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import messages
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     ChoiceQuestion,

@@ -14,27 +14,29 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from vllm.entrypoints.generate.decisions.backends.logit.readouts import labelled_slot
-from vllm.entrypoints.generate.decisions.backends.logit.self_check import PROBES
-from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit.readouts import (
+    labelled_slot,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.logit.self_check import PROBES
+from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     StencilPool,
     stencil_check,
 )
-from vllm.entrypoints.generate.decisions.host import VllmHost
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+from vllm.entrypoints.generate.decisions.decide.host import VllmHost
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlotPlacer,
     supported_reasoning_blocks,
 )
-from vllm.entrypoints.generate.decisions.prompting.chat_template import (
+from vllm.entrypoints.generate.decisions.decide.prompting.chat_template import (
     takes_system_role,
 )
-from vllm.entrypoints.generate.decisions.prompting.labels import (
+from vllm.entrypoints.generate.decisions.decide.prompting.labels import (
     MARKERS,
     LabelCatalog,
     pair_candidates,
 )
-from vllm.entrypoints.generate.decisions.prompting.prompt import question_text
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import question_text
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     SCORE,
     ChoiceQuestion,
@@ -177,10 +179,10 @@ async def engine_checks(family: Family) -> EngineChecks:
     (the startup check with VLLM_TYPED_DECISIONS_MIN_OPTION_MASS=0, since random weights show no mass; no
     calibration), then one question on each wire. Set the variables before vLLM reads them."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.generate.decisions.backends.logit.backend import (
+    from vllm.entrypoints.generate.decisions.bulk import Decisions
+    from vllm.entrypoints.generate.decisions.decide.backends.logit.backend import (
         describe_prompt,
     )
-    from vllm.entrypoints.generate.decisions.bulk import Decisions
     from vllm.v1.engine.async_llm import AsyncLLM
 
     engine = AsyncLLM.from_engine_args(

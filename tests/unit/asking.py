@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.request import DecisionRequest
-from vllm.entrypoints.generate.decisions.settings import Debias, parse_debias
+from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.settings import Debias, parse_debias
 
 
 def ask(

@@ -31,7 +31,7 @@ def single_reads(request, monkeypatch):
     rotations and the real default."""
     if request.module.__name__.endswith("test_debias"):
         return
-    from vllm.entrypoints.generate.decisions import settings
+    from vllm.entrypoints.generate.decisions.decide import settings
 
     monkeypatch.setattr(settings, "DEFAULT_DEBIAS", settings.NO_DEBIAS)
 

@@ -7,10 +7,10 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 
-from vllm.entrypoints.generate.decisions.backends import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.host import BackendHost, TokenRead
-from vllm.entrypoints.generate.decisions.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.host import BackendHost, TokenRead
+from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 
 
 class TokenizerHost(BackendHost):

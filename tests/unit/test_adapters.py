@@ -9,12 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm.entrypoints.generate.decisions import paths
-from vllm.entrypoints.generate.decisions.adapters import ServedModels, weights_sha256
 from vllm.entrypoints.generate.decisions.bulk import Decisions
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide import paths
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.runtime.adapters import (
+    ServedModels,
+    weights_sha256,
+)
 from vllm.entrypoints.openai.models.protocol import BaseModelPath
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 from vllm.lora.request import LoRARequest
@@ -73,36 +76,36 @@ async def service(models):
 
     base = DecisionService(Settings.from_env({}), ContextBackend(), SERVED)
     await base.start()
-    base.models = ServedModels(models, build, start)
-    base.models.wait_for_start = True  # as bulk does; the readiness test turns it off
-    base.built = built  # type: ignore[attr-defined]
-    return base
+    served = ServedModels(base, models, build, start)
+    served.wait_for_start = True  # as bulk does; the readiness test turns it off
+    served.built = built  # type: ignore[attr-defined]
+    return served
 
 
 @pytest.mark.parametrize("name", [None, "", SERVED])
 async def test_no_name_or_a_served_name_is_the_base_model(models, name):
-    resolved = ServedModels(models, None, None)  # type: ignore[arg-type]
+    resolved = ServedModels(None, models)  # type: ignore[arg-type]
     assert await resolved.adapter(name) is None
 
 
 async def test_an_adapter_name_is_its_lora_request(models):
     # type: ignore[arg-type]
     assert (
-        await ServedModels(models, None, None).adapter("judge")
+        await ServedModels(None, models).adapter("judge")
         is models.lora_requests["judge"]
     )
 
 
 async def test_an_unknown_name_is_vllms_404(models):
     with pytest.raises(DecisionError) as refused:
-        await ServedModels(models, None, None).adapter("any")  # type: ignore[arg-type]
+        await ServedModels(None, models).adapter("any")  # type: ignore[arg-type]
     assert refused.value.status == 404 and refused.value.param == "model"
     assert refused.value.message.startswith("The model `any` does not exist.")
 
 
 async def test_vllms_switch_takes_any_name_as_the_base(models, monkeypatch):
     monkeypatch.setenv("VLLM_SKIP_MODEL_NAME_VALIDATION", "1")
-    assert await ServedModels(models, None, None).adapter("any") is None  # type: ignore[arg-type]
+    assert await ServedModels(None, models).adapter("any") is None  # type: ignore[arg-type]
 
 
 async def test_unknown_model_in_each_wires_shape(service):
@@ -139,7 +142,7 @@ async def test_an_adapter_is_answered_by_its_own_service_reading_through_it(
     decisions = Decisions(service)
     base = await decisions.decide({**OPENAI_REQUEST, "model": SERVED})
     assert base.status == 200 and base.body["model"] == SERVED
-    assert set(service.backend.adapters) == {None}
+    assert set(service.base.backend.adapters) == {None}
     assert "adapter" not in base.body["answers"][0]["extra"]["audit"]
     adapted = await decisions.decide({**OPENAI_REQUEST, "model": "judge"})
     assert adapted.status == 200, adapted.body
@@ -159,8 +162,8 @@ async def test_an_adapter_starting_is_refused_for_that_adapter_only(service, mod
     async def slow_start(adapted: DecisionService) -> None:
         await adapted.start(lambda: gate.wait())  # type: ignore[arg-type,return-value]
 
-    service.models._start = slow_start
-    service.models.wait_for_start = False  # as a server does
+    service._start = slow_start
+    service.wait_for_start = False  # as a server does
     decisions = Decisions(service)
     waiting = await decisions.decide({**OPENAI_REQUEST, "model": "judge"})
     assert waiting.status == 503
@@ -170,14 +173,14 @@ async def test_an_adapter_starting_is_refused_for_that_adapter_only(service, mod
 async def test_unloaded_or_reloaded_adapters_are_dropped(service, models):
     decisions = Decisions(service)
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 200
-    first = service.models.services()["judge"]
+    first = service.services()["judge"]
     # loaded again in place
     models.lora_requests["judge"] = LoRARequest("judge", 1, "/adapters/judge-v2")
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 200
-    assert service.models.services()["judge"] is not first
+    assert service.services()["judge"] is not first
     del models.lora_requests["judge"]  # /v1/unload_lora_adapter
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "judge"})).status == 404
-    assert service.models.services() == {}
+    assert service.services() == {}
 
 
 def test_weights_hash_follows_the_weights(tmp_path):
@@ -206,11 +209,11 @@ async def test_names_of_one_adapter_folder_share_one_service(service, models, tm
         answered = await decisions.decide({**OPENAI_REQUEST, "model": name})
         assert answered.status == 200, answered.body
     assert len(service.built) == 1, "one service per adapter folder"
-    assert list(service.models.services()) == ["x"]
+    assert list(service.services()) == ["x"]
     # Unloading the name the service reads through drops it; another name of the folder builds it anew.
     del models.lora_requests["x"]
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "x/"})).status == 200
-    assert len(service.built) == 2 and list(service.models.services()) == ["x/"]
+    assert len(service.built) == 2 and list(service.services()) == ["x/"]
 
 
 async def test_adapter_services_are_capped_least_recently_used_out(service, models):
@@ -218,15 +221,15 @@ async def test_adapter_services_are_capped_least_recently_used_out(service, mode
         models.lora_requests[f"a{number}"] = LoRARequest(
             f"a{number}", 10 + number, f"/adapters/a{number}"
         )
-    service.models.limit = 2
+    service.limit = 2
     decisions = Decisions(service)
     for name in ("a0", "a1", "a0", "a2"):
         assert (await decisions.decide({**OPENAI_REQUEST, "model": name})).status == 200
-    assert sorted(service.models.services()) == ["a0", "a2"], (
+    assert sorted(service.services()) == ["a0", "a2"], (
         "a1, least recently used, was set aside"
     )
     assert (await decisions.decide({**OPENAI_REQUEST, "model": "a1"})).status == 200
-    assert len(service.built) == 4 and sorted(service.models.services()) == ["a1", "a2"]
+    assert len(service.built) == 4 and sorted(service.services()) == ["a1", "a2"]
 
 
 async def test_past_the_cap_with_every_adapter_starting_a_new_one_waits(
@@ -238,7 +241,7 @@ async def test_past_the_cap_with_every_adapter_starting_a_new_one_waits(
         await adapted.start(lambda: gate.wait())  # type: ignore[arg-type,return-value]
 
     models.lora_requests["other"] = LoRARequest("other", 2, "/adapters/other")
-    service.models._start, service.models.wait_for_start, service.models.limit = (
+    service._start, service.wait_for_start, service.limit = (
         slow_start,
         False,
         1,
@@ -257,4 +260,4 @@ async def test_past_the_cap_with_every_adapter_starting_a_new_one_waits(
     assert (
         await decisions.decide({**OPENAI_REQUEST, "model": "other"})
     ).status == 503  # now starting
-    assert len(service.built) == 2 and list(service.models.services()) == ["other"]
+    assert len(service.built) == 2 and list(service.services()) == ["other"]

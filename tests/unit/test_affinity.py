@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
-from vllm.entrypoints.generate.decisions.affinity import replica_for
-from vllm.entrypoints.generate.decisions.read_context import ReadContext, as_context
+from vllm.entrypoints.generate.decisions.decide.affinity import replica_for
+from vllm.entrypoints.generate.decisions.decide.read_context import (
+    ReadContext,
+    as_context,
+)
 
 
 def sha(text: str) -> str:

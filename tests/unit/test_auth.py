@@ -11,11 +11,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vllm.entrypoints.generate.decisions import paths
-from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
-from vllm.entrypoints.generate.decisions.auth import DecisionAuthentication
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide import paths
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+)
+from vllm.entrypoints.generate.decisions.http.auth import DecisionAuthentication
 
 from ..fuzzing import path_variants
 from .fakes import ScriptedBackend

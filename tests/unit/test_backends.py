@@ -5,14 +5,17 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from vllm.entrypoints.generate.decisions.backends import DecisionBackend, LogitBackend
-from vllm.entrypoints.generate.decisions.registry import (
+from vllm.entrypoints.generate.decisions.decide.backends import (
+    DecisionBackend,
+    LogitBackend,
+)
+from vllm.entrypoints.generate.decisions.decide.registry import (
     backend_options,
     choose_backend,
     register_backend,
     unregister_backend,
 )
-from vllm.entrypoints.generate.decisions.settings import (
+from vllm.entrypoints.generate.decisions.decide.settings import (
     SettingsError,
     parse_backend_spec,
 )

@@ -9,35 +9,40 @@ import unicodedata
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     StencilPool,
     check_fits,
 )
-from vllm.entrypoints.generate.decisions.budget import (
+from vllm.entrypoints.generate.decisions.decide.budget import (
     RenderBudget,
     check_depth,
     json_depth,
     spending,
 )
-from vllm.entrypoints.generate.decisions.errors import OverLimitError
-from vllm.entrypoints.generate.decisions.prompting import token_bound
-from vllm.entrypoints.generate.decisions.prompting.prompt import question_text
-from vllm.entrypoints.generate.decisions.prompting.token_bound import (
+from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
+from vllm.entrypoints.generate.decisions.decide.prompting import token_bound
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import question_text
+from vllm.entrypoints.generate.decisions.decide.prompting.token_bound import (
     chars_per_token,
     normalizer_shrink,
 )
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.questions import (
     NOUL,
     NoulQuestion,
     content_text,
 )
-from vllm.entrypoints.generate.decisions.request import DecisionRequest
-from vllm.entrypoints.generate.decisions.service import DecisionService, request_chars
-from vllm.entrypoints.generate.decisions.settings import PREFIX, Settings
-from vllm.entrypoints.generate.decisions.wire.jev import serving as jev
-from vllm.entrypoints.generate.decisions.wire.jev.protocol import SystemOneRequest
-from vllm.entrypoints.generate.decisions.wire.openai import serving as openai
-from vllm.entrypoints.generate.decisions.wire.openai.protocol import DecisionsRequest
+from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.service import (
+    DecisionService,
+    request_chars,
+)
+from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
+from vllm.entrypoints.generate.decisions.http.wire.jev import serving as jev
+from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import SystemOneRequest
+from vllm.entrypoints.generate.decisions.http.wire.openai import serving as openai
+from vllm.entrypoints.generate.decisions.http.wire.openai.protocol import (
+    DecisionsRequest,
+)
 
 from ..fuzzing import AMPLIFYING, nested
 from .fakes import ScriptedBackend, TokenizerHost

@@ -25,8 +25,9 @@ from vllm.entrypoints.generate.decisions.bulk.run_batch import (
     answer_line,
     run_decision_batch,
 )
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.runtime.adapters import ServedModels
 
 from .fakes import ScriptedBackend
 
@@ -111,7 +112,7 @@ async def start_service() -> DecisionService:
 
 async def run(source, target, service) -> int:
     state = State()
-    state.decision_service = service
+    state.decision_service = ServedModels(service)  # as startup serves it
     try:
         # type: ignore[arg-type]
         await run_decision_batch(

@@ -9,15 +9,17 @@ import re
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.calibration import (
+from vllm.entrypoints.generate.decisions.decide.calibration import (
     question_file,
     results,
     store,
 )
-from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
-from vllm.entrypoints.generate.decisions.calibration.temperature import Temperature
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+    Temperature,
+)
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import ScriptedBackend
 
@@ -391,7 +393,7 @@ async def test_configured_temperature_skips_calibration(tmp_path):
 def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
     import sys
 
-    from vllm.entrypoints.generate.decisions.calibration.maths import calibrate
+    from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
 
     from ..conftest import ROOT
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.host import VllmHost, canvas_read_args
-from vllm.entrypoints.generate.decisions.vllm_versions import (
+from vllm.entrypoints.generate.decisions.decide.host import VllmHost, canvas_read_args
+from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
     BUILT_IN_CANVAS_READ,
     VLLM_RELEASE,
 )

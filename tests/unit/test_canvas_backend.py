@@ -9,28 +9,34 @@ import math
 import pytest
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.backends import CanvasBackend
-from vllm.entrypoints.generate.decisions.backends.base import facts_json
-from vllm.entrypoints.generate.decisions.backends.canvas.options import CanvasOptions
-from vllm.entrypoints.generate.decisions.backends.canvas.samples import (
+from vllm.entrypoints.generate.decisions.decide.backends import CanvasBackend
+from vllm.entrypoints.generate.decisions.decide.backends.base import facts_json
+from vllm.entrypoints.generate.decisions.decide.backends.canvas.options import (
+    CanvasOptions,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.canvas.samples import (
     average,
     noise_tokens,
 )
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import AnswerSlotPlacer
-from vllm.entrypoints.generate.decisions.prompting.prompt import messages
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
+    AnswerSlotPlacer,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import messages
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     ChoiceQuestion,
     NoulQuestion,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.registry import choose_backend
-from vllm.entrypoints.generate.decisions.scoring import softmax
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import BackendSpec, Settings
-from vllm.entrypoints.generate.decisions.vllm_versions import BUILT_IN_CANVAS_READ
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.scoring import softmax
+from vllm.entrypoints.generate.decisions.decide.registry import choose_backend
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import BackendSpec, Settings
+from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
+    BUILT_IN_CANVAS_READ,
+)
 
 from ..canvas_reference import DiffusionGemmaHost
 from ..conftest import model_path

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.errors import BackendUnavailable
-from vllm.entrypoints.generate.decisions.prompting.chat_template import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
+from vllm.entrypoints.generate.decisions.decide.prompting.chat_template import (
     takes_system_role,
 )
-from vllm.entrypoints.generate.decisions.prompting.prompt import SYSTEM_PROMPT
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import SYSTEM_PROMPT
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
 
 from ..conftest import model_path
 from .fakes import TokenizerHost

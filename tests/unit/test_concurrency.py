@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.concurrency import gather_or_cancel
+from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 
 
 async def test_results_in_order():

@@ -9,8 +9,7 @@ import math
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.debias import orders, read_question
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -18,8 +17,12 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.settings import (
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.debias import (
+    orders,
+    read_question,
+)
+from vllm.entrypoints.generate.decisions.decide.settings import (
     NO_DEBIAS,
     Settings,
     SettingsError,

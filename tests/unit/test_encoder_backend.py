@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends import EncoderBackend
-from vllm.entrypoints.generate.decisions.backends.encoder import laya_prompts
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.host import BackendHost
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.backends import EncoderBackend
+from vllm.entrypoints.generate.decisions.decide.backends.encoder import laya_prompts
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.host import BackendHost
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -21,9 +21,9 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.registry import choose_backend
-from vllm.entrypoints.generate.decisions.settings import BackendSpec
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.registry import choose_backend
+from vllm.entrypoints.generate.decisions.decide.settings import BackendSpec
 
 from ..conftest import model_path
 from ..laya_reference import reference_outputs

@@ -11,7 +11,7 @@ from argparse import Namespace
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from vllm.entrypoints.generate.decisions.endpoint_plugin import (
+from vllm.entrypoints.generate.decisions.http.endpoint_plugin import (
     DecisionsEndpoint,
     attach_decisions,
     decision_plugins,

@@ -12,11 +12,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
-from vllm.entrypoints.generate.decisions.host import VllmHost
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.host import VllmHost
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+)
 
 from ..cases import jev, openai
 from .fakes import ScriptedBackend

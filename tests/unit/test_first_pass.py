@@ -8,11 +8,11 @@ import asyncio
 import json
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
-from vllm.entrypoints.generate.decisions.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.decide.reading.prior import NEUTRAL_INPUTS
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .test_calibration_startup import MODEL
 from .test_prior_calibration import TwoLayoutBackend, team_question, write_tickets

@@ -17,9 +17,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+)
 
 from ..fuzzing import CORPUS, corpus_cases, generated_cases, judge, request_schema
 from .fakes import ScriptedBackend

@@ -18,14 +18,16 @@ import sys
 
 from transformers import AutoTokenizer
 
-from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
-from vllm.entrypoints.generate.decisions.prompting.chat_template import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.decide.backends.logit.options import (
+    LogitOptions,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.chat_template import (
     takes_system_role,
 )
-from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
-from vllm.entrypoints.generate.decisions.prompting.prompt import RENDER_VERSION
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.prompting.labels import LabelCatalog
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import RENDER_VERSION
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -35,7 +37,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     ScoreQuestion,
     choice_options,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 
 from ..conftest import ROOT, model_path
 from .fakes import TokenizerHost
@@ -182,7 +184,7 @@ def test_the_golden_files_are_this_render_versions_only():
 
 def test_the_render_version_is_the_prompts_hash(monkeypatch):
     """Any change to the prompt's text is a new render version (prompt.py derives it; nobody bumps it)."""
-    from vllm.entrypoints.generate.decisions.prompting import prompt
+    from vllm.entrypoints.generate.decisions.decide.prompting import prompt
 
     assert (
         "direct-" + hashlib.sha256(prompt.probe_rendering().encode()).hexdigest()[:12]

@@ -12,11 +12,6 @@ import pytest
 from fastapi import FastAPI
 from tqdm import tqdm
 
-from vllm.entrypoints.generate.decisions import metrics, paths
-from vllm.entrypoints.generate.decisions.api_router import (
-    register_decisions_api_router,
-    wire_at,
-)
 from vllm.entrypoints.generate.decisions.bulk import Decisions
 from vllm.entrypoints.generate.decisions.bulk.batch_file import Writer
 from vllm.entrypoints.generate.decisions.bulk.run_batch import (
@@ -24,8 +19,13 @@ from vllm.entrypoints.generate.decisions.bulk.run_batch import (
     Line,
     Tally,
 )
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide import metrics, paths
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+    wire_at,
+)
 
 from ..cases import JEV_INVALID, OPENAI_INVALID
 from .fakes import ScriptedBackend

@@ -9,21 +9,25 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.backends.logit.backend import describe_prompt
-from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.decide.backends.logit.backend import (
+    describe_prompt,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.logit.options import (
+    LogitOptions,
+)
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     ANSWER_CUE,
     AnswerSlotPlacer,
 )
-from vllm.entrypoints.generate.decisions.prompting.labels import word_labels
-from vllm.entrypoints.generate.decisions.prompting.prompt import (
+from vllm.entrypoints.generate.decisions.decide.prompting.labels import word_labels
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
     SYSTEM_PROMPT,
     messages,
     question_text,
 )
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -33,9 +37,12 @@ from vllm.entrypoints.generate.decisions.questions import (
     ScoreQuestion,
     choice_options,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.registry import backend_options
-from vllm.entrypoints.generate.decisions.settings import Settings, parse_backend_spec
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.registry import backend_options
+from vllm.entrypoints.generate.decisions.decide.settings import (
+    Settings,
+    parse_backend_spec,
+)
 
 from ..conftest import model_path
 from .fakes import TokenizerHost

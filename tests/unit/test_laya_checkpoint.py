@@ -53,7 +53,7 @@ def tokenizer(tiny):
 @pytest.fixture(scope="module")
 def build_prompt():
     spec = importlib.util.spec_from_file_location(
-        "laya_prompts", OVERLAY / "backends/encoder/laya_prompts.py"
+        "laya_prompts", OVERLAY / "decide/backends/encoder/laya_prompts.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -124,7 +124,7 @@ def test_tiny_checkpoint_has_every_weight_of_the_schema_in_fp32(tiny):
     assert {k: tuple(v.shape) for k, v in found.items()} == wanted
     assert {v.dtype for v in found.values()} == {torch.float32}
     assert (tiny / "laya_prompts.py").read_bytes() == (
-        OVERLAY / "backends/encoder/laya_prompts.py"
+        OVERLAY / "decide/backends/encoder/laya_prompts.py"
     ).read_bytes()
 
 

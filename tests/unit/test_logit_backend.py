@@ -7,25 +7,27 @@ import math
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.backends.logit.options import LogitOptions
-from vllm.entrypoints.generate.decisions.backends.logit.readouts import plan
-from vllm.entrypoints.generate.decisions.backends.logit.reads import ReadFacts
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
+from vllm.entrypoints.generate.decisions.decide.backends.logit.options import (
+    LogitOptions,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.logit.readouts import plan
+from vllm.entrypoints.generate.decisions.decide.backends.logit.reads import ReadFacts
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     ANSWER_CUE,
     AnswerSlotPlacer,
     supported_reasoning_blocks,
 )
-from vllm.entrypoints.generate.decisions.prompting.labels import LabelCatalog
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.prompting.labels import LabelCatalog
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     ChoiceQuestion,
     NoulQuestion,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.settings import Settings, SettingsError
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.settings import Settings, SettingsError
 
 from .fakes import TokenizerHost
 

@@ -13,26 +13,28 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions import metrics
-from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
-from vllm.entrypoints.generate.decisions.calibration.temperature import (
+from vllm.entrypoints.generate.decisions.decide import metrics
+from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
     Temperature,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.errors import (
+from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
     EngineBusyError,
     NotReadyError,
     OverLimitError,
 )
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     ChoiceQuestion,
     NoulQuestion,
 )
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+)
 
 from .fakes import ScriptedBackend
 

@@ -8,15 +8,16 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from vllm.entrypoints.generate.decisions import plugins, registry
-from vllm.entrypoints.generate.decisions.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide import registry
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
+from vllm.entrypoints.generate.decisions.decide.questions import (
     NoulQuestion,
     Option,
     QuestionType,
 )
-from vllm.entrypoints.generate.decisions.registry import Registry
-from vllm.entrypoints.generate.decisions.settings import parse_backend_spec
+from vllm.entrypoints.generate.decisions.decide.registry import Registry
+from vllm.entrypoints.generate.decisions.decide.settings import parse_backend_spec
+from vllm.entrypoints.generate.decisions.runtime import plugins
 
 HERE = __name__
 BACKENDS, TYPES = plugins.BACKENDS, plugins.QUESTION_TYPES

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit.precision import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit.precision import (
     describe,
     fp32_check,
     read_precision,
 )
-from vllm.entrypoints.generate.decisions.host import TokenRead
+from vllm.entrypoints.generate.decisions.decide.host import TokenRead
 
 from .fakes import TokenizerHost
 

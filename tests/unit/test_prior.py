@@ -10,17 +10,27 @@ import random
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.base import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.calibration.bias import Sample, choose, fit
-from vllm.entrypoints.generate.decisions.debias import Correction, read_question
-from vllm.entrypoints.generate.decisions.prior import (
+from vllm.entrypoints.generate.decisions.decide.backends.base import (
+    DecisionBackend,
+    Reading,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
+    Sample,
+    choose,
+    fit,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.debias import (
+    Correction,
+    read_question,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     NEUTRAL_INPUTS,
     PriorCache,
     adjusted,
 )
-from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceQuestion
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.settings import NO_DEBIAS, parse_debias
+from vllm.entrypoints.generate.decisions.decide.settings import NO_DEBIAS, parse_debias
 
 # The model's lean by position, whatever the input; the evidence an input carries, by option value.
 PRIOR = [1.2, 0.4, -0.3]
@@ -191,7 +201,7 @@ def test_a_gain_within_the_noise_is_not_kept():
 
 
 async def test_the_cache_is_bounded_in_bytes_and_a_long_question_costs_no_more():
-    from vllm.entrypoints.generate.decisions.prior import entry_bytes
+    from vllm.entrypoints.generate.decisions.decide.reading.prior import entry_bytes
 
     async def three() -> list[float]:
         return [0.0, -1.0, -2.0]

@@ -15,23 +15,22 @@ import pytest
 from pydantic import BaseModel
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.backends.base import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.calibration import run
-from vllm.entrypoints.generate.decisions.calibration.bias import (
+from vllm.entrypoints.generate.decisions.decide.backends.base import (
+    DecisionBackend,
+    Reading,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     Candidate,
     ReadChoice,
     TypeReads,
     choose_layout,
 )
-from vllm.entrypoints.generate.decisions.calibration.run import startup_calibration
-from vllm.entrypoints.generate.decisions.calibration.temperature import (
+from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
     Temperature,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.corrections import Asked, Corrections
-from vllm.entrypoints.generate.decisions.errors import DecisionError
-from vllm.entrypoints.generate.decisions.prior import NEUTRAL_INPUTS
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -39,9 +38,16 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Debias, Settings
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
+    Asked,
+    Corrections,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.prior import NEUTRAL_INPUTS
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Debias, Settings
+from vllm.entrypoints.generate.decisions.runtime import calibration as run
+from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .test_calibration_startup import MODEL, settings
 

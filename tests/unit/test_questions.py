@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -15,7 +15,7 @@ from vllm.entrypoints.generate.decisions.questions import (
     choice_options,
     content_text,
 )
-from vllm.entrypoints.generate.decisions.registry import (
+from vllm.entrypoints.generate.decisions.decide.registry import (
     question_type,
     register_question_type,
 )
@@ -82,7 +82,7 @@ def test_reserved_names_cannot_be_registered():
 def test_json_content_renders_as_indented_json_and_stops_at_the_limit():
     import json
 
-    from vllm.entrypoints.generate.decisions.errors import DecisionError
+    from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 
     value = {
         "ticket": {"id": 7, "tags": ["a", "é"], "nested": {"deep": [1.5, None, True]}}

@@ -9,16 +9,19 @@ import pytest
 
 from tests.unit.asking import ask
 from tests.unit.fakes import ScriptedBackend
-from vllm.entrypoints.generate.decisions.backends import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.backends.base import (
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions.decide.backends.base import (
     backend_read,
     takes_legacy_read,
 )
-from vllm.entrypoints.generate.decisions.debias import read_question
-from vllm.entrypoints.generate.decisions.questions import CHOICE, ChoiceQuestion
-from vllm.entrypoints.generate.decisions.read_context import ReadContext, sha256_of
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings, parse_debias
+from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
+from vllm.entrypoints.generate.decisions.decide.read_context import (
+    ReadContext,
+    sha256_of,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.debias import read_question
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings, parse_debias
 
 
 def choice(*values: str):
@@ -120,8 +123,8 @@ async def test_an_order_independent_backend_is_read_once_whatever_the_debias():
 
 
 async def test_a_types_own_options_limit_is_checked_by_the_setting_it_names():
-    from vllm.entrypoints.generate.decisions.errors import OverLimitError
-    from vllm.entrypoints.generate.decisions.questions import (
+    from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
+    from vllm.entrypoints.generate.decisions.decide.questions import (
         Option,
         OptionsLimit,
         QuestionModel,

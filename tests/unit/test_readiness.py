@@ -8,9 +8,12 @@ from http import HTTPStatus
 
 import pytest
 
-from vllm.entrypoints.generate.decisions import readiness as readiness_module
-from vllm.entrypoints.generate.decisions.errors import DecisionError, NotReadyError
-from vllm.entrypoints.generate.decisions.readiness import (
+from vllm.entrypoints.generate.decisions.decide import readiness as readiness_module
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    DecisionError,
+    NotReadyError,
+)
+from vllm.entrypoints.generate.decisions.decide.readiness import (
     CALIBRATION,
     SELF_CHECK,
     Readiness,

@@ -11,22 +11,27 @@ import sys
 import pytest
 from fastapi import FastAPI
 
-from vllm.entrypoints.generate.decisions import registry
-from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
-from vllm.entrypoints.generate.decisions.backends import DecisionBackend, LogitBackend
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide import registry
+from vllm.entrypoints.generate.decisions.decide.backends import (
+    DecisionBackend,
+    LogitBackend,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     ChoiceType,
     NoulQuestion,
     Option,
     QuestionType,
 )
-from vllm.entrypoints.generate.decisions.registry import Registry
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import (
+from vllm.entrypoints.generate.decisions.decide.registry import Registry
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import (
     Settings,
     SettingsError,
     parse_backend_spec,
+)
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
 )
 
 from .fakes import ScriptedBackend
@@ -292,7 +297,7 @@ def imported_backends(code: str) -> list[str]:
     """The built-in backend packages a fresh interpreter has imported after running ``code``."""
     probe = (
         f"{code}\nimport json, sys\n"
-        "prefix = 'vllm.entrypoints.generate.decisions.backends.'\n"
+        "prefix = 'vllm.entrypoints.generate.decisions.decide.backends.'\n"
         f"print(json.dumps(sorted(m[len(prefix):] for m in sys.modules if m[len(prefix):] in {BACKEND_MODULES!r} and m.startswith(prefix))))"
     )
     out = subprocess.run(
@@ -307,21 +312,21 @@ def imported_backends(code: str) -> list[str]:
 
 def test_importing_the_registry_imports_no_backend():
     settings_only = (
-        "import vllm.entrypoints.generate.decisions.registry\n"
-        "from vllm.entrypoints.generate.decisions.settings import check_environment\n"
+        "import vllm.entrypoints.generate.decisions.decide.registry\n"
+        "from vllm.entrypoints.generate.decisions.decide.settings import check_environment\n"
         "check_environment({'VLLM_ENABLE_TYPED_DECISIONS': '1'})\n"
-        "from vllm.entrypoints.generate.decisions.registry import backend_names\n"
+        "from vllm.entrypoints.generate.decisions.decide.registry import backend_names\n"
         "assert backend_names() == ['canvas', 'encoder', 'logit'], backend_names()"
     )
     assert imported_backends(settings_only) == []
 
 
 def test_a_backend_is_imported_when_looked_up_and_all_when_the_default_is_chosen():
-    lookup = "from vllm.entrypoints.generate.decisions.registry import backend_class\nbackend_class('encoder')"
+    lookup = "from vllm.entrypoints.generate.decisions.decide.registry import backend_class\nbackend_class('encoder')"
     assert imported_backends(lookup) == ["encoder"]
     choose = (
-        "from vllm.entrypoints.generate.decisions.registry import choose_backend\n"
-        "from vllm.entrypoints.generate.decisions.settings import parse_backend_spec\n"
+        "from vllm.entrypoints.generate.decisions.decide.registry import choose_backend\n"
+        "from vllm.entrypoints.generate.decisions.decide.settings import parse_backend_spec\n"
         "assert choose_backend(parse_backend_spec(''), ('LayaForDecision',)).name == 'encoder'"
     )
     assert imported_backends(choose) == ["canvas", "encoder", "logit"]

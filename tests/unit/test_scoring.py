@@ -4,7 +4,11 @@ import math
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.scoring import confidence, non_finite, softmax
+from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
+    confidence,
+    non_finite,
+    softmax,
+)
 
 
 def test_softmax_with_temperature():

@@ -7,17 +7,16 @@ from http import HTTPStatus
 import pytest
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.calibration.temperature import (
+from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
     Temperature,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.errors import (
+from vllm.entrypoints.generate.decisions.decide.errors import (
     BackendUnavailable,
     DecisionError,
     NotReadyError,
 )
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     SCORE,
@@ -25,8 +24,13 @@ from vllm.entrypoints.generate.decisions.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.service import Answer, DecisionService, Failure
-from vllm.entrypoints.generate.decisions.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.decide.service import (
+    Answer,
+    DecisionService,
+    Failure,
+)
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
 
 from .fakes import ScriptedBackend
 
@@ -338,7 +342,7 @@ async def test_scores_of_other_number_types_are_accepted():
 
 
 async def test_engine_queue_full_refuses_the_request_and_cancels_the_other_reads():
-    from vllm.entrypoints.generate.decisions.errors import EngineBusyError
+    from vllm.entrypoints.generate.decisions.decide.errors import EngineBusyError
 
     class Busy(ScriptedBackend):
         async def read(self, question, context):

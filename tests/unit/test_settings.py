@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.settings import (
+from vllm.entrypoints.generate.decisions.decide.settings import (
     ENABLE_VARIABLE,
     PREFIX,
     VARIABLES,

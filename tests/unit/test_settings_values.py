@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm.entrypoints.generate.decisions import settings
-from vllm.entrypoints.generate.decisions.settings import (
+from vllm.entrypoints.generate.decisions.decide import settings
+from vllm.entrypoints.generate.decisions.decide.settings import (
     ENABLE_VARIABLE,
     PREFIX,
     VARIABLES,
@@ -234,7 +234,7 @@ def test_refused_values_name_the_variable_and_what_it_accepts(
 
 
 def test_prior_words_are_the_corrections_and_auto():
-    from vllm.entrypoints.generate.decisions.prior import AUTO, MODES
+    from vllm.entrypoints.generate.decisions.decide.reading.prior import AUTO, MODES
 
     assert (AUTO, *MODES) == settings.PRIOR_CHOICES
 

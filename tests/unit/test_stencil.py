@@ -7,14 +7,17 @@ import asyncio
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.backends.logit.stencil import (
+from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     PLACEHOLDER,
     StencilPool,
     build_stencil,
     stencil_check,
 )
-from vllm.entrypoints.generate.decisions.prompting.prompt import chat, question_text
-from vllm.entrypoints.generate.decisions.questions import (
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+    chat,
+    question_text,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
     ChoiceQuestion,

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.prompting.answer_slot import ANSWER_CUE
-from vllm.entrypoints.generate.decisions.prompting.prompt import (
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import ANSWER_CUE
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
     RENDER_VERSION,
     SYSTEM_PROMPT,
 )

@@ -10,15 +10,19 @@ import pytest
 from fastapi import FastAPI
 from openai.types import Decision
 
-from vllm.entrypoints.generate.decisions.api_router import register_decisions_api_router
-from vllm.entrypoints.generate.decisions.questions import content_text
-from vllm.entrypoints.generate.decisions.service import DecisionService
-from vllm.entrypoints.generate.decisions.settings import Settings
-from vllm.entrypoints.generate.decisions.validation import detail_message
-from vllm.entrypoints.generate.decisions.wire.jev import serving as jev
-from vllm.entrypoints.generate.decisions.wire.jev.protocol import SystemOneRequest
-from vllm.entrypoints.generate.decisions.wire.openai import serving as openai
-from vllm.entrypoints.generate.decisions.wire.openai.protocol import DecisionsRequest
+from vllm.entrypoints.generate.decisions.decide.questions import content_text
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.validation import detail_message
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+)
+from vllm.entrypoints.generate.decisions.http.wire.jev import serving as jev
+from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import SystemOneRequest
+from vllm.entrypoints.generate.decisions.http.wire.openai import serving as openai
+from vllm.entrypoints.generate.decisions.http.wire.openai.protocol import (
+    DecisionsRequest,
+)
 
 from ..cases import JEV_INVALID, OPENAI_INVALID
 from .fakes import ScriptedBackend

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = (
     ROOT
-    / "overlay/vllm/entrypoints/generate/decisions/backends/encoder/laya_prompts.py"
+    / "overlay/vllm/entrypoints/generate/decisions/decide/backends/encoder/laya_prompts.py"
 )
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, in this order
 QUESTION_TYPES = {"choice": 0, "score": 1, "noul": 2}

@@ -118,7 +118,7 @@ if [ "$(cat "$MODELS/templates/.complete" 2>/dev/null)" != "$TPL_WANT" ]; then
 fi
 # The tiny Laya checkpoint ships a copy of the built-in prompt builder: rebuilt when either changes.
 LAYA_WANT=$(cat "$HERE/build_tiny_laya.py" \
-  "$ROOT/overlay/vllm/entrypoints/generate/decisions/backends/encoder/laya_prompts.py" | sha256sum | cut -c1-16)
+  "$ROOT/overlay/vllm/entrypoints/generate/decisions/decide/backends/encoder/laya_prompts.py" | sha256sum | cut -c1-16)
 if [ "$(cat "$MODELS/tiny-laya/.complete" 2>/dev/null)" != "$LAYA_WANT" ]; then
   # Needs nothing downloaded; the script replaces a half-built folder and stamps .complete itself.
   log "building tiny-laya into $MODELS"

@@ -9,20 +9,34 @@ through the ``vllm.decision_backends`` / ``vllm.decision_question_types`` entry-
 backends/README.md.
 """
 
-from .backends import DecisionBackend, Reading
-from .errors import BackendUnavailable, DecisionError
-from .host import BackendHost, Generation, TokenRead
-from .prompting.chat_template import takes_system_role
-from .prompting.prompt import messages as standard_messages
-from .questions import (
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    BackendUnavailable,
+    DecisionError,
+)
+from vllm.entrypoints.generate.decisions.decide.host import (
+    BackendHost,
+    Generation,
+    TokenRead,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.chat_template import (
+    takes_system_role,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+    messages as standard_messages,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
     Option,
     OptionsLimit,
     QuestionModel,
     QuestionType,
 )
-from .read_context import ReadContext
-from .registry import register_backend, register_question_type
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.registry import (
+    register_backend,
+    register_question_type,
+)
 
 __all__ = [
     "BackendHost",

@@ -16,17 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    DecisionError,
+    internal_error,
+)
+from vllm.entrypoints.generate.decisions.decide.metrics import observed_route
+from vllm.entrypoints.generate.decisions.decide.paths import DECISIONS
+from vllm.entrypoints.generate.decisions.decide.service import Decides
+from vllm.entrypoints.generate.decisions.http.api_router import wire_at
+from vllm.entrypoints.generate.decisions.http.body import decode_body, parse_json
+from vllm.entrypoints.generate.decisions.http.wire.handling import Reply, new_request_id
+from vllm.entrypoints.generate.decisions.runtime.startup import (
+    build_service,
+    served_model_name,
+    start_served,
+)
 from vllm.entrypoints.openai.models.protocol import BaseModelPath, LoRAModulePath
 from vllm.logger import init_logger
-
-from ..api_router import wire_at
-from ..body import decode_body, parse_json
-from ..errors import DecisionError, internal_error
-from ..metrics import observed_route
-from ..paths import DECISIONS
-from ..service import DecisionService
-from ..startup import build_service, served_model_name, start_service
-from ..wire.handling import Reply, new_request_id
 
 logger = init_logger(__name__)
 
@@ -56,7 +62,7 @@ class Decisions:
     ``VLLM_TYPED_DECISIONS_*`` variables apply as they do to a server.
     """
 
-    def __init__(self, service: DecisionService) -> None:
+    def __init__(self, service: Decides) -> None:
         self.service = service
 
     @classmethod
@@ -78,18 +84,17 @@ class Decisions:
                 model=engine_client.model_config.model,
                 served_model_name=served_model and [served_model],
             )
-        service = build_service(
+        served = build_service(
             engine_client, args, await serving_models(engine_client, args, lora_modules)
         )
-        await start_service(service)
+        await start_served(served)
         # an adapter first named later starts before its request is decided
-        if service.models is not None:
-            service.models.wait_for_start = True
-        if service.readiness.failure is not None:
+        served.wait_for_start = True
+        if served.readiness.failure is not None:
             raise RuntimeError(
-                f"decisions are unavailable on this model: {service.readiness.failure}"
+                f"decisions are unavailable on this model: {served.readiness.failure}"
             )
-        return cls(service)
+        return cls(served)
 
     async def decide(
         self,

@@ -33,16 +33,18 @@ from typing import Any, TypeVar
 
 import ray
 
+from vllm.entrypoints.generate.decisions.bulk.batch_file import output_line
+from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
+from vllm.entrypoints.generate.decisions.bulk.run_batch import Line, answer_line
+from vllm.entrypoints.generate.decisions.decide.errors import internal_error
+from vllm.entrypoints.generate.decisions.decide.paths import DECISIONS
+from vllm.entrypoints.generate.decisions.http.api_router import wire_at
+from vllm.entrypoints.generate.decisions.http.wire.handling import new_request_id
+from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
+    name_run,
+    share_records,
+)
 from vllm.logger import init_logger
-
-from ..api_router import wire_at
-from ..deployment_lock import name_run, share_records
-from ..errors import internal_error
-from ..paths import DECISIONS
-from ..wire.handling import new_request_id
-from .batch_file import output_line
-from .in_process import Decisions
-from .run_batch import Line, answer_line
 
 T = TypeVar("T")
 logger = init_logger(__name__)

@@ -33,14 +33,20 @@ from starlette.datastructures import State
 from tqdm import tqdm
 
 from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    Writer,
+    lines,
+    output_line,
+    resume,
+    unreadable,
+)
+from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.paths import DECISION_PATHS, DECISIONS
+from vllm.entrypoints.generate.decisions.http.body import parse_json
+from vllm.entrypoints.generate.decisions.http.wire.handling import new_request_id
+from vllm.entrypoints.generate.decisions.runtime.adapters import ServedModels
 from vllm.logger import init_logger
-
-from ..body import parse_json
-from ..errors import DecisionError
-from ..paths import DECISION_PATHS, DECISIONS
-from ..wire.handling import new_request_id
-from .batch_file import Writer, lines, output_line, resume, unreadable
-from .in_process import Decisions
 
 logger = init_logger(__name__)
 
@@ -285,7 +291,7 @@ async def run_decision_batch(
     engine_client: EngineClient, args: Namespace, registry: dict[str, Any], state: State
 ) -> None:
     """The whole batch: wait for the decision startup work, then stream the file through."""
-    service = getattr(state, "decision_service", None)
+    service: ServedModels | None = getattr(state, "decision_service", None)
     if service is None:
         raise SystemExit(
             "decision batch: this model serves no decisions (it supports neither generate nor "
@@ -295,8 +301,7 @@ async def run_decision_batch(
     if (startup := getattr(state, "decision_startup", None)) is not None:
         await startup  # then the startup work of each --lora-modules adapter
     # an adapter's line waits for its startup work rather than failing
-    if service.models is not None:
-        service.models.wait_for_start = True
+    service.wait_for_start = True
     if service.readiness.failure is not None:
         raise SystemExit(
             f"decision batch: decisions are unavailable on this model: {service.readiness.failure}"

@@ -1,6 +1,0 @@
-# SPDX-License-Identifier: Apache-2.0
-"""The canvas backend for DiffusionGemma (DiffusionGemmaForBlockDiffusion, patches/00572)."""
-
-from .backend import CanvasBackend
-
-__all__ = ["CanvasBackend"]

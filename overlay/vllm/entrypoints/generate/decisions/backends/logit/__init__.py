@@ -1,6 +1,0 @@
-# SPDX-License-Identifier: Apache-2.0
-"""The default backend: next-token log-probabilities over option letters, for any generative model."""
-
-from .backend import LogitBackend
-
-__all__ = ["LogitBackend"]

@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The canvas backend: DiffusionGemma reads the answer slot of a seeded, read-only canvas.
+
+The prompt is the logit backend's, up to its answer cue. The canvas after it holds a noise token at
+the answer slot and then the turn-close marker; one read-only denoise (``max_steps`` at most) gives
+the log-probability of each option letter at that slot. ``samples=n`` reads n canvases whose noise
+tokens come from one seed and averages the distributions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from http import HTTPStatus
+from typing import Any
+
+from pydantic import BaseModel
+
+from vllm.entrypoints.generate.decisions.decide.backends.base import (
+    DecisionBackend,
+    Reading,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.canvas.options import (
+    CanvasOptions,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.canvas.samples import (
+    average,
+    noise_tokens,
+)
+from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    BackendUnavailable,
+    DecisionError,
+)
+from vllm.entrypoints.generate.decisions.decide.host import BackendHost, TokenRead
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
+    AnswerSlotPlacer,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.chat_template import (
+    takes_system_role,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.labels import (
+    MARKERS,
+    LabelCatalog,
+)
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+    RENDER_VERSION,
+    messages,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.scoring import softmax
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
+    BUILT_IN_CANVAS_READ,
+)
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+# The canvas: the answer slot, then the turn-close marker.
+CANVAS_WIDTH = 2
+# What the startup probe has the assistant say, to find the token its chat template closes a turn with.
+_PROBE_REPLY = "The answer is B."
+
+
+class SampleFacts(BaseModel):
+    n: int
+    # Per option: the standard error of its probability over the samples.
+    stderr: dict[str, float]
+    # The share of samples whose top option is the averaged top option.
+    agreement: float
+
+
+class CanvasFacts(BaseModel):
+    """What each answer's ``extra.backend`` says about its canvas reads."""
+
+    seed: int
+    samples: SampleFacts
+    canvas_width: int
+    max_steps: int
+
+
+class CanvasBackend(DecisionBackend[CanvasOptions]):
+    name = "canvas"
+    architectures = ("DiffusionGemmaForBlockDiffusion",)
+    options_model = CanvasOptions
+    render_version = RENDER_VERSION
+
+    def __init__(
+        self,
+        host: BackendHost,
+        options: CanvasOptions | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        super().__init__(host, options or CanvasOptions(), settings)
+        self.placer = AnswerSlotPlacer(host)
+        self.catalog = LabelCatalog(tuple(MARKERS), ())
+        self.turn_close: int | None = None
+        self.system_role = True
+
+    def seeded(self, options: CanvasOptions, seed: int | None) -> CanvasOptions:
+        return options if seed is None else options.model_copy(update={"seed": seed})
+
+    async def start(self) -> None:
+        if not self.host.canvas_reads:
+            # vLLM 0.32 reads canvases itself; 0.30 needs our patch.
+            patch = " on a vLLM with patches/00572-diffusion-canvas-read-v0.30.patch (./install.sh --with-canvas)"
+            raise BackendUnavailable(
+                "this server can't do read-only canvas reads: the canvas backend needs a diffusion model "
+                f"(DiffusionGemma){'' if BUILT_IN_CANVAS_READ else patch}"
+            )
+        if self.host.vocab_size <= 0:
+            raise BackendUnavailable(
+                "the engine did not say its vocabulary size, which the canvas noise is drawn from"
+            )
+        self.system_role = await takes_system_role(self.host)
+        self.turn_close = await turn_close_id(self.host)
+        logger.info(
+            "canvas backend: turn-close token %d, %s", self.turn_close, self.options
+        )
+
+    async def read(
+        self, question: CompiledQuestion, context: ReadContext[CanvasOptions]
+    ) -> Reading:
+        options, turn_close, state = (
+            context.options or self.options,
+            self.turn_close,
+            context.state,
+        )
+        if turn_close is None:
+            raise DecisionError(
+                "the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE
+            )
+        count, markers = len(question.options), len(self.catalog.markers)
+        if count > markers:
+            raise DecisionError(
+                f"{count} options; the canvas backend reads directly, at most {markers} (one letter each)"
+            )
+        labels = self.catalog.labels(count)
+        slot = self.placer.place(
+            await self.host.render_chat(
+                messages(state, question, labels, self.system_role)
+            ),
+            labels,
+        )
+        limit = self.host.max_model_len
+        if len(slot.prompt_ids) + CANVAS_WIDTH > limit:
+            raise DecisionError(
+                f"the rendered prompt has {len(slot.prompt_ids)} tokens and its canvas {CANVAS_WIDTH}; the "
+                f"model's context (--max-model-len {limit}) holds {limit}"
+            )
+        seed = options.seed if options.seed is not None else random.randrange(2**63)
+        noise = noise_tokens(seed, options.samples, self.host.vocab_size)
+
+        def canvas_read(index: int) -> Any:
+            canvas = [noise[index], turn_close]
+            return self.host.read_canvas(
+                slot.prompt_ids,
+                canvas,
+                slot.label_ids,
+                options.max_steps,
+                context.part(f"c{index}"),
+            )
+
+        # The first read puts the prompt in the prefix cache; the others then read it from there.
+        reads = [await canvas_read(0)]
+        reads += await gather_or_cancel(
+            canvas_read(i) for i in range(1, options.samples)
+        )
+        scores = [label_scores(read, slot.label_ids) for read in reads]
+        together = average([softmax(read_scores) for read_scores in scores])
+        keys = [o.key for o in question.options]
+        return Reading(
+            scores=[
+                math.log(p) if p > 0 else -math.inf for p in together.probabilities
+            ],
+            forward_passes=options.samples * options.max_steps,
+            input_tokens=sum(r.prompt_tokens for r in reads),
+            cached_input_tokens=sum(r.cached_tokens for r in reads),
+            readout="direct",
+            option_mass=sum(
+                sum(math.exp(v) for v in read_scores) for read_scores in scores
+            )
+            / len(scores),
+            meta=CanvasFacts(
+                seed=seed,
+                samples=SampleFacts(
+                    n=options.samples,
+                    stderr=dict(zip(keys, together.stderr, strict=True)),
+                    agreement=together.agreement,
+                ),
+                canvas_width=CANVAS_WIDTH,
+                max_steps=options.max_steps,
+            ),
+        )
+
+
+def label_scores(read: TokenRead, label_ids: list[int]) -> list[float]:
+    missing = [t for t in label_ids if t not in read.logprobs]
+    if missing:
+        raise DecisionError(
+            f"the canvas read lacked {len(missing)} of {len(label_ids)} label log-probabilities",
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+        )
+    return [read.logprobs[t] for t in label_ids]
+
+
+async def turn_close_id(host: BackendHost) -> int:
+    """The special token the chat template closes an assistant turn with: the canvas ends on it."""
+    chat = [
+        {"role": "user", "content": "Which letter?"},
+        {"role": "assistant", "content": _PROBE_REPLY},
+    ]
+    text = await host.render_chat_text(chat)
+    if text is None or _PROBE_REPLY not in text:
+        raise BackendUnavailable(
+            "could not render an assistant turn to find the template's turn-close marker"
+        )
+    after = host.encode(text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :])
+    if not after or after[0] not in host.special_token_ids():
+        raise BackendUnavailable(
+            "the chat template closes an assistant turn with no special token; the canvas needs one"
+        )
+    return after[0]

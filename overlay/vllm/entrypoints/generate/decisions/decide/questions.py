@@ -1,0 +1,332 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Question types: each one validates its own JSON, lists a closed option set and turns a
+probability vector over those options into its answer fields.
+
+Every backend reads a distribution over options, so a type never sees a backend and a backend
+never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; registry.py holds
+them and the types plugins register.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from vllm.entrypoints.generate.decisions.decide.budget import check_depth, open_budget
+from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
+from vllm.entrypoints.generate.decisions.decide.settings import (
+    DEFAULT_MAX_INPUT_CHARS,
+    DEFAULT_MAX_JSON_DEPTH,
+    PREFIX,
+)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One member of a question's closed option set.
+
+    ``key`` identifies the option in ``option_logits`` (a choice value as JSON text, ``true`` or
+    ``false`` for yes/no, ``"0"``... for score levels); ``value`` is what the answer reports;
+    ``text`` is what the prompt shows after the option's label; ``label`` is the option's short name
+    and ``description`` what the question says about it (empty when nothing), for backends whose
+    models lay options out their own way.
+    """
+
+    key: str
+    value: Any
+    text: str
+    label: str = ""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CompiledQuestion:
+    """A validated question reduced to what every backend reads: a criterion and options."""
+
+    qtype: QuestionType
+    instructions: str
+    options: tuple[Option, ...]
+    model: BaseModel | None = None
+
+
+@dataclass(frozen=True)
+class OptionsLimit:
+    """A question type's limit on its options: the :class:`Settings` field holding it (its variable is
+    ``VLLM_TYPED_DECISIONS_`` + the name in capitals) and what the options are called in the refusal."""
+
+    setting: str
+    noun: str
+
+
+class QuestionModel(BaseModel):
+    """Base for question JSON models: unknown fields are refused (a typo could change an answer)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# Jev lets instructions and criteria be text or any JSON value.
+Content = str | int | float | bool | dict[str, Any] | list[Any]
+Instructions = Content | None
+
+
+_INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
+
+
+def content_text(content: Content | None, limit: int = DEFAULT_MAX_INPUT_CHARS) -> str:
+    """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept).
+
+    Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
+    so rendering stops at ``limit`` characters (the server's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS), or
+    where the request's open budget runs out (budget.py), rather than after the text is built; a value
+    nested deeper than the budget's depth is refused before any of it is rendered."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    budget = open_budget()
+    check_depth(
+        content, budget.max_depth if budget is not None else DEFAULT_MAX_JSON_DEPTH
+    )
+    chunks, size = [], 0
+    try:
+        for chunk in _INDENTED.iterencode(content):
+            size += len(chunk)
+            if size > limit:
+                raise OverLimitError(
+                    f"a JSON value in the request renders to more than {limit} characters of text "
+                    f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+                )
+            if budget is not None:
+                budget.charge(len(chunk))
+            chunks.append(chunk)
+    except RecursionError:  # MAX_JSON_DEPTH set past what Python's stack can render
+        raise OverLimitError(
+            f"a JSON value in the request nests too deeply to render (lower {PREFIX}MAX_JSON_DEPTH or send it flatter)"
+        ) from None
+    return "".join(chunks)
+
+
+class QuestionType(ABC):
+    """A kind of question. Subclasses set ``name`` and ``model`` and implement the two methods.
+
+    A type knows no wire format: its :meth:`answer` fields are what the answer means (the built-in
+    types': the yes probability, the chosen value, the expected level), and each wire shapes its own
+    answers from them (wire/openai.py, wire/jev.py); a plugin type's fields go out whole on both."""
+
+    name: ClassVar[str]
+    model: ClassVar[type[BaseModel]]
+    # Whether the option order is part of the question (a scale's levels): debiasing then keeps it.
+    ordered: ClassVar[bool] = False
+    # The setting that caps how many options one question may have (None: only the request's limits).
+    options_limit: ClassVar[OptionsLimit | None] = None
+
+    def instructions(self, question: Any) -> str:
+        return content_text(getattr(question, "instructions", None))
+
+    @abstractmethod
+    def options(self, question: Any) -> Sequence[Option]:
+        """The closed option set, in the order the prompt lists it."""
+
+    @abstractmethod
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
+        """The type's own answer fields for calibrated probabilities over ``options``."""
+
+    def compile(
+        self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> CompiledQuestion:
+        """The question as backends read it; a text longer than ``max_chars`` (the server's
+        VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS) is refused, naming the setting."""
+        compiled = CompiledQuestion(
+            self, self.instructions(question), tuple(self.options(question)), question
+        )
+        return within(compiled, max_chars)
+
+
+class ContentQuestionType(QuestionType):
+    """A type whose texts are Jev content (text or any JSON value), rendered within the server's limit
+    as they are compiled: the built-in types."""
+
+    def instructions(
+        self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> str:
+        return content_text(getattr(question, "instructions", None), max_chars)
+
+    @abstractmethod
+    def options(
+        self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]: ...
+
+    def compile(
+        self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> CompiledQuestion:
+        options = tuple(self.options(question, max_chars))
+        return within(
+            CompiledQuestion(
+                self, self.instructions(question, max_chars), options, question
+            ),
+            max_chars,
+        )
+
+
+def within(question: CompiledQuestion, max_chars: int) -> CompiledQuestion:
+    """``question``, when each of its texts is at most ``max_chars`` long."""
+    longest = max(
+        [len(question.instructions), *(len(o.text) for o in question.options)]
+    )
+    if longest > max_chars:
+        raise OverLimitError(
+            f"a question's text is {longest} characters; the limit is {max_chars} "
+            f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+        )
+    return question
+
+
+def top_index(probabilities: Sequence[float]) -> int:
+    """Index of the most probable option (the first one on a tie)."""
+    return max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
+
+
+# --- yes/no -----------------------------------------------------------------------------------
+
+
+class NoulCriteria(QuestionModel):
+    true: Content | None = None
+    false: Content | None = None
+
+
+class NoulQuestion(QuestionModel):
+    type: Literal["noul"] = "noul"
+    instructions: Instructions = None
+    criteria: NoulCriteria | None = None
+
+
+def yes_no_options(
+    when_yes: Content | None = None,
+    when_no: Content | None = None,
+    max_chars: int = DEFAULT_MAX_INPUT_CHARS,
+) -> tuple[Option, Option]:
+    def option(key: str, value: bool, word: str, when: Content | None) -> Option:
+        description = content_text(when, max_chars)
+        return Option(
+            key,
+            value,
+            f"{word}: {description}" if description else word,
+            word.lower(),
+            description,
+        )
+
+    return option("true", True, "Yes", when_yes), option("false", False, "No", when_no)
+
+
+class NoulType(ContentQuestionType):
+    name = "noul"
+    model = NoulQuestion
+
+    def options(
+        self, question: NoulQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]:
+        criteria = question.criteria or NoulCriteria()
+        return yes_no_options(criteria.true, criteria.false, max_chars)
+
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
+        return {"probability": probabilities[0]}
+
+
+# --- one of several ---------------------------------------------------------------------------
+
+
+class ChoiceQuestion(QuestionModel):
+    type: Literal["choice"] = "choice"
+    instructions: Instructions = None
+    criteria: dict[str, Content | None] = Field(min_length=2)
+
+
+def choice_options(
+    items: Sequence[tuple[StrictStr | StrictBool, Content | None]],
+    max_chars: int = DEFAULT_MAX_INPUT_CHARS,
+) -> tuple[Option, ...]:
+    """Options for choice values (strings or booleans, kept typed), described or not."""
+    options = []
+    for value, content in items:
+        shown = value if isinstance(value, str) else json.dumps(value)
+        description = content_text(content, max_chars)
+        text = f"{shown}: {description}" if description else shown
+        options.append(
+            Option(
+                json.dumps(value, ensure_ascii=False), value, text, shown, description
+            )
+        )
+    return tuple(options)
+
+
+class ChoiceType(ContentQuestionType):
+    name = "choice"
+    model = ChoiceQuestion
+    options_limit = OptionsLimit("max_choices", "choices")
+
+    def options(
+        self, question: ChoiceQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]:
+        return choice_options(list(question.criteria.items()), max_chars)
+
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
+        return {"choice": options[top_index(probabilities)].value}
+
+
+# --- ordered levels ---------------------------------------------------------------------------
+
+
+class ScoreQuestion(QuestionModel):
+    type: Literal["score"] = "score"
+    instructions: Instructions = None
+    # Levels, lowest first; the map form some clients send is refused (its order is not a scale).
+    criteria: list[Content] = Field(min_length=2)
+
+
+def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...]:
+    """Options for ordered levels, lowest first; a level shows as ``label`` or ``label: description``."""
+    return tuple(
+        Option(
+            str(i),
+            i,
+            f"{label}: {description}" if description else label,
+            label,
+            description or "",
+        )
+        for i, (label, description) in enumerate(levels)
+    )
+
+
+class ScoreType(ContentQuestionType):
+    name = "score"
+    model = ScoreQuestion
+    ordered = True
+    options_limit = OptionsLimit("max_levels", "levels")
+
+    def options(
+        self, question: ScoreQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+    ) -> Sequence[Option]:
+        return level_options(
+            [(content_text(level, max_chars), None) for level in question.criteria]
+        )
+
+    def answer(
+        self, probabilities: Sequence[float], options: Sequence[Option]
+    ) -> dict[str, Any]:
+        return {"score": sum(i * p for i, p in enumerate(probabilities))}
+
+
+NOUL = NoulType()
+CHOICE = ChoiceType()
+SCORE = ScoreType()

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which label layout, prior correction (prior.py) and temperature each question is answered with.
+
+The request's choice wins (``extra.prior``; the layout in ``extra.backend_options``), else the server's
+VLLM_TYPED_DECISIONS_PRIOR; ``auto`` is what startup calibration chose for the question's type in that
+layout (``off`` where it chose nothing; a question the calibration file labelled many times may have
+a fitted bias of its own), and a type read in another layout than the backend's first is read so
+unless the request names one. Calibration's choices apply to the server's own backend only.
+The temperature follows the scores it divides: the type's calibrated T for the layout and correction
+calibration chose, that pair's own fitted T (scope ``type:layout:mode``) for another, the server-wide
+T where the type has no fits. A request's or a configured T overrides them all, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
+    TypeReads,
+    question_key,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+    Temperature,
+    Temperatures,
+)
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.reading.debias import Correction
+from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+    AUTO,
+    PriorCache,
+    PriorSetting,
+    uses_fitted,
+)
+from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Debias
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What startup calibration gives the server: its temperatures and each type's reads, and what
+    they were fitted on (the audit's ``calibration_stage`` and ``calibration_reads``): ``stage`` is
+    FIRST_PASS while the full calibration runs on, FULL after (None: nothing was calibrated), and
+    ``question_reads`` the labelled question reads answered (None for a record saved before it was
+    counted)."""
+
+    temperatures: Temperatures
+    reads: Mapping[str, TypeReads] = field(default_factory=dict)
+    stage: str | None = None
+    question_reads: int | None = None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asked of its reads (None: the server's choice): ``extra.debias``, ``extra.prior``
+    and the label layout its ``extra.backend_options`` name."""
+
+    debias: Debias
+    prior: PriorSetting | None = None
+    layout: str | None = None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """How one question is read: the correction, the layout laid over the backend's options (None: as
+    the request has them) and the temperature."""
+
+    correction: Correction
+    layout: str | None
+    temperature: Temperature
+
+
+class Corrections:
+    """The server's prior setting, calibration's choices, and the content-free reads shared by every
+    request (cached per question fingerprint)."""
+
+    def __init__(
+        self, setting: PriorSetting, cache_size: int, cache_bytes: int | None = None
+    ) -> None:
+        self.setting = setting
+        self.cache = PriorCache(cache_size, cache_bytes)
+        self.reads: Mapping[str, TypeReads] = {}
+
+    def resolve(
+        self,
+        question: CompiledQuestion,
+        asked: Asked,
+        temperatures: Temperatures,
+        requested_t: float | None,
+        calibrated: bool = True,
+        chosen_reads: Mapping[str, TypeReads] | None = None,
+    ) -> Resolved:
+        """How ``question`` is read; ``calibrated``: by the backend calibration measured; ``chosen_reads``:
+        the calibration's choices the request took when it began (else this object's)."""
+        qtype = question.qtype.name
+        in_force = self.reads if chosen_reads is None else chosen_reads
+        reads = in_force.get(qtype) if calibrated else None
+        layout = asked.layout or (reads.layout if reads is not None else None)
+        choice, own = None, False
+        if reads is not None:
+            key = question_key(question) if reads.questions else None
+            choice, own = reads.for_question(key, layout)
+        mode: str = asked.prior or self.setting
+        if mode == AUTO:
+            mode = choice.mode if choice is not None else "off"
+        candidate = choice.candidates.get(mode) if choice is not None else None
+        bias = candidate.bias if candidate is not None else None
+        if uses_fitted(mode) and bias is None:
+            where = "extra.prior" if asked.prior else f"{PREFIX}PRIOR"
+            raise DecisionError(
+                f"{where}={mode!r}: no position bias was fitted for {qtype} questions in this layout on this "
+                f"server (startup calibration off, or too few {qtype} questions in its file); use off or content-free"
+            )
+        applied = temperatures.applied(qtype, requested_t)
+        chosen = reads is not None and choice is reads.chosen and mode == choice.mode
+        if (
+            applied.source == "calibrated"
+            and reads is not None
+            and candidate is not None
+            and not chosen
+        ):
+            scope = ":".join(
+                part for part in (qtype, "question" if own else layout, mode) if part
+            )
+            applied = Temperature(candidate.temperature, "calibrated", scope)
+        laid = layout if asked.layout is None and reads is not None else None
+        return Resolved(Correction(mode, self.cache, bias), laid, applied)

@@ -1,0 +1,465 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one decision path both endpoints call: limits -> backend read -> temperature -> answer -> audit.
+
+Wire modules only translate JSON to a :class:`DecisionRequest` and answers back to JSON; everything that
+decides a number happens here or in a backend. Each question is read under its own :class:`ReadContext`
+(debias.py, then the backend, then the host), passed as an argument all the way down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol
+
+from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision, Failure
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
+from vllm.entrypoints.generate.decisions.decide.backends.base import (
+    checked_scores,
+    facts_json,
+)
+from vllm.entrypoints.generate.decisions.decide.budget import over_request_message
+from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+    DEFAULT,
+    FIRST_PASS,
+    SERVER,
+    Temperature,
+    Temperatures,
+)
+from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    BackendUnavailable,
+    DecisionError,
+    EngineBusyError,
+    OverLimitError,
+    internal_error,
+    without_paths,
+)
+from vllm.entrypoints.generate.decisions.decide.metrics import (
+    record_questions,
+    record_temperatures,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import (
+    CompiledQuestion,
+    QuestionType,
+)
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.readiness import (
+    CALIBRATION,
+    SELF_CHECK,
+    Readiness,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
+    Asked,
+    Calibrated,
+    Corrections,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.debias import read_question
+from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
+    CONFIDENCE_FORMULA,
+    confidence,
+    non_finite,
+    softmax,
+)
+from vllm.entrypoints.generate.decisions.decide.registry import (
+    backend_class,
+    backend_names,
+    failures_note,
+)
+from vllm.entrypoints.generate.decisions.decide.reports import (
+    AuditRecord,
+    BackendReport,
+)
+from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.settings import (
+    PREFIX,
+    Settings,
+    SettingsError,
+)
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
+logger = init_logger(__name__)
+
+
+def check_question_count(settings: Settings, count: int) -> None:
+    """Refuses more questions than VLLM_TYPED_DECISIONS_MAX_QUESTIONS: the wires call it before compiling any."""
+    if count > settings.max_questions:
+        raise OverLimitError(
+            f"{count} questions in one request; the limit is {settings.max_questions} "
+            f"(set {PREFIX}MAX_QUESTIONS to raise it)"
+        )
+
+
+def check_option_count(
+    settings: Settings, qtype: QuestionType, count: int, name: str
+) -> None:
+    """Refuses more options than ``qtype``'s own limit allows (a wire calls it before compiling the question)."""
+    if (limit := qtype.options_limit) is None:
+        return
+    most = getattr(settings, limit.setting)
+    if count > most:
+        raise OverLimitError(
+            f"{name} has {count} {limit.noun}; the limit is {most} (set {PREFIX}{limit.setting.upper()} to raise it)"
+        )
+
+
+def request_chars(request: DecisionRequest) -> int:
+    """The characters of a request's input and every text of its questions, as compiled."""
+    texts = (
+        len(q.instructions) + sum(len(o.text) for o in q.options)
+        for q in request.questions
+    )
+    return len(request.state) + sum(texts)
+
+
+def failure_reason(exc: Exception) -> str:
+    """What a 503 says of failed startup work: our own refusal's message (it says why and what to
+    change); of a fault, only its kind (its text stays in the server's log)."""
+    if isinstance(exc, (BackendUnavailable, SettingsError)):
+        return without_paths(str(exc))
+    return f"the startup work failed ({type(exc).__name__}); the server's log says why"
+
+
+class Decides(Protocol):
+    """What the wires and bulk decide through: one model's service, or the server's models in front
+    of a service each (runtime/adapters.py)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    async def decide(self, request: DecisionRequest) -> Decision: ...
+
+
+class DecisionService:
+    """Decides requests on one model (the base model, or the base through one LoRA adapter): its
+    backend, startup work, readiness and calibration."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: DecisionBackend,
+        served_model: str,
+        starter: Callable[[DecisionBackend], Awaitable[Any]] | None = None,
+        readiness: Readiness | None = None,
+        adapter: LoRARequest | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        # Other registered backends, built with their defaults the first time a request names one.
+        self._others: dict[str, DecisionBackend] = {}
+        self._building = asyncio.Lock()
+        # Starts a backend: the default one at startup and any other a request names, the same way
+        # (startup.py passes the once-per-server start; alone, the backend's own start hook).
+        self.starter = starter or (lambda chosen: chosen.start())
+        self.served_model = served_model
+        # The LoRA adapter every read of this service goes through (None: the base model).
+        self.adapter = adapter
+        # What identifies this service's model for its saved startup work (startup.deployment).
+        self.deployment: dict[str, Any] = {"model": served_model}
+        # Whether requests can be answered yet; while not, what startup is doing (or why it failed).
+        self.readiness = readiness or Readiness()
+        configured = (
+            Temperature(settings.temperature, "configured", SERVER)
+            if settings.temperature
+            else None
+        )
+        # The calibration in force, replaced as one object: a request takes it once, at its start.
+        self.calibrated = Calibrated(Temperatures(configured or DEFAULT))
+        self.corrections = Corrections(
+            settings.prior, settings.prior_cache, settings.prior_cache_bytes
+        )
+
+    async def start(
+        self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None
+    ) -> None:
+        """Startup work: the backend's own checks, then (unless a temperature is configured) calibration,
+        each a step of ``self.readiness`` (startup.py hands it to calibration for its progress). Requests
+        get 503 naming the step until this finishes; if anything in it fails, 503 with the reason."""
+        try:
+            self.readiness.begin(SELF_CHECK)
+            await self.starter(self.backend)
+            if calibrate is not None and self.temperatures.server.source == "default":
+                self.readiness.begin(CALIBRATION)
+                calibrated = await calibrate()
+                if self.calibrated.stage == FIRST_PASS:
+                    self.calibrated = calibrated
+                    # A failed full calibration (T = 1.0, no stage) leaves no stage in force.
+                    record_temperatures(
+                        self.temperatures, self.adapter_name, calibrated.stage or ""
+                    )
+                    logger.info(
+                        "decision calibration: the full calibration replaces the first pass%s: %s",
+                        self.through,
+                        self.temperatures.describe(),
+                    )
+                    return
+                self.calibrated = calibrated
+        except Exception as exc:
+            if self.calibrated.stage == FIRST_PASS:
+                # Answering already: the first pass stays in force, and start_service logs the fault.
+                logger.error(
+                    "decision calibration: the full calibration failed; the first pass stays in force"
+                )
+            else:
+                self.readiness.fail(failure_reason(exc))
+            raise
+        self._ready("")
+
+    def use_first_pass(self, calibrated: Calibrated) -> None:
+        """Calibration's first pass is fitted: in force, and decisions answer, while the full one reads on."""
+        self.calibrated = calibrated
+        self._ready(
+            f" after calibration's first pass ({calibrated.question_reads} question reads; "
+            "the full calibration continues in the background)"
+        )
+
+    def _ready(self, after: str) -> None:
+        self.readiness.succeed()
+        # metrics.py: the temperature gauges
+        record_temperatures(self.temperatures, self.adapter_name, self.calibrated.stage)
+        logger.info(
+            "decisions ready%s%s: backend=%s, %s",
+            self.through,
+            after,
+            self.backend.name,
+            self.temperatures.describe(),
+        )
+
+    @property
+    def temperatures(self) -> Temperatures:
+        return self.calibrated.temperatures
+
+    @property
+    def through(self) -> str:
+        return (
+            f" through LoRA adapter {self.adapter_name!r}"
+            if self.adapter is not None
+            else ""
+        )
+
+    @property
+    def adapter_name(self) -> str:
+        return self.adapter.lora_name if self.adapter is not None else ""
+
+    def check_limits(self, request: DecisionRequest) -> None:
+        """Refuse, before any model work, a request over a configured limit, naming the setting: the
+        input's length, the number of questions, each question type's own limit on its options, and the
+        characters of the input and questions together; and a priority other than 0 where the engine
+        doesn't schedule by priority. (The wires check the counts before compiling too; this holds
+        requests built any other way.)"""
+        s = self.settings
+        if len(request.state) > s.max_input_chars:
+            raise OverLimitError(
+                f"the input is {len(request.state)} characters; the limit is {s.max_input_chars} "
+                f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
+            )
+        questions = request.questions
+        if not questions:
+            raise DecisionError("a request needs at least one question")
+        check_question_count(s, len(questions))
+        for name, q in zip(request.names, questions, strict=True):
+            check_option_count(s, q.qtype, len(q.options), name)
+        if request_chars(request) > s.max_request_chars:
+            raise OverLimitError(over_request_message(s.max_request_chars))
+        if request.temperature is not None and (
+            problem := s.temperature_problem(request.temperature)
+        ):
+            raise DecisionError(
+                f"extra.calibration_temperature={problem}",
+                param="extra.calibration_temperature",
+            )
+        if request.priority and not getattr(
+            self.backend.host, "priority_scheduling", False
+        ):
+            # vLLM's own APIs document the same refusal; its first-come scheduler would ignore the number.
+            raise DecisionError(
+                f"priority {request.priority} needs vllm serve --scheduling-policy priority; this "
+                "server schedules first come, first served (send 0 or leave priority out)"
+            )
+
+    async def decide(self, request: DecisionRequest) -> Decision:
+        """Answer every question of ``request``, concurrently; a failed question doesn't stop the rest.
+
+        The request's optional fields override the server's settings for it: ``temperature`` the
+        calibration temperature, ``debias`` VLLM_TYPED_DECISIONS_DEBIAS, ``prior`` ..._PRIOR; ``seed``
+        reaches backends whose reads draw randomness. Which service answers a request's ``model`` was
+        decided in front of this one (runtime/adapters.py).
+        """
+        self.readiness.check()
+        self.check_limits(request)
+        chosen = await self.backend_named(request.backend, request.request_id)
+        overrides = dict(request.backend_options) if request.backend_options else None
+        options = chosen.seeded(chosen.request_options(overrides), request.seed)
+        layout_option = chosen.layout_option
+        asked = Asked(
+            request.debias or self.settings.debias,
+            request.prior,
+            (overrides or {}).get(layout_option) if layout_option else None,
+        )
+        # A question's failure is its own refusal (``_answer`` returns it); only the engine refusing a
+        # read (queue full) escapes, and then the other reads are cancelled and the request refused.
+        # Engine request ids: decision-<request id>-<question>, so vLLM's request log shows whose reads they are.
+        contexts = [
+            ReadContext(
+                request.state,
+                request.state_sha256,
+                f"decision-{request.request_id}-{i}",
+                options,
+                request.cache_salt,
+                request.priority,
+                self.adapter,
+            )
+            for i in range(len(request.questions))
+        ]
+        # One calibration for the whole request, even if the full one replaces the first pass meanwhile.
+        calibrated = self.calibrated
+        reads = (
+            self._answer(
+                chosen, question, context, request.temperature, asked, calibrated
+            )
+            for question, context in zip(request.questions, contexts, strict=True)
+        )
+        results = await gather_or_cancel(reads)
+        # metrics.py: questions, refusals, option mass
+        record_questions(results, chosen.name, self.adapter_name)
+        return Decision(self.served_model, results)
+
+    async def backend_named(
+        self, name: str | None, request_id: str = ""
+    ) -> DecisionBackend:
+        """The server's backend, or another registered one built (and started) with its defaults. One that
+        can't serve this model is a 400 naming what to change (retrying can't help); any other failure to
+        start it is a fault, logged under ``request_id``."""
+        if name is None or name == self.backend.name:
+            return self.backend
+        if name in self._others:
+            return self._others[name]
+        async with self._building:
+            if name not in self._others:
+                cls = backend_class(name)
+                if cls is None:
+                    loaded = ", ".join(backend_names())
+                    raise DecisionError(
+                        f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}"
+                        + failures_note()
+                    )
+                try:
+                    other = cls(self.backend.host, None, self.settings)
+                    await self.starter(other)
+                except BackendUnavailable as exc:
+                    logger.warning(
+                        "decision %s: backend %r can't serve this model: %s",
+                        request_id,
+                        name,
+                        exc,
+                    )
+                    raise DecisionError(
+                        f"extra.backend={name!r}: backend {name!r} could not start for this model: "
+                        f"{without_paths(str(exc))}; name another backend or leave extra.backend out "
+                        f"(this server's backend: {self.backend.name!r})",
+                        param="extra.backend",
+                    ) from None
+                except Exception:
+                    logger.exception(
+                        "decision %s: backend %r failed to start", request_id, name
+                    )
+                    raise internal_error(request_id) from None
+                self._others[name] = other
+        return self._others[name]
+
+    async def _answer(
+        self,
+        backend: DecisionBackend,
+        question: CompiledQuestion,
+        context: ReadContext[Any],
+        requested: float | None,
+        asked: Asked,
+        calibrated: Calibrated,
+    ) -> Answer | Failure:
+        try:
+            how = self.corrections.resolve(
+                question,
+                asked,
+                calibrated.temperatures,
+                requested,
+                calibrated=backend is self.backend,
+                chosen_reads=calibrated.reads,
+            )
+            applied = how.temperature
+            laid_out = context.with_options(
+                backend.with_layout(context.options, how.layout)
+            )
+            read = await read_question(
+                backend, question, laid_out, asked.debias, how.correction
+            )
+            reading = read.reading
+            raw = checked_scores(reading, len(question.options), backend.name)
+            scores = read.corrected if read.corrected is not None else raw
+        except EngineBusyError:
+            raise
+        except DecisionError as exc:
+            if exc.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+                logger.error("decision %s: %s", context.request_id, exc.message)
+            return Failure(question, exc)
+        except Exception:  # a fault in one question must not sink the others; its text stays in the log
+            logger.exception("decision read failed for %s", context.request_id)
+            return Failure(question, internal_error(context.request_id))
+        options = question.options
+        probabilities = softmax(scores, applied.value)
+        made = confidence(probabilities)
+        fields = question.qtype.answer(probabilities, options)
+        # The one check that every number an answer sends is real (softmax can't make one that isn't; a
+        # question type's own fields might): a question that fails it is refused, never sent as null.
+        if (
+            where := non_finite(
+                {"probabilities": probabilities, "confidence": made, **fields}
+            )
+        ) is not None:
+            logger.error(
+                "decision %s: %s of a %s answer is not a finite number (scores %s, T=%r)",
+                context.request_id,
+                where.lstrip("."),
+                question.qtype.name,
+                scores,
+                applied.value,
+            )
+            return Failure(question, internal_error(context.request_id))
+        audit = AuditRecord(
+            served_model=self.served_model,
+            adapter=self.adapter_name or None,
+            state_sha256=context.state_sha256,
+            render_version=backend.render_version,
+            confidence_formula=CONFIDENCE_FORMULA,
+            calibration_temperature=applied.value,
+            temperature_source=applied.source,
+            temperature_scope=applied.scope,
+            calibration_stage=calibrated.stage,
+            calibration_reads=calibrated.question_reads,
+            forward_passes=reading.forward_passes,
+            input_tokens=reading.input_tokens,
+            cached_input_tokens=reading.cached_input_tokens,
+            option_mass=reading.option_mass,
+            readout=reading.readout,
+            backend=facts_json(reading.audit),
+            debias=read.debias,
+            prior=read.prior,
+        )
+        facts = BackendReport(
+            name=backend.name,
+            option_logits={o.key: s for o, s in zip(options, raw, strict=True)},
+            facts=facts_json(reading.meta),
+        )
+        return Answer(
+            question=question,
+            probabilities=probabilities,
+            confidence=made,
+            fields=fields,
+            backend=facts,
+            audit=audit,
+            input_tokens=reading.input_tokens,
+            cached_tokens=reading.cached_input_tokens,
+        )

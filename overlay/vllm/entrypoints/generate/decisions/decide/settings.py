@@ -1,0 +1,458 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every setting of the decision endpoints, read from the environment once, at startup.
+
+A bad value stops the server with a message naming the variable and what it accepts, so a typo never
+turns into a silently different behaviour; :func:`check_environment` does that in the API server before
+the engine starts (the router patch calls it from vLLM's serve-argument checks), so a bad value costs
+seconds, not a model load. Switches read ``1/true/yes/on`` and ``0/false/no/off`` in any case, and an
+empty value as off (the usual way to switch a variable off in an env file); in the other settings an
+empty value means the default. Limits live here too: each request check names the variable to raise.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+    AUTO,
+    PRIOR_CHOICES,
+    PriorSetting,
+)
+
+PREFIX = "VLLM_TYPED_DECISIONS_"
+ENABLE_VARIABLE = "VLLM_ENABLE_TYPED_DECISIONS"
+
+W = TypeVar("W", bound=str)
+
+# Every name this module reads: the one list of them. The router patch declares whatever
+# VLLM_TYPED_DECISIONS_* name the environment holds in vllm/envs.py, so vLLM's environment validation
+# lets them all through; check_environment refuses a name not listed here (unknown_variables).
+VARIABLES = (
+    ENABLE_VARIABLE,
+    PREFIX + "BACKEND",
+    PREFIX + "TEMPERATURE",
+    PREFIX + "MIN_TEMPERATURE",
+    PREFIX + "MAX_TEMPERATURE",
+    PREFIX + "MAX_QUESTIONS",
+    PREFIX + "MAX_CHOICES",
+    PREFIX + "MAX_LEVELS",
+    PREFIX + "MAX_BODY_BYTES",
+    PREFIX + "MAX_INPUT_CHARS",
+    PREFIX + "MAX_REQUEST_CHARS",
+    PREFIX + "MAX_JSON_DEPTH",
+    PREFIX + "MIN_OPTION_MASS",
+    PREFIX + "CALIBRATION",
+    PREFIX + "CALIBRATION_DIR",
+    PREFIX + "FIRST_PASS",
+    PREFIX + "STARTUP_WAIT",
+    PREFIX + "DEBIAS",
+    PREFIX + "BULK_IN_FLIGHT",
+    PREFIX + "BULK_WINDOW",
+    PREFIX + "PRIOR",
+    PREFIX + "PRIOR_CACHE",
+    PREFIX + "PRIOR_CACHE_BYTES",
+    PREFIX + "MAX_ADAPTERS",
+)
+
+
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off", "")
+SWITCH_WORDS = (
+    "1, true, yes or on to switch on; 0, false, no, off or empty to switch off"
+)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_INPUT_CHARS = 1_000_000
+# A request's input and questions together, by default: room for the longest input and three times its
+# length in questions, which no model's context holds in one prompt today.
+REQUEST_CHARS_PER_INPUT = 4
+# How deep a JSON value may nest: above the deepest one DEFAULT_MAX_INPUT_CHARS can hold once indented
+# (about 707 levels: a value d deep renders to about 2 * d**2 characters), below where Python's own
+# recursion runs out (the body parser refuses about 1,000).
+DEFAULT_MAX_JSON_DEPTH = 800
+DEFAULT_STARTUP_WAIT = 900.0
+DEFAULT_PRIOR_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_ADAPTERS = 16
+# The temperatures a request, the configuration or a saved calibration may apply: wide enough for any
+# real fit (calibration searches 0.05 to 20), narrow enough that no score divided by one overflows.
+DEFAULT_MIN_TEMPERATURE = 0.001
+DEFAULT_MAX_TEMPERATURE = 1000.0
+
+
+class SettingsError(ValueError):
+    """A setting with a value the server can't use; the message names the variable."""
+
+
+def parse_switch(name: str, raw: str | None) -> bool:
+    """A switch: the words of SWITCH_ON or SWITCH_OFF, in any case, spaces around ignored; None is off.
+
+    vllm/envs.py (the router patch) reads VLLM_ENABLE_TYPED_DECISIONS with the same words, but takes any
+    other value as off rather than fail in an engine process; this is where such a value is refused.
+    """
+    word = (raw or "").strip().lower()
+    if word in SWITCH_ON:
+        return True
+    if word in SWITCH_OFF:
+        return False
+    raise SettingsError(f"{name}={raw!r}: expected {SWITCH_WORDS}")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """``name:arg=value,arg=value`` split into the backend's name and typed arguments."""
+
+    name: str | None
+    args: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Debias:
+    """``off`` (one read in the client's order) or ``rotate`` (``rotations``: None for the default)."""
+
+    mode: str = "off"
+    rotations: int | None = None
+
+    def __str__(self) -> str:
+        return self.mode if self.rotations is None else f"{self.mode}:{self.rotations}"
+
+
+NO_DEBIAS = Debias()
+
+
+# The debias forms, as messages and the request schema name them (parse_debias).
+DEBIAS_FORMS = "off, rotate or rotate:N with N >= 1"
+
+
+def parse_debias(text: str, exact: bool = False) -> Debias:
+    """``off``, ``rotate`` or ``rotate:N`` (N >= 1): in any case and spacing (the
+    variable), or when ``exact`` (a request's ``extra.debias``) spelled as str() spells
+    the result; ValueError naming the accepted forms otherwise."""
+    mode, sep, count = (part.strip() for part in text.strip().lower().partition(":"))
+    parsed = None
+    if mode == "off" and not sep:
+        parsed = NO_DEBIAS
+    elif mode == "rotate" and not sep:
+        parsed = Debias("rotate")
+    # isdecimal, not isdigit: "²" is a digit that int() refuses.
+    elif mode == "rotate" and count.isdecimal() and int(count) >= 1:
+        parsed = Debias("rotate", int(count))
+    if parsed is None or (exact and str(parsed) != text):
+        raise ValueError(f"{text!r}: expected {DEBIAS_FORMS}")
+    return parsed
+
+
+DEFAULT_DEBIAS = Debias("rotate", 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The values in force. Each default is written once, where :meth:`from_env`
+    reads its variable (the fields have none: only from_env builds Settings)."""
+
+    backend: BackendSpec
+    temperature: float | None
+    max_questions: int
+    max_choices: int
+    max_levels: int
+    max_body_bytes: int
+    # The longest input (state) text, in characters, after input items are rendered to text.
+    max_input_chars: int
+    min_option_mass: float
+    # "off", "on" (the bundled question set) or the path of an operator question file.
+    calibration: str
+    calibration_dir: str
+    # Seconds an API-server process waits for another one's startup work before doing it itself.
+    startup_wait: float
+    # How answers are made independent of the clients' option order (debias.py).
+    debias: Debias
+    # vllm run-batch: the most lines in flight at once, and the most read ahead to group lines about one
+    # input (bulk/run_batch.py).
+    bulk_in_flight: int
+    bulk_window: int
+    # The prior correction of each read (prior.py): a mode, or auto for what calibration chose per type;
+    # and how many questions' content-free reads are kept, and in how much memory (per decision service).
+    prior: PriorSetting
+    prior_cache: int
+    prior_cache_bytes: int
+    # The most LoRA adapters with a decision service of their own at once (adapters.py): least recently
+    # used out, its saved calibration kept for its return.
+    max_adapters: int
+    # Whether a fresh calibration answers after a smaller first pass while the full one runs on.
+    first_pass: bool
+    # The most characters a request's input and questions render to together, and the
+    # deepest JSON value in them: one budget per request (budget.py).
+    max_request_chars: int
+    max_json_depth: int
+    # The temperatures that may apply (a request's, the configured one, a saved calibration's).
+    min_temperature: float
+    max_temperature: float
+
+    def temperature_problem(self, value: float) -> str | None:
+        """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
+        if self.min_temperature <= value <= self.max_temperature:
+            return None
+        return (
+            f"{value!r} is outside the temperatures this server applies, {self.min_temperature!r} to "
+            f"{self.max_temperature!r} ({PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set the range)"
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        max_input_chars = _int_at_least(
+            env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1
+        )
+        low, high = _temperature_range(env)
+        temperature = _positive_float(env, PREFIX + "TEMPERATURE")
+        if temperature is not None and not low <= temperature <= high:
+            raise SettingsError(
+                f"{PREFIX}TEMPERATURE={temperature!r}: outside {low!r} to {high!r}, the range "
+                f"{PREFIX}MIN_TEMPERATURE and {PREFIX}MAX_TEMPERATURE set"
+            )
+        return cls(
+            backend=parse_backend_spec(env.get(PREFIX + "BACKEND", "")),
+            temperature=temperature,
+            max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
+            max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
+            max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
+            max_body_bytes=_int_at_least(
+                env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024
+            ),
+            max_input_chars=max_input_chars,
+            min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
+            calibration=_calibration(env),
+            calibration_dir=env.get(PREFIX + "CALIBRATION_DIR", "").strip()
+            or default_calibration_dir(env),
+            startup_wait=_positive_float(
+                env, PREFIX + "STARTUP_WAIT", DEFAULT_STARTUP_WAIT
+            ),
+            debias=_debias(env),
+            bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
+            bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
+            prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, AUTO),
+            prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
+            prior_cache_bytes=_int_at_least(
+                env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536
+            ),
+            max_adapters=_int_at_least(
+                env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1
+            ),
+            first_pass=parse_switch(
+                PREFIX + "FIRST_PASS",
+                env.get(PREFIX + "FIRST_PASS", "").strip() or "on",
+            ),
+            max_request_chars=_int_at_least(
+                env,
+                PREFIX + "MAX_REQUEST_CHARS",
+                REQUEST_CHARS_PER_INPUT * max_input_chars,
+                1,
+            ),
+            max_json_depth=_int_at_least(
+                env, PREFIX + "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1
+            ),
+            min_temperature=low,
+            max_temperature=high,
+        )
+
+
+def decisions_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether VLLM_ENABLE_TYPED_DECISIONS switches the decision endpoints on; SettingsError if unreadable."""
+    env = os.environ if environ is None else environ
+    return parse_switch(ENABLE_VARIABLE, env.get(ENABLE_VARIABLE))
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> Settings | None:
+    """Every variable of ours, checked before the engine starts: the settings when decisions are on,
+    None when off. Raises SettingsError, naming the variable and what it accepts, for a bad value, and
+    naming it for a ``VLLM_TYPED_DECISIONS_*`` name that no setting reads.
+
+    The backend's name and arguments are checked against the registered backends later, at startup,
+    once plugins are loaded in the API-server process that uses them.
+    """
+    env = os.environ if environ is None else environ
+    if not decisions_enabled(env):
+        return None
+    if unknown := unknown_variables(env):
+        raise SettingsError(unknown_message(unknown[0]))
+    return Settings.from_env(env)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Names under our prefix that no setting reads, in sorted order: most likely typos."""
+    return sorted(
+        name for name in environ if name.startswith(PREFIX) and name not in VARIABLES
+    )
+
+
+def unknown_message(name: str) -> str:
+    """What a name no setting reads is, the setting it most likely meant, and the names there are."""
+    close = difflib.get_close_matches(name, VARIABLES[1:], n=1)
+    meant = f" (did you mean {close[0]}?)" if close else ""
+    names = ", ".join(variable.removeprefix(PREFIX) for variable in VARIABLES[1:])
+    return f"{name} is not a setting of the decision endpoints{meant}; the settings are {PREFIX}{{{names}}}"
+
+
+def parse_value(text: str) -> int | float | bool | str:
+    """A backend argument: int, float or bool when it reads as one, else the string itself."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_backend_spec(text: str) -> BackendSpec:
+    text = text.strip()
+    if not text:
+        return BackendSpec(None, {})
+    name, _, arg_text = text.partition(":")
+    args: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in arg_text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(
+                f"{PREFIX}BACKEND={text!r}: argument {item!r} is not key=value; "
+                "expected name or name:key=value,key=value"
+            )
+        args[key.strip()] = parse_value(value.strip())
+    return BackendSpec(name.strip(), args)
+
+
+def _number(
+    env: Mapping[str, str],
+    name: str,
+    kind: type[int] | type[float],
+    default: Any,
+    valid: Callable[[float], bool],
+    accepted: str,
+) -> Any:
+    """A numeric setting: its default when unset or empty, else the parsed value if it is ``accepted``."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:  # int() and float() of any text raise nothing else
+        value = None
+    if value is None or not valid(value):
+        empty = "none" if default is None else f"the default, {default}"
+        raise SettingsError(
+            f"{name}={raw!r}: expected {accepted}, or empty for {empty}"
+        )
+    return value
+
+
+def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    return _number(
+        env,
+        name,
+        int,
+        default,
+        lambda v: v >= minimum,
+        f"a whole number of at least {minimum}",
+    )
+
+
+def _positive_float(
+    env: Mapping[str, str], name: str, default: float | None = None
+) -> Any:
+    return _number(
+        env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0"
+    )
+
+
+def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
+    """MIN_TEMPERATURE and MAX_TEMPERATURE: finite, above 0, and around 1.0 (the default temperature)."""
+    low_name, high_name = PREFIX + "MIN_TEMPERATURE", PREFIX + "MAX_TEMPERATURE"
+    low = _number(
+        env,
+        low_name,
+        float,
+        DEFAULT_MIN_TEMPERATURE,
+        lambda v: 1e-6 <= v <= 1.0,
+        "a number from 0.000001 to 1 (1.0 is the default temperature)",
+    )
+    high = _number(
+        env,
+        high_name,
+        float,
+        DEFAULT_MAX_TEMPERATURE,
+        lambda v: 1.0 <= v <= 1e6,
+        "a number from 1 to 1000000 (1.0 is the default temperature)",
+    )
+    return low, high
+
+
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    return _number(
+        env, name, float, default, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1"
+    )
+
+
+def _debias(env: Mapping[str, str]) -> Debias:
+    name = PREFIX + "DEBIAS"
+    raw = env.get(name, "").strip()
+    if not raw:
+        return DEFAULT_DEBIAS
+    try:
+        return parse_debias(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={exc}") from None
+
+
+def _choice(
+    env: Mapping[str, str], name: str, accepted: tuple[W, ...], default: W
+) -> W:
+    """One word of ``accepted`` (any case), or the default when unset or empty."""
+    raw = env.get(name, "")
+    word = raw.strip().lower()
+    if not word:
+        return default
+    for choice in accepted:
+        if word == choice:
+            return choice
+    raise SettingsError(
+        f"{name}={raw!r}: expected one of {', '.join(accepted)}, or empty for {default}"
+    )
+
+
+def default_calibration_dir(env: Mapping[str, str]) -> str:
+    """Under $HF_HOME, which survives container rebuilds when the Hugging Face cache is mounted."""
+    hf_home = env.get("HF_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "huggingface"
+    )
+    return os.path.join(hf_home, "decisions-calibration")
+
+
+def _calibration(env: Mapping[str, str]) -> str:
+    """A switch (on: the bundled set; unset is on) or the path of an operator question file.
+
+    A path must name a file now: a word that is neither a switch nor a file is far more likely a typo
+    than a file yet to appear. Whether the file reads as questions is checked (with a warning) when
+    calibration runs.
+    """
+    name = PREFIX + "CALIBRATION"
+    raw = env.get(name)
+    if raw is None:
+        return "on"
+    text = raw.strip()
+    if text.lower() == "bundled":
+        return "on"
+    try:
+        return "on" if parse_switch(name, text) else "off"
+    except SettingsError:
+        if os.path.isfile(text):
+            return text
+    raise SettingsError(
+        f"{name}={raw!r}: expected {SWITCH_WORDS} (on: the bundled question set), "
+        "or the path of a question file, and no such file exists"
+    )

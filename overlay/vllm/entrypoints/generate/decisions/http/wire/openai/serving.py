@@ -1,0 +1,264 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving ``POST /v1/decisions``: a :class:`DecisionsRequest` compiled to questions for the decision
+service, and its decision shaped as a :class:`DecisionsResponse`.
+
+A predicate is read as a yes/no ``noul`` without criteria, a choice as a ``choice``, a score as a
+``score``, so each renders exactly as the same Jev question does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision
+from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.questions import (
+    CHOICE,
+    NOUL,
+    SCORE,
+    CompiledQuestion,
+    NoulQuestion,
+    choice_options,
+    level_options,
+    within,
+)
+from vllm.entrypoints.generate.decisions.decide.registry import (
+    built_in_question_type,
+    failures_note,
+    question_type,
+)
+from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.service import (
+    Decides,
+    check_option_count,
+    check_question_count,
+)
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.validation import validation_message
+from vllm.entrypoints.generate.decisions.http.wire.common import (
+    answer_of,
+    decide,
+    decision_request,
+    response_id,
+)
+from vllm.entrypoints.generate.decisions.http.wire.openai.input import (
+    parse_items,
+    parts_text,
+    render_input,
+)
+from vllm.entrypoints.generate.decisions.http.wire.openai.protocol import (
+    BUILT_IN,
+    ChoiceAnswer,
+    ChoiceProbability,
+    ChoiceQuestion,
+    DecisionsRequest,
+    DecisionsResponse,
+    InputTokensDetails,
+    LevelProbability,
+    OutputTokensDetails,
+    PluginAnswer,
+    PredicateAnswer,
+    PredicateQuestion,
+    Refusal,
+    RefusalExtra,
+    ResponseExtra,
+    ScoreAnswer,
+    ScoreQuestion,
+    Usage,
+)
+
+AnyAnswer = PredicateAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
+
+# The field listing each built-in question's options, and the type its options are limited as.
+OPTIONS_FIELD = {"choice": "choices", "score": "levels"}
+BUILT_IN_TYPES = {"predicate": NOUL, "choice": CHOICE, "score": SCORE}
+
+
+def input_text(value: str | list[Any], max_chars: int) -> str:
+    """The input as one text: a string as it is, input items rendered in order."""
+    return (
+        value if isinstance(value, str) else render_input(parse_items(value), max_chars)
+    )
+
+
+def compile_question(
+    index: int, raw: Any, settings: Settings
+) -> tuple[str | None, CompiledQuestion]:
+    """One question of the request as (its name, the compiled question).
+
+    OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
+    types are not: ``predicate`` is the yes/no type here).
+    """
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or kind not in BUILT_IN:
+        return compile_plugin_question(index, raw, settings.max_input_chars)
+    max_chars = settings.max_input_chars
+    if isinstance(options := raw.get(OPTIONS_FIELD.get(kind, "")), list):
+        check_option_count(
+            settings, BUILT_IN_TYPES[kind], len(options), f"questions[{index}]"
+        )
+    try:
+        question = BUILT_IN[kind].model_validate(raw)
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
+    text = parts_text(
+        question.instructions, f"questions[{index}].instructions", max_chars
+    )
+    if isinstance(question, PredicateQuestion):
+        return question.name, NOUL.compile(NoulQuestion(instructions=text), max_chars)
+    if isinstance(question, ChoiceQuestion):
+        options = choice_options([(c.value, c.description) for c in question.choices])
+        return question.name, within(CompiledQuestion(CHOICE, text, options), max_chars)
+    assert isinstance(question, ScoreQuestion)
+    options = level_options(
+        [(level.label, level.description) for level in question.levels]
+    )
+    return question.name, within(CompiledQuestion(SCORE, text, options), max_chars)
+
+
+def compile_plugin_question(
+    index: int, raw: Any, max_chars: int
+) -> tuple[str | None, CompiledQuestion]:
+    if not isinstance(raw, dict):
+        raise DecisionError(f"questions[{index}]: must be an object")
+    kind = raw.get("type")
+    qtype = question_type(kind) if isinstance(kind, str) else None
+    if qtype is None or built_in_question_type(qtype):
+        raise DecisionError(
+            f"questions[{index}].type: unknown question type {kind!r}" + failures_note()
+        )
+    name = raw.get("name")
+    if "name" in raw and not isinstance(name, str):
+        raise DecisionError(f"questions[{index}].name: must be a string when given")
+    try:
+        question = qtype.model.model_validate(
+            {k: v for k, v in raw.items() if k != "name"}
+        )
+    except ValidationError as exc:
+        raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
+    return name, qtype.compile(question, max_chars)
+
+
+def compiled(
+    request: DecisionsRequest, request_id: str, settings: Settings
+) -> tuple[list[str | None], DecisionRequest]:
+    """Each question's name (for the answers), and the request the service decides: the questions
+    counted before any is compiled, and all of it rendered within one budget (budget.py)."""
+    check_question_count(settings, len(request.questions))
+    with spending(RenderBudget.of(settings)):
+        state = input_text(request.input, settings.max_input_chars)
+        named = [
+            compile_question(i, q, settings) for i, q in enumerate(request.questions)
+        ]
+    where = [f"questions[{i}]" for i in range(len(named))]
+    return [n for n, _ in named], decision_request(
+        request.extra, state, [q for _, q in named], where, request_id, request.model
+    )
+
+
+def predicate_answer(name: str | None, answer: Answer) -> PredicateAnswer:
+    return PredicateAnswer(
+        name=name, type="predicate", probability=answer.fields["probability"]
+    )
+
+
+def choice_answer(name: str | None, answer: Answer) -> ChoiceAnswer:
+    options, probabilities = answer.question.options, answer.probabilities
+    return ChoiceAnswer(
+        name=name,
+        type="choice",
+        choice=answer.fields["choice"],
+        probabilities=[
+            ChoiceProbability(value=o.value, probability=p)
+            for o, p in zip(options, probabilities, strict=True)
+        ],
+        confidence=answer.confidence,
+    )
+
+
+def score_answer(name: str | None, answer: Answer) -> ScoreAnswer:
+    options, probabilities = answer.question.options, answer.probabilities
+    return ScoreAnswer(
+        name=name,
+        type="score",
+        score=answer.fields["score"],
+        probabilities=[
+            LevelProbability(label=o.label, value=o.value, probability=p)
+            for o, p in zip(options, probabilities, strict=True)
+        ],
+        confidence=answer.confidence,
+    )
+
+
+def plugin_answer(name: str | None, answer: Answer) -> PluginAnswer:
+    """A plugin type's answer, whole: its own fields, the confidence and (unless it has its own) the
+    probabilities by option key."""
+    options, probabilities = answer.question.options, answer.probabilities
+    fields = {**answer.fields, "confidence": answer.confidence}
+    fields.setdefault(
+        "probabilities", {o.key: p for o, p in zip(options, probabilities, strict=True)}
+    )
+    return PluginAnswer(name=name, type=answer.question.qtype.name, **fields)
+
+
+# OpenAI's answer shape for each built-in question type (compiled from predicate, choice and score).
+ANSWER_SHAPES: dict[str, Callable[[str | None, Answer], AnyAnswer]] = {
+    "noul": predicate_answer,
+    "choice": choice_answer,
+    "score": score_answer,
+}
+
+
+def response(
+    request: DecisionsRequest,
+    names: list[str | None],
+    decision: Decision,
+    request_id: str,
+) -> DecisionsResponse:
+    answers: list[AnyAnswer | Refusal] = []
+    for name, result in zip(names, decision.results, strict=True):
+        if isinstance(result, Answer):
+            answers.append(
+                answer_of(
+                    result, request.extra.detail, ANSWER_SHAPES, plugin_answer, name
+                )
+            )
+        else:
+            answers.append(
+                Refusal(
+                    type="refusal",
+                    name=name,
+                    extra=RefusalExtra(error=result.error.message),
+                )
+            )
+    id_, created = response_id("decisions", request_id)
+    input_tokens = decision.input_tokens
+    return DecisionsResponse(
+        model=decision.served_model,
+        answers=answers,
+        usage=Usage(
+            input_tokens=input_tokens,
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=decision.cached_tokens, cache_write_tokens=0
+            ),
+            output_tokens=0,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+            total_tokens=input_tokens,
+        ),
+        extra=ResponseExtra(id=id_, created=created),
+    )
+
+
+async def create_decision(
+    service: Decides, request: DecisionsRequest, request_id: str
+) -> DecisionsResponse:
+    # Compiled in a worker thread: rendering a large request's JSON must not hold up other clients.
+    names, asked = await asyncio.to_thread(
+        compiled, request, request_id, service.settings
+    )
+    return response(request, names, await decide(service, asked), request_id)

@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which service answers a decision request: the model it names, and one decision service per LoRA
+adapter, chosen here in front of the services (a service knows nothing of adapters but its own).
+
+A request's ``model`` is resolved exactly as vLLM's own endpoints resolve it, by vLLM's own code
+(``BaseServing._check_model`` and ``_maybe_get_adapters`` over the server's ``OpenAIServingModels``): no
+name or a served model name is the base model; an adapter's name (``--lora-modules``, or loaded at run
+time) is that adapter's ``LoRARequest``; anything else is vLLM's 404 "The model `X` does not exist."
+vLLM's own ``VLLM_SKIP_MODEL_NAME_VALIDATION=1`` takes any other name as the base model.
+
+An adapter changes the model's answers, so each adapter is answered by a decision service of its own
+(startup.py builds it over the same engine, reading through the adapter): its own self-check,
+calibration and readiness, saved under the adapter's weights. It starts at startup for
+``--lora-modules`` adapters and on the first request naming it otherwise (503 with Retry-After for that
+adapter meanwhile), and is dropped when vLLM no longer serves the adapter (unloaded, or loaded again).
+Names that reach one adapter folder share its service, and at most VLLM_TYPED_DECISIONS_MAX_ADAPTERS
+services are held: a client naming adapters can't make the server hold (or calibrate) without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    DecisionError,
+    NotReadyError,
+)
+from vllm.entrypoints.generate.decisions.decide.settings import (
+    DEFAULT_MAX_ADAPTERS,
+    PREFIX,
+    Settings,
+)
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.generate.decisions.decide.answers import Decision
+    from vllm.entrypoints.generate.decisions.decide.readiness import Readiness
+    from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+    from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+    from vllm.lora.request import LoRARequest
+
+logger = init_logger(__name__)
+
+# The files of a PEFT adapter whose bytes decide its answers.
+WEIGHT_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+@dataclass(frozen=True)
+class Named:
+    """What vLLM's model checks read of a request: its ``model``."""
+
+    model: str | None
+
+
+@dataclass
+class AdapterService:
+    """The decision service answering through one adapter, and its startup work."""
+
+    adapter: LoRARequest
+    service: DecisionService
+    started: asyncio.Task[None]
+
+
+# Builds an adapter's decision service, and starts it (startup.py).
+Build = Callable[["LoRARequest"], Awaitable["DecisionService"]]
+Start = Callable[["DecisionService"], Coroutine[Any, Any, None]]
+
+
+class ServedModels:
+    """The server's models as vLLM serves them, each request handed to the service of the model it
+    names: ``base``, or a decision service per adapter in use: one per adapter folder, whatever name
+    reaches it (``x``, ``./x`` and ``x/`` through vLLM's filesystem resolver are one adapter), at most
+    ``limit`` of them, the least recently used set aside for a new one (its saved calibration brings
+    it back without measuring again). Without vLLM's ``serving_models`` every request is the base's."""
+
+    def __init__(
+        self,
+        base: DecisionService,
+        serving_models: OpenAIServingModels | None = None,
+        build: Build | None = None,
+        start: Start | None = None,
+        limit: int = DEFAULT_MAX_ADAPTERS,
+    ) -> None:
+        from vllm.entrypoints.serve.engine.serving import BaseServing
+
+        self.base = base
+        self.serving_models = serving_models
+        # vLLM's own model checks, without a request logger (a decision body is logged by its reads).
+        self._vllm = (
+            BaseServing(serving_models, serving_models.model_config)
+            if serving_models is not None
+            else None
+        )
+        self._build, self._start = build, start
+        self.limit = limit
+        # By adapter identity (:func:`adapter_identity`), least recently used first.
+        self._services: OrderedDict[str, AdapterService] = OrderedDict()
+        self._building = asyncio.Lock()
+        # Whether a request waits for its adapter's startup work rather than being refused 503 meanwhile
+        # (bulk: a batch line or a Python API call has no client to retry it).
+        self.wait_for_start = False
+
+    @property
+    def settings(self) -> Settings:
+        return self.base.settings
+
+    @property
+    def readiness(self) -> Readiness:
+        """The base model's: until it is ready no request is answered (an adapter's service starts
+        only on a ready base)."""
+        return self.base.readiness
+
+    async def decide(self, request: DecisionRequest) -> Decision:
+        """``request`` decided by the service of the model it names; a name vLLM doesn't serve is
+        vLLM's 404."""
+        adapter = await self.adapter(request.model)
+        service = self.base if adapter is None else await self.service_for(adapter)
+        return await service.decide(request)
+
+    async def adapter(self, model: str | None) -> LoRARequest | None:
+        """The adapter ``model`` names (None: the base model), or vLLM's refusal of an unknown model. Under
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` vLLM's LoRA resolvers may load it here, as for its own APIs."""
+        if self._vllm is None:
+            return None
+        self.prune()
+        named: Any = Named(model or None)
+        refusal = await self._vllm._check_model(named)
+        if refusal is not None:
+            error = refusal.error
+            raise DecisionError(
+                error.message, HTTPStatus(error.code), param=error.param
+            )
+        return self._vllm._maybe_get_adapters(named)
+
+    def _loaded(self) -> dict[str, LoRARequest]:
+        """The adapters vLLM serves now, by name."""
+        if self.serving_models is None:
+            return {}
+        return self.serving_models.lora_requests
+
+    def _current(self, held: AdapterService | None) -> bool:
+        """Whether vLLM still serves ``held``'s adapter as it was when its service was built."""
+        return (
+            held is not None
+            and self._loaded().get(held.adapter.lora_name) is held.adapter
+        )
+
+    async def service_for(self, adapter: LoRARequest) -> DecisionService:
+        """The decision service of ``adapter``'s folder, built and its startup begun the first time it is
+        asked for; another name for the same folder gets the same service."""
+        identity = adapter_identity(adapter)
+        held = self._services.get(identity)
+        if not self._current(held):
+            async with self._building:
+                held = self._services.get(identity)
+                if not self._current(held):
+                    self._make_room()
+                    assert self._build is not None and self._start is not None
+                    service = await self._build(adapter)
+                    held = AdapterService(
+                        adapter, service, asyncio.create_task(self._start(service))
+                    )
+                    self._services[identity] = held
+        assert held is not None
+        self._services.move_to_end(identity)
+        if self.wait_for_start:
+            await asyncio.shield(held.started)
+        return held.service
+
+    def _make_room(self) -> None:
+        """Set aside the least recently used services whose startup has finished until a new one fits;
+        when every one is still starting, refuse (503) rather than start more at once."""
+        while len(self._services) >= self.limit:
+            idle = next(
+                (key for key, held in self._services.items() if held.started.done()),
+                None,
+            )
+            if idle is None:
+                raise NotReadyError(
+                    f"{len(self._services)} LoRA adapters' decision services are starting, the most at once "
+                    f"({PREFIX}MAX_ADAPTERS={self.limit}); retry shortly"
+                )
+            held = self._services.pop(idle)
+            logger.info(
+                "decisions through LoRA adapter %r set aside: %d adapters in use (%sMAX_ADAPTERS); "
+                "its calibration stays saved",
+                held.adapter.lora_name,
+                self.limit,
+                PREFIX,
+            )
+
+    async def start_loaded(self) -> None:
+        """Start every adapter vLLM serves now (``--lora-modules``), one after another."""
+        for adapter in list(self._loaded().values()):
+            await self.service_for(adapter)
+            held = self._services.get(adapter_identity(adapter))
+            if held is not None:
+                await held.started
+
+    def prune(self) -> None:
+        """Drop the services of adapters vLLM no longer serves as they were (unloaded, or loaded again)."""
+        served = self._loaded()
+        for identity, held in list(self._services.items()):
+            if not self._current(held):
+                name = held.adapter.lora_name
+                logger.info(
+                    "decisions through LoRA adapter %r dropped: it is %s",
+                    name,
+                    "loaded again" if name in served else "unloaded",
+                )
+                held.started.cancel()
+                del self._services[identity]
+
+    def services(self) -> dict[str, DecisionService]:
+        """Each service by the name of the adapter it reads through."""
+        return {
+            held.adapter.lora_name: held.service for held in self._services.values()
+        }
+
+
+def adapter_identity(adapter: LoRARequest) -> str:
+    """Which adapter a LoRARequest loads: its folder with the path resolved (``x``, ``./x``, ``x/`` and
+    ``x/.`` are one), or its path as given where that is no local folder (a hub id)."""
+    path = adapter.lora_path
+    return (
+        "path:" + os.path.realpath(path)
+        if path and os.path.exists(path)
+        else f"name:{path or adapter.lora_name}"
+    )
+
+
+def weights_sha256(path: str) -> str:
+    """SHA-256 over an adapter's weight files (and config), so a saved calibration is reused only for the
+    same weights; an adapter that isn't a local folder (a hub id vLLM downloads) is keyed by its path."""
+    folder = Path(path)
+    digest = hashlib.sha256()
+    files = (
+        [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+        if folder.is_dir()
+        else []
+    )
+    if not files:
+        digest.update(f"path:{path}".encode())
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

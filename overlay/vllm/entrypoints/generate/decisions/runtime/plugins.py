@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Plugins from installed packages: the ``vllm.decision_backends`` and ``vllm.decision_question_types``
+entry-point groups, loaded once at startup into the server's registry (registry.py).
+
+A backend entry point names a backend class, a question-type one a question type (class or
+instance); either may instead name a function that registers things itself, and importing its module
+may also register on its own. Anything else an entry point names is a load failure, and so is a name
+already taken (a plugin replaces a built-in only by registering it with ``override=True``). A plugin
+that fails to load is left out, never silently: the log names it and why, and so does every refusal
+of a request that needs it (and the server won't start if the configured backend was one of its).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from types import ModuleType
+
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
+from vllm.entrypoints.generate.decisions.decide.questions import QuestionType
+from vllm.entrypoints.generate.decisions.decide.registry import (
+    record_failure,
+    register_backend,
+    register_question_type,
+)
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+BACKENDS, QUESTION_TYPES = "vllm.decision_backends", "vllm.decision_question_types"
+GROUPS = {BACKENDS: "backend", QUESTION_TYPES: "question type"}
+# What each group's entry points may name: the failure for anything else says so.
+ACCEPTED = {
+    BACKENDS: "a DecisionBackend subclass, a function that registers, or a module that registers on import",
+    QUESTION_TYPES: "a QuestionType subclass or instance, a function that registers, or a module that registers "
+    "on import",
+}
+
+
+def load_plugins() -> list[str]:
+    """Load every decision plugin entry point; returns their names."""
+    loaded = []
+    for group in GROUPS:
+        for point in entry_points(group=group):
+            try:
+                register_target(group, point.load())
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                record_failure(point.name, reason)
+                logger.error(
+                    "decision plugin %r (%s, %s) failed to load and is left out: %s",
+                    point.name,
+                    point.value,
+                    group,
+                    reason,
+                )
+                continue
+            loaded.append(f"{GROUPS[group]} {point.name}")
+    if loaded:
+        logger.info("decision plugins loaded: %s", ", ".join(loaded))
+    return loaded
+
+
+def register_target(group: str, target: object) -> None:
+    """Register what one entry point named, if its group takes that; TypeError otherwise."""
+    if (
+        group == BACKENDS
+        and isinstance(target, type)
+        and issubclass(target, DecisionBackend)
+    ):
+        register_backend(target)
+    elif group == QUESTION_TYPES and (
+        isinstance(target, QuestionType)
+        or (isinstance(target, type) and issubclass(target, QuestionType))
+    ):
+        register_question_type(target)
+    elif callable(target) and not isinstance(target, type):
+        target()
+    elif isinstance(target, ModuleType):
+        pass  # loading it imported it: a module registers what it has on import (decorators)
+    else:
+        raise TypeError(
+            f"a {GROUPS[group]} entry point must name {ACCEPTED[group]}, not {described(target)}"
+        )
+
+
+def described(target: object) -> str:
+    """What an entry point named, for its load failure."""
+    if isinstance(target, type):
+        return f"the class {target.__module__}.{target.__qualname__}"
+    return f"{type(target).__name__} {str(target)[:60]!r}"

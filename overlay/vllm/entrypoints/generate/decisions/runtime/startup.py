@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Server startup: settings -> backend -> decision service -> startup work in the background.
+
+Bad settings stop the server here, with a message naming the variable. Startup work (the backend's
+own checks) runs as a task, so vLLM's ``/health`` comes up while decision requests get 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from argparse import Namespace
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.datastructures import State
+
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
+from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
+from vllm.entrypoints.generate.decisions.decide.host import VllmHost
+from vllm.entrypoints.generate.decisions.decide.metrics import init_metrics
+from vllm.entrypoints.generate.decisions.decide.readiness import Readiness
+from vllm.entrypoints.generate.decisions.decide.registry import (
+    backend_names,
+    backend_options,
+    choose_backend,
+)
+from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.runtime.adapters import (
+    ServedModels,
+    weights_sha256,
+)
+from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
+    identify_run,
+    once_per_server,
+    run_id,
+    this_run,
+)
+from vllm.entrypoints.generate.decisions.runtime.model_identity import (
+    content_key,
+    deployment,
+)
+from vllm.entrypoints.generate.decisions.runtime.plugins import load_plugins
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def served_model_name(args: Namespace) -> str:
+    names = getattr(args, "served_model_name", None)
+    return names[0] if names else str(args.model)
+
+
+async def init_decisions_state(
+    engine_client: EngineClient, state: State, args: Namespace
+) -> None:
+    """The server's models, each with its decision service, on the API server's app state; their
+    startup work as a background task."""
+    served = build_service(
+        engine_client, args, getattr(state, "openai_serving_models", None)
+    )
+    state.decision_service = served
+    # vLLM's own middleware echoes X-Request-Id under --enable-request-id-headers; the routes do otherwise.
+    state.decision_echo_request_id = not getattr(
+        args, "enable_request_id_headers", False
+    )
+    # Held so the task lives on; how it is going is the base service's readiness's to say.
+    state.decision_startup = asyncio.create_task(start_served(served))
+
+
+def build_service(
+    engine_client: EngineClient, args: Namespace, serving_models: Any = None
+) -> ServedModels:
+    """Settings, plugins, host, backend and the base model's decision service for ``vllm serve`` or
+    ``vllm run-batch`` (``args``: either's), its deployment's key for saved startup work on it, behind
+    the served models that choose a service per request. Nothing started yet. With vLLM's
+    ``OpenAIServingModels``, a request's ``model`` is checked as vLLM checks it, and one naming a LoRA
+    adapter is decided through it (adapters.py); without, any ``model`` is the base's."""
+    from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
+        load_chat_template,
+    )
+    from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
+
+    settings = Settings.from_env()
+    identify_run(getattr(args, "api_server_count", None))
+    load_plugins()
+    host = VllmHost(
+        engine_client,
+        served_model_name(args),
+        chat_template=load_chat_template(getattr(args, "chat_template", None)),
+        chat_template_kwargs=resolve_default_chat_template_kwargs(args)
+        if hasattr(args, "default_chat_template_kwargs")
+        else None,
+        request_logger=request_logger(args),
+    )
+    # metrics.py: after vLLM's stat logger, in every API-server process
+    init_metrics(host.served_model)
+    config = engine_client.model_config
+    model = deployment(
+        config,
+        host.served_model,
+        host.chat_template,
+        host.chat_template_kwargs,
+        host.logit_dtype,
+    )
+    content = Once(
+        lambda: content_key(
+            config.model,
+            config.revision,
+            getattr(config, "tokenizer", None),
+            getattr(config, "tokenizer_revision", None),
+            settings.calibration_dir,
+        )
+    )
+    service = new_service(settings, host, model, content=content)
+    logger.info(
+        "typed decisions enabled: backend %s (%s) for %s; loaded backends: %s",
+        service.backend.name,
+        "configured" if settings.backend.name else "chosen for the model",
+        host.architectures,
+        ", ".join(backend_names()),
+    )
+
+    async def adapter_service(adapter: Any) -> DecisionService:
+        # Saved startup work is keyed by the adapter's weights besides the base's deployment (not its
+        # name: every name of one adapter folder finds its calibration).
+        weights = await asyncio.to_thread(weights_sha256, adapter.lora_path)
+        key = {**model, **await content(), "adapter_sha256": weights}
+        return new_service(settings, host.for_adapter(adapter), key, adapter)
+
+    return ServedModels(
+        service, serving_models, adapter_service, start_service, settings.max_adapters
+    )
+
+
+def new_service(
+    settings: Settings,
+    host: VllmHost,
+    model: dict[str, Any],
+    adapter: Any = None,
+    content: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+) -> DecisionService:
+    """The configured backend over ``host`` and a decision service for it, its startup work saved under
+    ``model`` (the deployment's key, completed by ``content``, the model files' hashes, when the startup
+    work begins) and to be started (:func:`start_service`)."""
+    backend_cls = choose_backend(settings.backend, host.architectures)
+    backend = backend_cls(
+        host, backend_options(backend_cls, settings.backend.args), settings
+    )
+    readiness = Readiness()
+    service = DecisionService(
+        settings,
+        backend,
+        adapter.lora_name if adapter is not None else host.served_model,
+        starter=lambda chosen: start_keyed(chosen, settings, model, content, readiness),
+        readiness=readiness,
+        adapter=adapter,
+    )
+    service.deployment = model
+    return service
+
+
+def request_logger(args: Namespace) -> Any:
+    """vLLM's request logger, as its own endpoints get it, when ``--enable-log-requests`` is on."""
+    from vllm.entrypoints.serve.utils.request_logger import RequestLogger
+
+    return (
+        RequestLogger(max_log_len=args.max_log_len)
+        if getattr(args, "enable_log_requests", False)
+        else None
+    )
+
+
+async def start_keyed(
+    backend: DecisionBackend,
+    settings: Settings,
+    model: dict[str, Any],
+    content: Callable[[], Awaitable[dict[str, Any]]] | None,
+    readiness: Readiness,
+) -> None:
+    """The model files' hashes into ``model`` (the service's key, shared with its calibration), then
+    the backend's start once per server."""
+    if content is not None:
+        model.update(await content())
+    await start_backend_once(backend, settings, model, readiness.waiting)
+
+
+class Once:
+    """A blocking function run once, off the event loop, its result shared by every caller."""
+
+    def __init__(self, work: Callable[[], dict[str, Any]]) -> None:
+        self._work = work
+        self._task: asyncio.Future[dict[str, Any]] | None = None
+
+    async def __call__(self) -> dict[str, Any]:
+        if self._task is None:
+            self._task = asyncio.ensure_future(asyncio.to_thread(self._work))
+        return dict(await asyncio.shield(self._task))
+
+
+async def start_backend_once(
+    backend: DecisionBackend,
+    settings: Settings,
+    model: dict[str, Any],
+    waiting: Callable[[], None] | None = None,
+) -> None:
+    """Start ``backend`` once per server: one API-server process runs its start hook and the others adopt
+    the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too.
+    ``waiting`` is told when this process waits for another's start (readiness.py)."""
+    key = {
+        **model,
+        "backend": backend.name,
+        "backend_args": dict(settings.backend.args),
+        "min_option_mass": settings.min_option_mass,
+    }
+
+    async def started() -> dict[str, Any]:
+        try:
+            facts = await backend.start()
+        except BackendUnavailable as exc:
+            return {"failure": str(exc), "run": run_id()}
+        return {"facts": shareable(backend, facts), "run": run_id()}
+
+    record, loaded = await once_per_server(
+        Path(settings.calibration_dir),
+        key,
+        "startup",
+        settings.startup_wait,
+        started,
+        this_run,
+        waiting,
+    )
+    if "failure" in record:
+        raise BackendUnavailable(record["failure"])
+    if loaded and record["facts"] is None:
+        await backend.start()
+    elif loaded and backend.facts_model is not None:
+        logger.info(
+            "decision startup check: adopting the result of another API-server process"
+        )
+        backend.adopt(backend.facts_model.model_validate(record["facts"]))
+
+
+def shareable(
+    backend: DecisionBackend, facts: BaseModel | None
+) -> dict[str, Any] | None:
+    """The facts ``start`` returned, as JSON for the other processes; None when it shares none."""
+    if facts is None:
+        return None
+    if backend.facts_model is None or not isinstance(facts, backend.facts_model):
+        raise TypeError(
+            f"backend {backend.name!r}: start() returned {type(facts).__name__}, not its facts_model"
+        )
+    return facts.model_dump(mode="json")
+
+
+async def start_served(served: ServedModels) -> None:
+    """The base model's startup work, then, once it is ready, each LoRA adapter's already loaded
+    (``--lora-modules``), one after another."""
+    await start_service(served.base)
+    if served.base.readiness.ready:
+        await served.start_loaded()
+
+
+async def start_service(service: DecisionService) -> None:
+    """One service's startup work: the backend's start (once per server), then calibration unless T
+    is configured. A failure is logged, never raised: requests then get 503 with the reason
+    (``service.readiness``)."""
+    from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
+        Calibrated,
+    )
+    from vllm.entrypoints.generate.decisions.runtime.calibration import (
+        startup_calibration,
+    )
+
+    async def calibrate() -> Calibrated:
+        return await startup_calibration(
+            service.backend,
+            service.settings,
+            service.deployment,
+            service.readiness,
+            service.use_first_pass,
+        )
+
+    try:
+        await service.start(calibrate)
+    except (
+        BackendUnavailable
+    ) as exc:  # a known refusal: its message says why and what to change
+        logger.error(
+            "decisions unavailable on this server (decision requests will get 503): %s",
+            exc,
+        )
+    except Exception:
+        logger.exception("decision startup failed; decision requests will get 503")
