@@ -1,10 +1,22 @@
-"""Decision requests for service tests, built as the wires build them."""
+"""Decision requests for service tests, built as the wires build them, and one question read as
+the service reads it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
+    NO_CORRECTION,
+    Correction,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.read import (
+    QuestionRead,
+    plan_read,
+    read,
+)
 from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
 from vllm.entrypoints.generate.decisions.decide.settings import Debias, parse_debias
 
@@ -23,3 +35,14 @@ def ask(
     return DecisionRequest(
         state, tuple(questions), names, request_id, debias=debias, **extra
     )
+
+
+async def read_question(
+    backend: DecisionBackend,
+    question: CompiledQuestion,
+    context: ReadContext[Any],
+    debias: Debias,
+    correction: Correction = NO_CORRECTION,
+) -> QuestionRead:
+    """``question`` read as the service reads it: planned, then the plan run."""
+    return await read(plan_read(backend, question, context, debias, correction))

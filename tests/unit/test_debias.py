@@ -1,4 +1,4 @@
-"""Debiasing (debias.py) against a scripted backend whose reads carry a position bias: rotations put
+"""Debiasing (rotation.py, read.py) against a scripted backend whose reads carry a position bias: rotations put
 options in a canonical order, cancel an additive position bias over a full cycle, keep a score's
 scale, and report what they did."""
 
@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from tests.unit.asking import read_question
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -18,9 +19,8 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.debias import (
+from vllm.entrypoints.generate.decisions.decide.reading.rotation import (
     orders,
-    read_question,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import (
     NO_DEBIAS,

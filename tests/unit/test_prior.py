@@ -1,4 +1,4 @@
-"""Prior corrections (prior.py, debias.read_question, calibration/bias.py) against a scripted backend
+"""Prior corrections (prior.py, prior_reads.py and read.py, calibration/bias.py) against a scripted backend
 whose reads add a known prior whatever the input says: the content-free prior is removed exactly and
 read once per distinct question, a fitted bias applies by position, and the per-type choice keeps a
 correction only where it helps on held-out folds."""
@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from tests.unit.asking import read_question
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
@@ -21,14 +22,13 @@ from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.debias import (
-    Correction,
-    read_question,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     NEUTRAL_INPUTS,
     PriorCache,
     adjusted,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
+    Correction,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import NO_DEBIAS, parse_debias
 

@@ -7,19 +7,16 @@ import warnings
 
 import pytest
 
-from tests.unit.asking import ask
+from tests.unit.asking import ask, read_question
 from tests.unit.fakes import ScriptedBackend
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading
-from vllm.entrypoints.generate.decisions.decide.backends.base import (
-    backend_read,
-    takes_legacy_read,
-)
+from vllm.entrypoints.generate.decisions.decide.backends.base import takes_legacy_read
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
     sha256_of,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.debias import read_question
+from vllm.entrypoints.generate.decisions.decide.reading.calls import backend_read
 from vllm.entrypoints.generate.decisions.decide.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings, parse_debias
 

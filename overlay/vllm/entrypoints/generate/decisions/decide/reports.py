@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What an answer reports beyond its probabilities, typed: the backend's facts (``extra.backend``) and
 the audit record (``extra.audit``), each with what ``detail: basic`` keeps of it, and the audit's parts
-from debiasing (debias.py) and prior corrections (prior.py). Imports nothing of the package.
+from option rotation (reading/rotation.py) and prior corrections (reading/prior_reads.py). Imports nothing of the package.
 
 The backend's own entries (``Reading.meta`` and ``Reading.audit``) are laid in flat beside the
 service's, so a client reads one object per block whichever backend answered.

@@ -3,7 +3,7 @@
 
 Wire modules only translate JSON to a :class:`DecisionRequest` and answers back to JSON; everything that
 decides a number happens here or in a backend. Each question is read under its own :class:`ReadContext`
-(debias.py, then the backend, then the host), passed as an argument all the way down.
+(the read plan, then the backend, then the host), passed as an argument all the way down.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision, Failure
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.backends.base import (
-    checked_scores,
-    facts_json,
-)
+from vllm.entrypoints.generate.decisions.decide.backends.base import facts_json
 from vllm.entrypoints.generate.decisions.decide.budget import over_request_message
 from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
     DEFAULT,
@@ -55,7 +52,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Calibrated,
     Corrections,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.debias import read_question
+from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
 from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
     CONFIDENCE_FORMULA,
     confidence,
@@ -389,16 +386,16 @@ class DecisionService:
                 calibrated=backend is self.backend,
                 chosen_reads=calibrated.reads,
             )
-            applied = how.temperature
-            laid_out = context.with_options(
-                backend.with_layout(context.options, how.layout)
+            plan = plan_read(
+                backend,
+                question,
+                context,
+                asked.debias,
+                how.correction,
+                how.layout,
+                how.temperature,
             )
-            read = await read_question(
-                backend, question, laid_out, asked.debias, how.correction
-            )
-            reading = read.reading
-            raw = checked_scores(reading, len(question.options), backend.name)
-            scores = read.corrected if read.corrected is not None else raw
+            done = await read(plan)
         except EngineBusyError:
             raise
         except DecisionError as exc:
@@ -409,6 +406,7 @@ class DecisionService:
             logger.exception("decision read failed for %s", context.request_id)
             return Failure(question, internal_error(context.request_id))
         options = question.options
+        applied, reading, scores = plan.temperature, done.reading, done.scores
         probabilities = softmax(scores, applied.value)
         made = confidence(probabilities)
         fields = question.qtype.answer(probabilities, options)
@@ -445,12 +443,12 @@ class DecisionService:
             option_mass=reading.option_mass,
             readout=reading.readout,
             backend=facts_json(reading.audit),
-            debias=read.debias,
-            prior=read.prior,
+            debias=done.debias,
+            prior=done.prior,
         )
         facts = BackendReport(
             name=backend.name,
-            option_logits={o.key: s for o, s in zip(options, raw, strict=True)},
+            option_logits={o.key: s for o, s in zip(options, done.raw, strict=True)},
             facts=facts_json(reading.meta),
         )
         return Answer(

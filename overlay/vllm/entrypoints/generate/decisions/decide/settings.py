@@ -168,7 +168,7 @@ class Settings:
     calibration_dir: str
     # Seconds an API-server process waits for another one's startup work before doing it itself.
     startup_wait: float
-    # How answers are made independent of the clients' option order (debias.py).
+    # How answers are made independent of the clients' option order (reading/rotation.py).
     debias: Debias
     # vllm run-batch: the most lines in flight at once, and the most read ahead to group lines about one
     # input (bulk/run_batch.py).

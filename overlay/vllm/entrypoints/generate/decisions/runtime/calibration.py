@@ -43,17 +43,22 @@ from vllm.entrypoints.generate.decisions.decide.readiness import (
     Readiness,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.decide.reading.debias import (
-    NO_CORRECTION,
-    Correction,
-    DebiasedReading,
-    read_question,
-    with_content_free,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     AUTO,
     PriorCache,
     uses_content_free,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
+    NO_CORRECTION,
+    Correction,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.read import (
+    QuestionRead,
+    plan_read,
+    with_content_free,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.read import (
+    read as run_plan,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import (
     NO_DEBIAS,
@@ -73,9 +78,7 @@ CONCURRENCY = 8
 MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
-Row = list[
-    DebiasedReading | None
-]  # a question's readings, one per layout (None: failed)
+Row = list[QuestionRead | None]  # a question's readings, one per layout (None: failed)
 
 
 async def measure(
@@ -118,9 +121,9 @@ async def read_all(
     content_free = uses_content_free(correction.mode)
     before: Row = [None] * len(layouts)
 
-    async def read(
+    async def read_item(
         index: int, item: question_file.LabelledQuestion, column: int
-    ) -> DebiasedReading | None:
+    ) -> QuestionRead | None:
         layout = layouts[column]
         reused = earlier.get(index) if earlier is not None else None
         if reused is not None and (reused[column] is None or not content_free):
@@ -129,13 +132,10 @@ async def read_all(
             context = ReadContext.about(
                 item.state, request_id(index, layout, layouts), options[layout]
             )
+            plan = plan_read(backend, item.question, context, debias, correction)
             if reused is not None and (kept := reused[column]) is not None:
-                return await with_content_free(
-                    backend, item.question, context, debias, correction, kept
-                )
-            return await read_question(
-                backend, item.question, context, debias, correction
-            )
+                return await with_content_free(plan, kept)
+            return await run_plan(plan)
         except DecisionError as exc:
             logger.debug(
                 "calibration question %s skipped%s: %s",
@@ -152,7 +152,9 @@ async def read_all(
         if only is not None and index not in only:
             return list(before)
         async with gate:
-            return [await read(index, item, column) for column in range(len(layouts))]
+            return [
+                await read_item(index, item, column) for column in range(len(layouts))
+            ]
 
     return list(
         await asyncio.gather(*(one(i, q) for i, q in enumerate(questions.questions)))
@@ -502,7 +504,7 @@ def announce(
 
 def choose_reads(
     by_layout: dict[
-        str | None, list[tuple[question_file.LabelledQuestion, DebiasedReading]]
+        str | None, list[tuple[question_file.LabelledQuestion, QuestionRead]]
     ],
     prior: str,
 ) -> dict[str, bias.TypeReads]:
@@ -560,7 +562,7 @@ def chosen_layout(
 
 def corrected_scores(
     item: question_file.LabelledQuestion,
-    read: DebiasedReading,
+    read: QuestionRead,
     reads: dict[str, bias.TypeReads],
 ) -> list[float]:
     """The scores a server answering this question gives: its reading under its correction (the

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar, cast
 
 from pydantic import BaseModel, JsonValue, ValidationError
@@ -194,39 +192,3 @@ def takes_legacy_read(read: Any) -> bool:
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
     )
     return sum(p.kind in positional for p in parameters) > 2
-
-
-async def backend_read(
-    backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]
-) -> Reading:
-    """``backend``'s reading of ``question``: the one way the package calls ``read``, so backends written
-    for the old signature keep working."""
-    if backend.legacy_read:
-        legacy: Any = backend.read
-        return cast(
-            Reading,
-            await legacy(context.state, question, context.request_id, context.options),
-        )
-    return await backend.read(question, context)
-
-
-def checked_scores(reading: Any, options: int, backend: str) -> list[float]:
-    """A backend's scores as floats: one real number (or -inf) per option, not all -inf. Anything else
-    is the backend's fault, refused for this question rather than sent on as NaN."""
-    scores = getattr(reading, "scores", None)
-    try:
-        values = [float(score) for score in scores]  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        values = None
-    if values is None or len(values) != options:
-        count = len(values) if values is not None else repr(scores)[:40]
-        fault = f"returned {count} scores for {options} options"
-    elif any(math.isnan(v) or v == math.inf for v in values):
-        fault = "returned a score that is NaN or +inf"
-    elif all(v == -math.inf for v in values):
-        fault = "gave every option zero probability"
-    else:
-        return values
-    raise DecisionError(
-        f"backend {backend!r} {fault}", HTTPStatus.INTERNAL_SERVER_ERROR
-    )

@@ -26,13 +26,13 @@ from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
 )
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.debias import Correction
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     AUTO,
     PriorCache,
     PriorSetting,
     uses_fitted,
 )
+from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import Correction
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Debias
 
 

@@ -81,7 +81,7 @@ class ExtraRequest(BaseModel):
     backend_options: dict[str, Any] | None = None
     seed: int | None = None
     detail: Detail = "full"
-    # debias.py; unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
+    # reading/rotation.py; unset: the server's VLLM_TYPED_DECISIONS_DEBIAS.
     debias: DebiasText | None = None
     # prior.py; unset: the server's VLLM_TYPED_DECISIONS_PRIOR.
     prior: PriorSetting | None = None

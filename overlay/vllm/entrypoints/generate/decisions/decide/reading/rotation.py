@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Option rotation (``debias``): answers that don't depend on the order a client listed the options in.
+
+A model reading lettered options favours some positions and letters over others, whatever the
+evidence. With ``rotate`` the options of an unordered question (choice, yes/no, plugin types) are
+first put in a canonical order (sorted by the text the prompt shows), so the client's order can't
+matter; the question is then read under N cyclic rotations of that order, each option in a different
+position, all reads submitted together so they share the state's prefix-cache blocks. An ordered
+question (a score's levels) keeps its scale: its second reading lists the levels reversed.
+
+The readings are combined by averaging each option's log-probability over the readings (each
+reading normalised over the options first). If a position adds the same bias to whichever option
+sits there, a full cycle cancels that bias exactly, and fewer rotations spread it evenly; the mean
+of log-probabilities is a product of the readings, so an option only wins if it is likely in every
+order; and the result stays a log-probability, so the calibration temperature applies unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+from vllm.entrypoints.generate.decisions.decide.backends.base import Reading
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.questions import (
+    CompiledQuestion,
+    top_index,
+)
+from vllm.entrypoints.generate.decisions.decide.reports import DebiasAudit, Rotation
+from vllm.entrypoints.generate.decisions.decide.settings import Debias
+
+T = TypeVar("T")
+
+# Readings of ``rotate`` without a count: two for every type (a yes/no both ways, a score forwards and
+# reversed, a choice from two starts half a cycle apart), so its cost is the same for every question.
+DEFAULT_ROTATIONS = 2
+
+
+def orders(
+    question: CompiledQuestion, debias: Debias, order_independent: bool = False
+) -> list[list[int]]:
+    """The option orders to read, each a list of indices into ``question.options`` in prompt order; one,
+    the client's, for a backend whose readings don't depend on the order."""
+    count = len(question.options)
+    if debias.mode == "off" or order_independent:
+        return [list(range(count))]
+    if question.qtype.ordered:
+        forward = list(range(count))
+        return [forward] if debias.rotations == 1 else [forward, forward[::-1]]
+    # By what the prompt shows, so options that render alike on both wires (a boolean false and the
+    # string "false") land in the same place; the key only breaks ties between identical texts.
+    canonical = sorted(
+        range(count), key=lambda i: (question.options[i].text, question.options[i].key)
+    )
+    wanted = min(count, debias.rotations or DEFAULT_ROTATIONS)
+    shifts = sorted({round(j * count / wanted) for j in range(wanted)})
+    return [canonical[s:] + canonical[:s] for s in shifts]
+
+
+def reordered(question: CompiledQuestion, order: Sequence[int]) -> CompiledQuestion:
+    return replace(question, options=tuple(question.options[i] for i in order))
+
+
+def in_client_order(values: Sequence[T], order: Sequence[int]) -> list[T]:
+    """Values read in ``order`` (scores, or the positions themselves) back at the options' positions
+    in the question as sent."""
+    back: list[T] = list(values)
+    for position, index in enumerate(order):
+        back[index] = values[position]
+    return back
+
+
+def combined(
+    question: CompiledQuestion,
+    debias: Debias,
+    plan: list[list[int]],
+    readings: Sequence[Reading],
+    rows: list[list[float]],
+) -> tuple[Reading, DebiasAudit]:
+    """The readings averaged, and what the rotations did; ``rows`` are their log-probabilities in the
+    client's option order."""
+    scores = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
+    if all(s == -math.inf for s in scores):
+        raise DecisionError(
+            "the rotations of this question agree on no option (each gives the others zero)"
+        )
+    keys = [o.key for o in question.options]
+    tops = [keys[top_index(row)] for row in rows]
+    winner = keys[top_index(scores)]
+    masses = [r.option_mass for r in readings if r.option_mass is not None]
+    first = readings[0]
+    rotations = [
+        Rotation(
+            first=keys[order[0]], reversed=question.qtype.ordered and i > 0, top=top
+        )
+        for i, (order, top) in enumerate(zip(plan, tops, strict=True))
+    ]
+    audit = DebiasAudit(
+        debias=str(debias),
+        rotations=rotations,
+        rotation_agreement=sum(top == winner for top in tops) / len(tops),
+    )
+    reading = Reading(
+        scores=scores,
+        forward_passes=sum(r.forward_passes for r in readings),
+        input_tokens=sum(r.input_tokens for r in readings),
+        cached_input_tokens=sum(r.cached_input_tokens for r in readings),
+        readout=first.readout,
+        option_mass=sum(masses) / len(masses) if masses else None,
+        meta=first.meta,
+        audit=first.audit,
+    )
+    return reading, audit
