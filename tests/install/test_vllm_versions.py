@@ -36,7 +36,9 @@ APPLIES_TO_033 = {
     "max-logprob-token-ids-v0.30.patch": True,
 }
 # The one import of the 0.32 code path that 0.33 lacks: it moved to vllm.entrypoints.common.cli_args.
-UNRESOLVED_ON_033 = ["startup.py: no module vllm.entrypoints.launchers.cli_args"]
+UNRESOLVED_ON_033 = [
+    "runtime/startup.py: no module vllm.entrypoints.launchers.cli_args"
+]
 
 
 def without_lines(found: list[str]) -> list[str]:
@@ -78,7 +80,7 @@ def test_the_check_sees_a_moved_import():
     """0.30's code path against 0.32's sources: load_chat_template moved to vllm.renderers.chat_utils."""
     found = unresolved(overlay_imports((0, 30)), release("0.32.0").site)
     assert without_lines(found) == [
-        "vllm_versions.py: no module vllm.entrypoints.chat_utils"
+        "decide/vllm_versions.py: no module vllm.entrypoints.chat_utils"
     ]
 
 
