@@ -17,7 +17,7 @@ from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.http.api_router import (
     register_decisions_api_router,
 )
-from vllm.entrypoints.generate.decisions.http.auth import DecisionAuthentication
+from vllm.entrypoints.generate.decisions.http.wire.auth import DecisionAuthentication
 
 from ..fuzzing import path_variants
 from .fakes import ScriptedBackend

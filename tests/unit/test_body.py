@@ -7,7 +7,7 @@ import pytest
 from backports import zstd
 
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.http.body import decode_body, parse_json
+from vllm.entrypoints.generate.decisions.http.wire.body import decode_body, parse_json
 
 BODY = b'{"state": "' + b"x" * 5000 + b'"}'
 

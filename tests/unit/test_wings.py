@@ -132,9 +132,9 @@ def test_the_check_sees_imports_in_functions_and_under_type_checking(tmp_path):
     bad.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        f"    from {PACKAGE}.http import body\n"
+        f"    from {PACKAGE}.http.wire import body\n"
         "def f():\n"
         "    from ..runtime.startup import build_service\n"
         "    return build_service\n"
     )
-    assert imports_of(bad, "decide.bad") == {"http.body", "runtime.startup"}
+    assert imports_of(bad, "decide.bad") == {"http.wire.body", "runtime.startup"}

@@ -43,7 +43,7 @@ from vllm.entrypoints.generate.decisions.bulk.batch_file import (
 from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.paths import DECISION_PATHS, DECISIONS
-from vllm.entrypoints.generate.decisions.http.body import parse_json
+from vllm.entrypoints.generate.decisions.http.wire.body import parse_json
 from vllm.entrypoints.generate.decisions.http.wire.handling import new_request_id
 from vllm.entrypoints.generate.decisions.runtime.adapters import ServedModels
 from vllm.logger import init_logger

@@ -5,7 +5,7 @@ A saved result is reused only on an exact key match, so the key must change when
 the model's files by content (config, tokenizer, weights), the tokenizer named by ``--tokenizer``, the
 chat template and its kwargs as the server renders with them, the dtypes and quantization, and the vLLM
 version. (The backend adds its options, what its startup check found and the prompt's render version;
-calibration adds its own settings: calibration/run.py.)
+calibration adds its own settings: runtime/calibration.py.)
 
 Weights are hashed by content, streamed (SHA-256), and each file's hash is kept in the calibration folder
 under its resolved path, size, mtime and ctime, so a restart hashes nothing again and a changed file is

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A decision request answered, whichever way it came: the HTTP route (routing.py) and bulk
+"""A decision request answered, whichever way it came: the HTTP route (decision_route.py) and bulk
 (bulk/in_process.py) both hand a strictly parsed JSON body to :meth:`Wire.answer`, so both validate,
 decide and refuse the same way, and bulk needs no simulated HTTP request.
 

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from vllm.entrypoints.generate.decisions.decide import paths
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.http.decision_route import decision_route
+from vllm.entrypoints.generate.decisions.http.wire.decision_route import decision_route
 from vllm.entrypoints.generate.decisions.http.wire.handling import Reply, Wire
 from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import (
     JevError,
@@ -86,4 +86,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 )
 async def create_systemone_decisions(request: SystemOneRequest) -> Response:
     # This signature is what /openapi.json shows; the route class answers both routes through JEV.
-    raise NotImplementedError("answered by the decision route class (routing.py)")
+    raise NotImplementedError(
+        "answered by the decision route class (decision_route.py)"
+    )

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from vllm.entrypoints.generate.decisions.decide import paths
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.validation import errors_message
-from vllm.entrypoints.generate.decisions.http.decision_route import decision_route
+from vllm.entrypoints.generate.decisions.http.wire.decision_route import decision_route
 from vllm.entrypoints.generate.decisions.http.wire.handling import Reply, Wire
 from vllm.entrypoints.generate.decisions.http.wire.openai.protocol import (
     DecisionsRequest,
@@ -55,4 +55,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 @router.post(paths.DECISIONS, response_model=DecisionsResponse, responses=ERRORS)
 async def create_decisions(request: DecisionsRequest) -> Response:
     # This signature is what /openapi.json shows; the route class answers the route through OPENAI.
-    raise NotImplementedError("answered by the decision route class (routing.py)")
+    raise NotImplementedError(
+        "answered by the decision route class (decision_route.py)"
+    )

@@ -29,8 +29,8 @@ from starlette.requests import ClientDisconnect
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.metrics import observed_route
 from vllm.entrypoints.generate.decisions.decide.settings import DEFAULT_MAX_BODY_BYTES
-from vllm.entrypoints.generate.decisions.http.auth import AUTHORIZED, key_required
-from vllm.entrypoints.generate.decisions.http.body import decode_body, parse_json
+from vllm.entrypoints.generate.decisions.http.wire.auth import AUTHORIZED, key_required
+from vllm.entrypoints.generate.decisions.http.wire.body import decode_body, parse_json
 from vllm.entrypoints.generate.decisions.http.wire.common import decision_service
 from vllm.entrypoints.generate.decisions.http.wire.handling import (
     Reply,

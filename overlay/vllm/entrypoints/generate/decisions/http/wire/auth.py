@@ -6,7 +6,7 @@ itself, as ``{"error": "Unauthorized"}``, which is neither OpenAI's error shape 
 ``/api/alpha/decisions`` open. With typed decisions enabled, vLLM installs this subclass instead
 (patches/api-router-wire): it records its verdict on every HTTP request in the request scope; a request
 that a decision route will answer goes on to that route, which refuses in its wire's shape
-(routing.py); anything else meets vLLM's own check, with ``/api/alpha`` guarded too.
+(decision_route.py); anything else meets vLLM's own check, with ``/api/alpha`` guarded too.
 
 Whether a request needs the key is decided by the route that would answer it, never by comparing path
 strings, and the route itself refuses unless the verdict is present and true whenever the server has a
@@ -44,7 +44,7 @@ def answered_by_decision_route(scope: Scope) -> bool:
     app = scope.get("app")
     for route in getattr(getattr(app, "router", None), "routes", ()):
         if route.matches(scope)[0] is Match.FULL:
-            # routing.py
+            # decision_route.py
             return bool(getattr(route, "checks_decision_authorization", False))
     return False
 
