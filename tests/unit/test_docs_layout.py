@@ -12,6 +12,7 @@ LAYOUT = ROOT / "docs" / "layout.md"
 PAGES = sorted(
     [
         ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
         *(ROOT / "docs").glob("*.md"),
         *(ROOT / "backends").glob("*.md"),
         ROOT / "tools" / "README.md",
