@@ -17,15 +17,13 @@ import base64
 import copy
 import json
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-from soak import well_formed  # noqa: E402
+from tools.bench.soak import well_formed
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 

@@ -30,7 +30,7 @@ VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" >&2 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
 echo "waiting for decisions on port $PORT (pid $SERVER)" >&2
-"$PY" "$ROOT/tools/sample_decision.py" --port "$PORT" --wait 900 --server-pid "$SERVER"
+(cd "$ROOT" && "$PY" -m tools.examples.sample_decision --port "$PORT" --wait 900 --server-pid "$SERVER")
 if [ "$ONCE" = 1 ]; then exit 0; fi
 echo "serving on http://127.0.0.1:$PORT (Ctrl-C stops)" >&2
 wait $SERVER

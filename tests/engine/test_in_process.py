@@ -1,4 +1,4 @@
-"""The Python API (``bulk.Decisions``) over an engine held in process: ``tools/decide_in_process.py``,
+"""The Python API (``bulk.Decisions``) over an engine held in process: ``tools/examples/decide_in_process.py``,
 the documented example, run as a user would on the tiny Qwen model. Both wires answer as the server
 does, a broken request gets the server's error body, and ``decide_many`` yields in order."""
 
@@ -8,11 +8,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from ..conftest import model_path
+from ..conftest import ROOT, model_path
 
-EXAMPLE = Path(__file__).parents[2] / "tools" / "decide_in_process.py"
+EXAMPLE = "tools.examples.decide_in_process"  # run as a module from the repository root
 
 
 def test_the_documented_example_decides_in_process():
@@ -32,12 +31,14 @@ def test_the_documented_example_decides_in_process():
     result = subprocess.run(
         [
             sys.executable,
-            str(EXAMPLE),
+            "-m",
+            EXAMPLE,
             str(model_path("tiny-qwen2-random")),
             "--dtype",
             "float32",
         ],
         env=env,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

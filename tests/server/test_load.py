@@ -1,18 +1,15 @@
 """Load: a short soak of mixed traffic with every answer checked, and the engine's queue limit
-answered with 503 and Retry-After rather than a hang. (tools/soak.py runs the long soak.)"""
+answered with 503 and Retry-After rather than a hang. (tools/bench/soak.py runs the long soak.)"""
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import httpx
 
-from .conftest import TINY_QWEN_KEY, TINY_QWEN_QUEUE
+from tools.bench.soak import report, soak
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
-from soak import report, soak  # noqa: E402
+from .conftest import TINY_QWEN_KEY, TINY_QWEN_QUEUE
 
 
 def test_a_short_soak_serves_everything_well_formed(server):

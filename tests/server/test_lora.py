@@ -10,7 +10,6 @@ off), so startup takes seconds.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tools.env import build_lora_adapter
 from vllm.entrypoints.generate.decisions.runtime.adapters import weights_sha256
 
 from ..conftest import engine_binding, model_path
 from .conftest import VllmServer, running
 
-BUILDER = Path(__file__).parents[2] / "tools" / "env" / "build_lora_adapter.py"
 BASE = "tiny"
 QUESTION = {
     "input": "Ticket: My payouts have been failing for 3 days.",
@@ -47,11 +46,7 @@ QUESTION = {
 
 
 def build_adapter(out: Path, seed: int) -> Path:
-    spec = importlib.util.spec_from_file_location("build_lora_adapter", BUILDER)
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
-    return builder.build(model_path("tiny-qwen2-random"), out, seed=seed)
+    return build_lora_adapter.build(model_path("tiny-qwen2-random"), out, seed=seed)
 
 
 def decide(

@@ -1,5 +1,5 @@
 """Decisions through Ray Data on a real local Ray cluster (``ray.init(num_cpus=2)``), shared by the tests:
-``tools/ray_decide.py`` answers a run-batch file as ``vllm run-batch`` does, with the server's answers,
+``tools/examples/ray_decide.py`` answers a run-batch file as ``vllm run-batch`` does, with the server's answers,
 bad lines in place, and each line once when Ray retries the batches of a killed actor; and the actors
 of one stage (bulk/ray_data.py), each with a calibration folder of its own as on separate nodes, do the
 startup calibration once between them."""
@@ -37,7 +37,7 @@ from .test_bulk import (
 # servers a 24 GiB machine ran out of memory).
 pytestmark = pytest.mark.many_engines
 
-TOOL = ROOT / "tools" / "ray_decide.py"
+TOOL = "tools.examples.ray_decide"  # run as a module from the repository root
 # The engine as the test servers run it (conftest.VllmServer), the tiny model's context.
 ENGINE = {
     "dtype": "float32",
@@ -100,7 +100,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
     }
     command = [
         sys.executable,
-        str(TOOL),
+        "-m",
+        TOOL,
         "--model",
         str(MODEL),
         "--served-model-name",
@@ -118,7 +119,9 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
         *(f"--engine-arg={key}={json.dumps(value)}" for key, value in ENGINE.items()),
     ]
     with log.open("w") as out:
-        tool = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        tool = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 600
         while not (target.exists() and target.read_text().count("\n") >= 8):

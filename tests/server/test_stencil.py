@@ -5,12 +5,11 @@ full: the same number of prompt tokens, and the same label log-probabilities as 
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
+from tools.common.tokenizer_host import TokenizerOnlyHost
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlotPlacer,
 )
@@ -23,9 +22,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
 )
 
 from ..conftest import model_path
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
-from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
 STATES = [
     "Ticket: My payouts have been failing for 3 days and I need the money today.",

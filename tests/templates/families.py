@@ -40,7 +40,7 @@ class Family:
     bos: str | None  # what the template starts with (None: nothing)
     eos: str  # the token that ends an assistant turn (the checkpoint's eos_token_id)
     # How far the suite takes it: "serve" (a real vllm serve, tests/server/test_templates.py) or "tokenizer"
-    # (vLLM's renderer without an engine, tests/unit/test_template_matrix.py); tools/check_templates.py
+    # (vLLM's renderer without an engine, tests/unit/test_template_matrix.py); tools/checks/check_templates.py
     # --engine starts every family on an engine.
     proven_by: str
     notes: str = ""

@@ -2,7 +2,7 @@
 engine) the startup check and an answer on each wire.
 
 Used by tests/unit/test_template_matrix.py and tests/server/test_templates.py, and by
-tools/check_templates.py, which prints the table in docs/templates.md.
+tools/checks/check_templates.py, which prints the table in docs/templates.md.
 """
 
 from __future__ import annotations

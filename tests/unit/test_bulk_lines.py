@@ -223,15 +223,8 @@ def test_output_lines_count_as_failed_unless_200():
 
 def test_ray_decide_forwards_no_secret_to_rays_runtime_env():
     """Ray shows a runtime_env to whoever can see the cluster: HF_TOKEN and VLLM_API_KEY stay home."""
-    import importlib.util
+    from tools.examples import ray_decide as tool
 
-    from tests.conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location(
-        "ray_decide", ROOT / "tools" / "ray_decide.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     environ = {
         "HF_TOKEN": "hf_x",
         "HUGGING_FACE_HUB_TOKEN": "hf_y",

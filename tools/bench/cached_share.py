@@ -3,7 +3,7 @@ tokens the engine served from its prefix cache (usage.input_tokens_details.cache
 same again for the same inputs. Used for the figures in docs/scale-out.md: run it against one engine and
 against ``--data-parallel-size 2`` to see whether the questions of one decision share one prefill.
 
-usage: python tools/cached_share.py [--url http://127.0.0.1:8000] [--requests 6] [--questions 8] [--words 800]
+usage: python -m tools.bench.cached_share [--url http://127.0.0.1:8000] [--requests 6] [--questions 8] [--words 800]
 """
 
 from __future__ import annotations

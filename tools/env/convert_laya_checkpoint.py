@@ -9,7 +9,7 @@ Laya fixes some head sizes in code rather than in its config (heads = max(1, d /
 hidden 256); every size that the weights also show is checked against them, and anything that cannot be
 established, or that we do not serve (the parallel option layout, a non-ModernBERT encoder), is refused.
 
-usage: convert_laya_checkpoint.py SRC DST [--prompts]
+usage: python -m tools.env.convert_laya_checkpoint SRC DST [--prompts]
     --prompts  also ship the built-in laya_prompts.py (the server runs a checkpoint's copy only under
                --trust-remote-code; without it the built-in one is used anyway)
 """
@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = (
     ROOT
     / "overlay/vllm/entrypoints/generate/decisions/decide/backends/encoder/laya_prompts.py"

@@ -5,7 +5,7 @@ Sends a small fixed set of easy questions (yes/no, choice, score) to a running s
 means the prompt's answer slot works for this model; a low mass means the model wants to write
 something else first.
 
-usage: python tools/option_mass.py [--port 8000]
+usage: python -m tools.quality.option_mass [--port 8000]
 """
 
 from __future__ import annotations

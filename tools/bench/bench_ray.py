@@ -1,12 +1,12 @@
-"""Bulk decisions through Ray Data (tools/ray_decide.py) against ``vllm run-batch``, on the same file and
+"""Bulk decisions through Ray Data (tools/examples/ray_decide.py) against ``vllm run-batch``, on the same file and
 machine, in one run.
 
-The file is tools/bench_bulk.py's (N lines of 2 questions about one of N/K inputs of ~300 tokens, the
-lines shuffled). The same engine arguments for every path (tools/serving.py). Phases, one after another:
+The file is tools/bench/bench_bulk.py's (N lines of 2 questions about one of N/K inputs of ~300 tokens, the
+lines shuffled). The same engine arguments for every path (tools/common/serving.py). Phases, one after another:
 
 - run-batch: ``vllm run-batch`` on the file; decisions/s over its answering time (its summary line:
   engine start excluded), and its wall time, start to exit;
-- Ray Data, 1 actor: ``tools/ray_decide.py --actors 1`` on a local cluster it starts, the engine bound
+- Ray Data, 1 actor: ``python -m tools.examples.ray_decide --actors 1`` on a local cluster it starts, the engine bound
   as run-batch's is (vLLM's ``auto``);
 - Ray Data, 2 actors: ``--actors 2``, each engine bound to its own share of the cores (``--bind``), as
   two nodes' engines would each have their own.
@@ -16,7 +16,7 @@ For a Ray phase, decisions/s is over the decision stage's own time as Ray Data a
 engine starts excluded, as run-batch's summary excludes its engine's), and its wall time, start to exit,
 includes starting Ray and the actors. Ray Data's account of where the time went is printed for each.
 
-usage: python tools/bench_ray.py [--model PATH] [--lines N] [--lines-per-input K] [--batch-size B] [--json OUT]
+usage: python -m tools.bench.bench_ray [--model PATH] [--lines N] [--lines-per-input K] [--batch-size B] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_bulk import ENV, batch, run_batch  # noqa: E402
-from serving import DEFAULT_MODEL, cpu_dtype, engine_env  # noqa: E402
+from tools.bench.bench_bulk import ENV, batch, run_batch
+from tools.common.serving import DEFAULT_MODEL, cpu_dtype, engine_env
 
-TOOL = Path(__file__).parent / "ray_decide.py"
+TOOL = "tools.examples.ray_decide"  # run with -m: the child inherits our cwd and environment
 QUESTIONS_PER_LINE = 2  # bench_bulk.batch's lines
 
 
@@ -69,7 +68,8 @@ def ray_phase(
     bind = [f"--bind={cores}" for cores in core_shares(actors)] if actors > 1 else []
     command = [
         sys.executable,
-        str(TOOL),
+        "-m",
+        TOOL,
         "--model",
         model,
         "-i",

@@ -26,7 +26,7 @@ one, then measures, with seeded inputs:
   engine reads before the first answer, and how many plain one-token reads of a calibration-sized prompt
   (one at a time, same server) its seconds would buy, a figure that travels between machines;
 - bulk (--bulk-lines N, own server only): the same N lines through `vllm run-batch` and through the
-  online server at its best concurrency (tools/bench_bulk.py, which also runs alone);
+  online server at its best concurrency (tools/bench/bench_bulk.py, which also runs alone);
 - adapter (--adapter, own server only, alone): what reading through a LoRA adapter costs against the base
   model on one server (`--enable-lora`, a random rank-8 q_proj/v_proj adapter built over the model by
   tools/env/build_lora_adapter.py, the temperature configured so neither calibrates, and the self-check
@@ -36,8 +36,8 @@ one, then measures, with seeded inputs:
 
 This machine is shared and noisy: only the ratios measured within one run are results.
 
-usage: python tools/bench.py [--model PATH] [--port N [--server-pid PID]] [--quick] [--bulk-lines N]
-                             [--reads | --only-reads | --adapter] [--json OUT.json]
+usage: python -m tools.bench.bench [--model PATH] [--port N [--server-pid PID]] [--quick] [--bulk-lines N]
+                                   [--reads | --only-reads | --adapter] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -57,12 +57,15 @@ from typing import Any
 import httpx
 import psutil
 
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_bulk  # noqa: E402
-from serving import add_server_arguments, api_and_engine, serve, startup_seconds, stop  # noqa: E402
-from tokenizer_host import TokenizerOnlyHost  # noqa: E402
-
-# noqa: E402
+from tools.bench import bench_bulk
+from tools.common.serving import (
+    add_server_arguments,
+    api_and_engine,
+    serve,
+    startup_seconds,
+    stop,
+)
+from tools.common.tokenizer_host import TokenizerOnlyHost
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlot,
     AnswerSlotPlacer,
@@ -70,23 +73,9 @@ from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import messages  # noqa: E402
 from vllm.entrypoints.generate.decisions.decide.questions import NOUL, NoulQuestion  # noqa: E402
 
+# bench_bulk's sixteen words, then a few more for the longer inputs.
 WORDS = [
-    "ticket",
-    "payout",
-    "invoice",
-    "refund",
-    "account",
-    "billing",
-    "outage",
-    "login",
-    "error",
-    "delay",
-    "customer",
-    "order",
-    "shipment",
-    "contract",
-    "renewal",
-    "discount",
+    *bench_bulk.WORDS,
     "priority",
     "escalation",
     "warehouse",

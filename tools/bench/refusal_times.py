@@ -5,7 +5,7 @@ largest request that gets as far as tokenizing, and a body just under the size l
 Each body is sent ``--copies`` times at once from threads while /health is polled every 20 ms; prints
 one line per body: its size, the status and time of each refusal, and the /health latencies.
 
-usage: python tools/refusal_times.py [--model PATH] [--port N] [--copies 1]
+usage: python -m tools.bench.refusal_times [--model PATH] [--port N] [--copies 1]
 """
 
 from __future__ import annotations
@@ -13,16 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serving import add_server_arguments, target  # noqa: E402
+from tools.common.serving import add_server_arguments, target
 
 SENTENCE = "the quick brown fox jumps over the lazy dog "
 

@@ -15,7 +15,7 @@ What it checks, on the tiny DiffusionGemma (tools/env/build_tiny_diffusiongemma.
 Exit 0 when all of it holds. Not checked: multi-step reads (after the first step the engine's own unseeded
 sampling enters, and the pinned positions matter only from the second step on).
 
-usage: python tools/check_canvas_gpu.py [--model DIR] [--tolerance 0.05]
+usage: python -m tools.checks.check_canvas_gpu [--model DIR] [--tolerance 0.05]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import random
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = (
     Path.home() / ".cache" / "vllm-decisions" / "models" / "tiny-diffusiongemma"
 )
@@ -49,7 +48,6 @@ def main() -> int:
         help="largest allowed log-probability gap",
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     import vllm
     from tests.canvas_reference import DiffusionGemmaHost
     from vllm import LLM, SamplingParams

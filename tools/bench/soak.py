@@ -7,8 +7,8 @@ answer must be well formed (the OpenAI SDK's own ``Decision`` type parses it, on
 per question, probabilities that sum to 1), an invalid request must get a 4xx with a message, and
 nothing may be a 5xx. It samples the server's memory (API server plus engine processes) as it goes.
 
-usage: python tools/soak.py [--model PATH] [--port N --server-pid PID] [--seconds 600] [--concurrency 8]
-                           [--baseline]
+usage: python -m tools.bench.soak [--model PATH] [--port N --server-pid PID] [--seconds 600] [--concurrency 8]
+                                  [--baseline]
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serving import add_server_arguments, api_and_engine, target  # noqa: E402
+from tools.common.serving import add_server_arguments, api_and_engine, target
 
 WORDS = [
     "ticket",

@@ -1,4 +1,4 @@
-"""The figures and the table of tools/accuracy.py: accuracy against the majority baseline, log loss,
+"""The figures and the table of tools/quality/accuracy.py: accuracy against the majority baseline, log loss,
 Brier, ECE raw and calibrated, each question's most-picked share, collapsed questions, cost; and batch
 calibration, computed from another row's answers."""
 

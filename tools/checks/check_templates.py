@@ -8,7 +8,7 @@ checkpoint on an in-process vLLM engine (one process per family, about 20 s each
 self-check with VLLM_TYPED_DECISIONS_MIN_OPTION_MASS=0 (random weights show no option mass) and answers one
 question on each wire.
 
-usage: .venv/bin/python tools/check_templates.py [--engine] [FAMILY ...]
+usage: .venv/bin/python -m tools.checks.check_templates [--engine] [FAMILY ...]
 Prints a Markdown table (docs/templates.md carries its output).
 """
 
@@ -20,10 +20,7 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 # The table is the output: vLLM's log goes to stderr.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
@@ -68,7 +65,13 @@ def prompt_row(family: Family) -> dict[str, str]:
 def engine_cell(family: Family) -> str:
     """One family on an engine, in a child process (each engine holds its memory until its process ends)."""
     done = subprocess.run(
-        [sys.executable, __file__, "--engine-child", family.name],
+        [
+            sys.executable,
+            "-m",
+            "tools.checks.check_templates",
+            "--engine-child",
+            family.name,
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, **ENGINE_ENV},

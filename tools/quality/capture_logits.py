@@ -3,9 +3,9 @@
 Reads a question file in the operator format (or the bundled set), asks each question through
 /v1/systemone, and writes one JSON line per answered question: its id, group, the correct option's
 index and the raw option scores (``extra.backend.option_logits``, in option order). Feed the output
-to tools/fit_temperature.py to fit T offline, the same way the server does at startup.
+to tools/quality/fit_temperature.py to fit T offline, the same way the server does at startup.
 
-usage: python tools/capture_logits.py QUESTIONS.jsonl|bundled OUT.jsonl [--port 8000] [--api-key KEY]
+usage: python -m tools.quality.capture_logits QUESTIONS.jsonl|bundled OUT.jsonl [--port 8000] [--api-key KEY]
 """
 
 from __future__ import annotations

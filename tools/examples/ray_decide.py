@@ -1,8 +1,8 @@
 """A ``vllm run-batch`` decision job on a Ray cluster: the same input file, the same output lines.
 
-usage: python tools/ray_decide.py --model MODEL -i IN.jsonl -o OUT.jsonl [--actors N] [--served-model-name NAME]
-                                  [--batch-size B] [--address ADDR] [--engine-arg KEY=VALUE ...]
-                                  [--bind CORES ...] [--num-cpus C] [--stats]
+usage: python -m tools.examples.ray_decide --model MODEL -i IN.jsonl -o OUT.jsonl [--actors N] [--served-model-name NAME]
+                                           [--batch-size B] [--address ADDR] [--engine-arg KEY=VALUE ...]
+                                           [--bind CORES ...] [--num-cpus C] [--stats]
 
 Reads IN (OpenAI batch lines, as ``vllm run-batch -i``), answers the decision lines with N actors of the
 Ray Data stage in bulk/ray_data.py (one engine each, the startup work done once for all of them), and

@@ -5,7 +5,7 @@ the template leaves open, and report whether the 26 markers A-Z are single token
 how many marker pairs (AA..ZZ) are too (the wide-direct capacity), and which empty reasoning blocks
 the tokenizer supports.
 
-usage: python tools/check_tokenizers.py [MODELS_DIR]   (default: ~/.cache/vllm-decisions/models)
+usage: python -m tools.checks.check_tokenizers [MODELS_DIR]   (default: ~/.cache/vllm-decisions/models)
 Prints a Markdown table (docs/backends.md carries its output).
 """
 
@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tools.common.tokenizer_host import TokenizerOnlyHost
 from vllm.entrypoints.generate.decisions.decide.backends.logit.self_check import PROBES
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlotPlacer,
@@ -26,9 +27,6 @@ from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
 )
 from vllm.entrypoints.generate.decisions.decide.prompting.labels import pair_candidates
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import messages
-
-sys.path.insert(0, str(Path(__file__).parent))
-from tokenizer_host import TokenizerOnlyHost  # noqa: E402
 
 MARKERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

@@ -24,8 +24,8 @@ configuration.
 On a 135M model accuracy is near chance: read the properties (ties, order consistency, calibration
 error, option mass, cost), not the accuracy.
 
-usage: python tools/quality.py [--model PATH] [--port N] [--questions FILE] [--orders K] [--limit N]
-                               [--configs NAME,...] [--json OUT.json]
+usage: python -m tools.quality.quality [--model PATH] [--port N] [--questions FILE] [--orders K] [--limit N]
+                                       [--configs NAME,...] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serving import add_server_arguments, target  # noqa: E402
-
+from tools.common.serving import add_server_arguments, target
 from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
 
 CONFIGS = {

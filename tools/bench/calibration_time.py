@@ -8,7 +8,7 @@ calibration-sized prompt on the same server (bench.py's calibration cost), so th
 between machines. ``--no-first-pass`` serves with VLLM_TYPED_DECISIONS_FIRST_PASS=off, for the
 before-and-after.
 
-usage: python tools/calibration_time.py [--model PATH] [--no-first-pass] [--json OUT.json]
+usage: python -m tools.bench.calibration_time [--model PATH] [--no-first-pass] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import calibration_cost, saved_calibration, startup_reads  # noqa: E402
-from serving import add_server_arguments, serve, startup_seconds, stop  # noqa: E402
+from tools.bench.bench import calibration_cost, saved_calibration, startup_reads
+from tools.common.serving import add_server_arguments, serve, startup_seconds, stop
 
 PROBE = {
     "model": "m",

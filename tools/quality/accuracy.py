@@ -62,8 +62,8 @@ Metrics per row, per question type and overall (``all``), over the answered ques
   in a shuffled order, the questions in a shuffled order, --concurrency questions in flight, so each
   row meets the same load and prefix cache; a row's time is the sum of its own requests' times.
 
-usage: python tools/accuracy.py [--model PATH] [--port N] [--questions FILE] [--limit N] [--rows A,B]
-                                [--concurrency N] [--json OUT] [--seed N] [--upstream-port N]
+usage: python -m tools.quality.accuracy [--model PATH] [--port N] [--questions FILE] [--limit N] [--rows A,B]
+                                        [--concurrency N] [--json OUT] [--seed N] [--upstream-port N]
 """
 
 from __future__ import annotations
@@ -81,11 +81,15 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from accuracy_figures import Reading, batch_calibrated, first_errors, row_metrics, table  # noqa: E402
-from accuracy_rows import ROWS, RowRefused, Servers  # noqa: E402
-from serving import add_server_arguments, target  # noqa: E402
-
+from tools.common.serving import add_server_arguments, target
+from tools.quality.accuracy_figures import (
+    Reading,
+    batch_calibrated,
+    first_errors,
+    row_metrics,
+    table,
+)
+from tools.quality.accuracy_rows import ROWS, RowRefused, Servers
 from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 
 DEFAULT_QUESTIONS = str(Path(__file__).parent / "data" / "heldout.jsonl")

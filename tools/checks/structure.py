@@ -6,7 +6,7 @@ mutable state: names bound at module level to a dict, list or set (display, comp
 ContextVar, or an instance of a mutable class of the package (a registry); a name in capitals holding a
 table nobody writes to is listed apart as a constant table, and ``__all__`` is left out.
 
-usage: python tools/structure.py [--runtime]
+usage: python -m tools.checks.structure [--runtime]
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = (
-    Path(__file__).resolve().parent.parent
-    / "overlay/vllm/entrypoints/generate/decisions"
+    Path(__file__).resolve().parents[2] / "overlay/vllm/entrypoints/generate/decisions"
 )
 NAME = "vllm.entrypoints.generate.decisions"
 MUTABLE_CALLS = {

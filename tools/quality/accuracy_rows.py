@@ -1,4 +1,4 @@
-"""What each row of tools/accuracy.py asks, and how its answer becomes one score per option: ours on
+"""What each row of tools/quality/accuracy.py asks, and how its answer becomes one score per option: ours on
 /v1/systemone per read (``OURS``), vLLM's constrained generation, upstream vLLM's /v1/systemone. The
 rows and the figures are described in accuracy.py's docstring."""
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from accuracy_figures import Reading
 
+from tools.quality.accuracy_figures import Reading
 from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.questions import (
     NOUL,

@@ -14,10 +14,10 @@ cold prefix cache. Then:
   (the peak in the first and the second half), which a streamed batch keeps flat.
 
 The ratio bulk / best online is the result; this machine is shared and noisy. With --profile DIR, py-spy
-samples the server during the online phases and run-batch while it answers (tools/profiling.py) and a
+samples the server during the online phases and run-batch while it answers (tools/bench/profiling.py) and a
 table per path says where the CPU time went.
 
-usage: python tools/bench_bulk.py [--model PATH] [--lines N] [--lines-per-input K] [--profile DIR] [--json OUT]
+usage: python -m tools.bench.bench_bulk [--model PATH] [--lines N] [--lines-per-input K] [--profile DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -39,11 +39,8 @@ from typing import Any
 import httpx
 import psutil
 
-sys.path.insert(0, str(Path(__file__).parent))
-import profiling  # noqa: E402
-
-# noqa: E402
-from serving import (
+from tools.bench import profiling
+from tools.common.serving import (
     DEFAULT_MODEL,
     cpu_dtype,
     engine_args,

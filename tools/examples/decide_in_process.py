@@ -1,6 +1,6 @@
 """Decisions in process, over a vLLM engine you hold: the Python API (``bulk.Decisions``).
 
-usage: .venv/bin/python tools/decide_in_process.py MODEL [--dtype DTYPE]
+usage: .venv/bin/python -m tools.examples.decide_in_process MODEL [--dtype DTYPE]
 
 Starts an ``AsyncLLM`` on MODEL, the decision service over it (the startup check, then the saved
 calibration or a new one, as a server does), decides one request of each wire format and a stream of

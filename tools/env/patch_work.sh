@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Edit one of patches/*.patch as real files, then write it back.
 #
-# usage: tools/patch_work.sh open  PATCH DIR   DIR/a: stock vLLM files the patch touches; DIR/b: patched
-#        tools/patch_work.sh close PATCH DIR   rewrite PATCH as `diff -ruN a b` (no timestamps)
+# usage: tools/env/patch_work.sh open  PATCH DIR   DIR/a: stock vLLM files the patch touches; DIR/b: patched
+#        tools/env/patch_work.sh close PATCH DIR   rewrite PATCH as `diff -ruN a b` (no timestamps)
 # env:   PYTHON (default .venv/bin/python): the Python whose vLLM 0.30 holds the stock files
 set -euo pipefail
 ACTION=${1:?open or close} PATCH=$(realpath "${2:?a patch file}") DIR=${3:?a working folder}
@@ -10,7 +10,7 @@ if [ "$ACTION" = close ]; then
   (cd "$DIR" && diff -ruN a b || true) | sed -E 's/^(---|\+\+\+) ([^\t]*)\t.*/\1 \2/' >"$PATCH"
   echo "wrote $PATCH"; exit 0
 fi
-SITE=$("${PYTHON:-$(dirname "$0")/../.venv/bin/python}" -c 'import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))')
+SITE=$("${PYTHON:-$(dirname "$0")/../../.venv/bin/python}" -c 'import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))')
 rm -rf "$DIR" && mkdir -p "$DIR/a" "$DIR/b"
 for file in $(sed -n 's|^+++ b/||p' "$PATCH"); do
   [ -f "$SITE/$file" ] && install -D -m 644 "$SITE/$file" "$DIR/a/$file"

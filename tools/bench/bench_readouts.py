@@ -5,7 +5,7 @@ request, one request at a time) and prints, per option count, the median server-
 question for each readout, their ratio, and how often the two pick the same option. Times come from
 the ``x-decision-latency-ms`` header. Questions are synthetic: a state names one item among many.
 
-usage: python tools/bench_readouts.py [--port 8000] [--sizes 32 64 255] [--questions 3]
+usage: python -m tools.bench.bench_readouts [--port 8000] [--sizes 32 64 255] [--questions 3]
 """
 
 from __future__ import annotations

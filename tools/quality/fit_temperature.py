@@ -1,11 +1,11 @@
-"""Fit a calibration temperature offline from captured option logits (tools/capture_logits.py output).
+"""Fit a calibration temperature offline from captured option logits (tools/quality/capture_logits.py output).
 
 Runs exactly the server's startup calibration maths on the same logits: golden-section fit of T over
 [0.05, 20], 5-fold group-kept cross-validation, 10-bin ECE with 95% group-bootstrap intervals, and the
 keep rule. Use the printed T as VLLM_TYPED_DECISIONS_TEMPERATURE, or per request as
 extra.calibration_temperature.
 
-usage: python tools/fit_temperature.py CAPTURED.jsonl [--seed 0]
+usage: python -m tools.quality.fit_temperature CAPTURED.jsonl [--seed 0]
 """
 
 from __future__ import annotations

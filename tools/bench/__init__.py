@@ -1,0 +1,1 @@
+"""Measuring the decision path: speed, bulk, soak, startup and refusal times."""

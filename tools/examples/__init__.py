@@ -1,0 +1,1 @@
+"""Runnable examples of using decisions: over HTTP, in process, on a Ray cluster."""

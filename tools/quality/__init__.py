@@ -1,0 +1,1 @@
+"""Measuring answers: accuracy, calibration, option mass, the held-out set."""
