@@ -190,7 +190,7 @@ async def engine_checks(family: Family) -> EngineChecks:
     )
     try:
         decisions = await Decisions.start(engine, served_model=family.name)
-        facts = decisions.service.backend.facts  # type: ignore[attr-defined]
+        facts = decisions.service.base.backend.facts  # type: ignore[attr-defined]
         openai = await decisions.decide(
             {
                 "model": family.name,

@@ -8,7 +8,7 @@ server's is: the backend's startup check, then the saved calibration or a new on
 the JSON ``response`` body ``vllm serve`` would have sent, a refused request in place like any other;
 the row's ``url`` (default ``/v1/decisions``) names the wire. With ``batch_lines=True`` the rows are
 ``vllm run-batch`` input lines (``line``: its number, ``text``) and each comes back as the output line
-run-batch writes for it (``text``), for tools/ray_decide.py::
+run-batch writes for it (``text``), for tools/examples/ray_decide.py::
 
     ds = ray.data.read_text("bodies.jsonl").rename_columns({"text": "body"})
     ds.map_batches(**decisions_stage(model="Qwen/Qwen2.5-0.5B-Instruct", concurrency=2)).write_json("answers")
