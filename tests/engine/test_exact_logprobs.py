@@ -109,14 +109,15 @@ def probe(job: dict, dtype: str, head_dtype: str, folder: Path) -> Callable[[], 
 
 @pytest.fixture(scope="module")
 def runs(job, tmp_path_factory) -> dict[str, dict]:
-    # The three engines run side by side: much of an engine's start keeps one core busy.
+    # One engine at a time: three side by side, beside the other worker's servers, ran a 24 GiB
+    # machine out of memory (the kernel killed a session server's worker).
     folder = tmp_path_factory.mktemp("logprob-probes")
-    started = {
-        "bf16": probe(job, "bfloat16", "model", folder),
-        "bf16 head fp32": probe(job, "bfloat16", "float32", folder),
-        "fp32": probe(job, "float32", "model", folder),
+    kinds = {
+        "bf16": ("bfloat16", "model"),
+        "bf16 head fp32": ("bfloat16", "float32"),
+        "fp32": ("float32", "model"),
     }
-    return {name: reads() for name, reads in started.items()}
+    return {name: probe(job, *kind, folder)() for name, kind in kinds.items()}
 
 
 def option_logits(job: dict, reads: list[dict[str, float]]) -> list[list[float]]:
