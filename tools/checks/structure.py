@@ -71,26 +71,33 @@ def under_type_checking(tree: ast.AST) -> set[int]:
     return lines
 
 
+def imports_of(
+    path: Path, name: str, modules: set[str], runtime_only: bool = False
+) -> set[str]:
+    """The package's modules that module ``name`` (at ``path``) imports, wherever the import is:
+    at module level, in a function, and under TYPE_CHECKING unless ``runtime_only``."""
+    tree = ast.parse(path.read_text())
+    skip = under_type_checking(tree) if runtime_only else set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            targets = resolve(name, path.name == "__init__.py", node, modules)
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
 def graph(runtime_only: bool) -> tuple[dict[str, set[str]], dict[str, int]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    edges: dict[str, set[str]] = {m: set() for m in modules}
-    lines: dict[str, int] = {}
-    for name, path in modules.items():
-        source = path.read_text()
-        lines[name] = len(source.splitlines())
-        tree = ast.parse(source)
-        skip = under_type_checking(tree) if runtime_only else set()
-        for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in skip:
-                continue
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom):
-                targets = resolve(name, path.name == "__init__.py", node, set(modules))
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            for target in targets:
-                if target in modules and target != name:
-                    edges[name].add(target)
+    edges = {
+        name: imports_of(path, name, set(modules), runtime_only)
+        for name, path in modules.items()
+    }
+    lines = {name: len(path.read_text().splitlines()) for name, path in modules.items()}
     return edges, lines
 
 
