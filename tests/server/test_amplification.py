@@ -151,13 +151,14 @@ def test_hostile_bodies_are_refused_while_health_answers_within_100_ms(server):
     )
     assert len(health) >= 5
     # Within 100 ms: nine polls in ten and the median. The worst poll gets more room only for this machine's
-    # other processes (2 cores shared by the engine and other test servers); unbounded work on the event
-    # loop stalled it for seconds (issue 38), and a 4 M character render on it alone takes ~0.4 s.
+    # other processes (2 cores shared by the engine and the other worker's servers). Unbounded work on the
+    # event loop stalled it for seconds (issue 38); rendering on many threads kept it waiting for the GIL up
+    # to 0.4 s (CI, 2026-12-04); on the one preparing thread the worst of 4 runs here was 30-54 ms.
     ordered = sorted(health)
     assert ordered[len(ordered) * 9 // 10] < 0.1 and statistics.median(health) < 0.1, (
         ordered[-5:]
     )
-    assert ordered[-1] < 0.35, ordered[-5:]
+    assert ordered[-1] < 0.25, ordered[-5:]
 
 
 @pytest.mark.parametrize("path", ["/v1/systemone", "/v1/decisions"])

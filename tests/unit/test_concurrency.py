@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import threading
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
+from vllm.entrypoints.generate.decisions.decide.concurrency import (
+    gather_or_cancel,
+    off_the_loop,
+)
 
 
 async def test_results_in_order():
@@ -37,3 +42,25 @@ async def test_one_failure_cancels_the_rest():
     with pytest.raises(ValueError, match="engine said no"):
         await asyncio.wait_for(gather_or_cancel([slow(0), failing(), slow(2)]), 5)
     assert sorted(cancelled) == [0, 2] and not finished
+
+
+async def test_preparation_runs_on_one_thread_beside_the_loop_and_keeps_the_context():
+    request = contextvars.ContextVar("request", default="none")
+    request.set("r-1")
+
+    def prepare(n: int) -> tuple[str, str, int]:
+        return threading.current_thread().name, request.get(), n * 2
+
+    results = await asyncio.gather(*(off_the_loop(prepare, n) for n in range(8)))
+    assert {name for name, _, _ in results} == {results[0][0]}
+    assert results[0][0] != threading.current_thread().name
+    assert [value for _, _, value in results] == [n * 2 for n in range(8)]
+    assert {seen for _, seen, _ in results} == {"r-1"}
+
+
+async def test_a_failure_in_preparation_reaches_the_caller():
+    def refuse() -> None:
+        raise ValueError("too deep")
+
+    with pytest.raises(ValueError, match="too deep"):
+        await off_the_loop(refuse)

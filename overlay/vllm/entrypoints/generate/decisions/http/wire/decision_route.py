@@ -14,7 +14,6 @@ function only gives ``/openapi.json`` its request and response models.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Callable, Coroutine
@@ -26,6 +25,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 
+from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.metrics import observed_route
 from vllm.entrypoints.generate.decisions.decide.settings import DEFAULT_MAX_BODY_BYTES
@@ -43,7 +43,7 @@ LATENCY_HEADER = "x-decision-latency-ms"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
-# Bodies at least this long, and compressed ones, are decoded and parsed in a worker thread: tens of MiB take the event loop
+# Bodies at least this long, and compressed ones, are decoded and parsed off the event loop: tens of MiB take the event loop
 # (every other client's request, /health) a good part of a second; small ones aren't worth the hop.
 PARSE_IN_THREAD_BYTES = 64 * 1024
 
@@ -59,9 +59,7 @@ async def request_body(request: Request) -> Any:
     raw, encoding = await request.body(), request.headers.get("content-encoding")
     if len(raw) < PARSE_IN_THREAD_BYTES and not encoding:
         return parse_json(decode_body(raw, encoding, limit))
-    return await asyncio.to_thread(
-        lambda: parse_json(decode_body(raw, encoding, limit))
-    )
+    return await off_the_loop(lambda: parse_json(decode_body(raw, encoding, limit)))
 
 
 def authorized(request: Request) -> bool:

@@ -4,7 +4,6 @@ service, and its decision shaped as a :class:`SystemOneResponse`."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from pydantic import ValidationError
 
 from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
+from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
@@ -248,8 +248,6 @@ def response(
 async def create_systemone(
     service: Decides, request: SystemOneRequest, request_id: str
 ) -> SystemOneResponse:
-    # Compiled in a worker thread: rendering a large request's JSON must not hold up other clients.
-    ids, asked = await asyncio.to_thread(
-        compiled, request, request_id, service.settings
-    )
+    # Compiled off the event loop: rendering a large request's JSON must not hold up other clients.
+    ids, asked = await off_the_loop(compiled, request, request_id, service.settings)
     return response(request, ids, await decide(service, asked), request_id)

@@ -8,7 +8,6 @@ A predicate is read as a yes/no ``noul`` without criteria, a choice as a ``choic
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from pydantic import ValidationError
 
 from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
+from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
@@ -257,8 +257,6 @@ def response(
 async def create_decision(
     service: Decides, request: DecisionsRequest, request_id: str
 ) -> DecisionsResponse:
-    # Compiled in a worker thread: rendering a large request's JSON must not hold up other clients.
-    names, asked = await asyncio.to_thread(
-        compiled, request, request_id, service.settings
-    )
+    # Compiled off the event loop: rendering a large request's JSON must not hold up other clients.
+    names, asked = await off_the_loop(compiled, request, request_id, service.settings)
     return response(request, names, await decide(service, asked), request_id)
