@@ -17,7 +17,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.read import (
     plan_read,
     read,
 )
-from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
 from vllm.entrypoints.generate.decisions.decide.settings import Debias, parse_debias
 
 

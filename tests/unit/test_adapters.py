@@ -12,7 +12,7 @@ import pytest
 from vllm.entrypoints.generate.decisions.bulk import Decisions
 from vllm.entrypoints.generate.decisions.decide import paths
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.adapters import (
     ServedModels,

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 
 from vllm.entrypoints.generate.decisions.decide import paths
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.http.api_router import (
     register_decisions_api_router,

@@ -9,7 +9,7 @@ from vllm.entrypoints.generate.decisions.decide.backends import (
     DecisionBackend,
     LogitBackend,
 )
-from vllm.entrypoints.generate.decisions.decide.registry import (
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     backend_options,
     choose_backend,
     register_backend,

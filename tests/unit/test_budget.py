@@ -1,5 +1,5 @@
 """One rendering budget per request (budget.py), counts checked before compiling, and prompts too long for
-the context refused by their length before they are tokenized (prompting/token_bound.py, stencil.py)."""
+the context refused by their length before they are tokenized (token_bound.py, stencil.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import unicodedata
 
 import pytest
 
+from vllm.entrypoints.generate.decisions.decide import token_bound
 from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     StencilPool,
     check_fits,
@@ -20,23 +21,22 @@ from vllm.entrypoints.generate.decisions.decide.budget import (
     spending,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
-from vllm.entrypoints.generate.decisions.decide.prompting import token_bound
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import question_text
-from vllm.entrypoints.generate.decisions.decide.prompting.token_bound import (
-    chars_per_token,
-    normalizer_shrink,
-)
 from vllm.entrypoints.generate.decisions.decide.questions import (
     NOUL,
     NoulQuestion,
     content_text,
 )
-from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
-from vllm.entrypoints.generate.decisions.decide.service import (
+from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.serving.service import (
     DecisionService,
     request_chars,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
+from vllm.entrypoints.generate.decisions.decide.token_bound import (
+    chars_per_token,
+    normalizer_shrink,
+)
 from vllm.entrypoints.generate.decisions.http.wire.jev import serving as jev
 from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import SystemOneRequest
 from vllm.entrypoints.generate.decisions.http.wire.openai import serving as openai

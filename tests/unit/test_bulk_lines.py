@@ -25,7 +25,7 @@ from vllm.entrypoints.generate.decisions.bulk.run_batch import (
     answer_line,
     run_decision_batch,
 )
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.adapters import ServedModels
 

@@ -14,11 +14,11 @@ from vllm.entrypoints.generate.decisions.decide.calibration import (
     results,
     store,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.temperature import (
     Temperature,
 )
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
-from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import ScriptedBackend

@@ -18,6 +18,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.canvas.samples import (
     average,
     noise_tokens,
 )
+from vllm.entrypoints.generate.decisions.decide.backends.registry import choose_backend
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlotPlacer,
@@ -30,9 +31,8 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     NoulQuestion,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import softmax
-from vllm.entrypoints.generate.decisions.decide.registry import choose_backend
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.scoring import softmax
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import BackendSpec, Settings
 from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
     BUILT_IN_CANVAS_READ,

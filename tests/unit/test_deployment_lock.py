@@ -10,7 +10,10 @@ import sys
 import time
 
 from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
-from vllm.entrypoints.generate.decisions.decide.readiness import CALIBRATION, Readiness
+from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
+    CALIBRATION,
+    Readiness,
+)
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 from vllm.entrypoints.generate.decisions.runtime.deployment_lock import exclusive
 from vllm.entrypoints.generate.decisions.runtime.startup import start_backend_once

@@ -11,6 +11,7 @@ import pytest
 
 from vllm.entrypoints.generate.decisions.decide.backends import EncoderBackend
 from vllm.entrypoints.generate.decisions.decide.backends.encoder import laya_prompts
+from vllm.entrypoints.generate.decisions.decide.backends.registry import choose_backend
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.host import BackendHost
 from vllm.entrypoints.generate.decisions.decide.questions import (
@@ -22,7 +23,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.registry import choose_backend
 from vllm.entrypoints.generate.decisions.decide.settings import BackendSpec
 
 from ..conftest import model_path

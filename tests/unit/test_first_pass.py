@@ -9,8 +9,10 @@ import json
 
 from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.decide.reading.prior import NEUTRAL_INPUTS
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+    NEUTRAL_INPUTS,
+)
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 

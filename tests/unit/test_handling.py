@@ -20,7 +20,7 @@ from vllm.entrypoints.generate.decisions.bulk.run_batch import (
     Tally,
 )
 from vllm.entrypoints.generate.decisions.decide import metrics, paths
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.http.api_router import (
     register_decisions_api_router,

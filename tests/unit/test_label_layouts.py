@@ -16,6 +16,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.logit.backend import (
 from vllm.entrypoints.generate.decisions.decide.backends.logit.options import (
     LogitOptions,
 )
+from vllm.entrypoints.generate.decisions.decide.backends.registry import backend_options
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     ANSWER_CUE,
@@ -38,7 +39,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     choice_options,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.registry import backend_options
 from vllm.entrypoints.generate.decisions.decide.settings import (
     Settings,
     parse_backend_spec,

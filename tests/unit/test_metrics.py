@@ -14,10 +14,6 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.decide import metrics
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    Temperature,
-    Temperatures,
-)
 from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
     EngineBusyError,
@@ -30,8 +26,12 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ChoiceQuestion,
     NoulQuestion,
 )
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    Temperature,
+    Temperatures,
+)
 from vllm.entrypoints.generate.decisions.http.api_router import (
     register_decisions_api_router,
 )

@@ -8,14 +8,16 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide import registry
-from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
+from vllm.entrypoints.generate.decisions.decide.backends import (
+    DecisionBackend,
+    registry,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.registry import Registry
 from vllm.entrypoints.generate.decisions.decide.questions import (
     NoulQuestion,
     Option,
     QuestionType,
 )
-from vllm.entrypoints.generate.decisions.decide.registry import Registry
 from vllm.entrypoints.generate.decisions.decide.settings import parse_backend_spec
 from vllm.entrypoints.generate.decisions.runtime import plugins
 

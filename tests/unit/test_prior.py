@@ -25,10 +25,12 @@ from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     NEUTRAL_INPUTS,
     PriorCache,
-    adjusted,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     Correction,
+)
+from vllm.entrypoints.generate.decisions.decide.scoring import (
+    adjusted,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import NO_DEBIAS, parse_debias
 
@@ -201,7 +203,9 @@ def test_a_gain_within_the_noise_is_not_kept():
 
 
 async def test_the_cache_is_bounded_in_bytes_and_a_long_question_costs_no_more():
-    from vllm.entrypoints.generate.decisions.decide.reading.prior import entry_bytes
+    from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+        entry_bytes,
+    )
 
     async def three() -> list[float]:
         return [0.0, -1.0, -2.0]

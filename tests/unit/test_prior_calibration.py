@@ -25,10 +25,6 @@ from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     TypeReads,
     choose_layout,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    Temperature,
-    Temperatures,
-)
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
@@ -43,9 +39,15 @@ from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Corrections,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.prior import NEUTRAL_INPUTS
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+    NEUTRAL_INPUTS,
+)
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Debias, Settings
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    Temperature,
+    Temperatures,
+)
 from vllm.entrypoints.generate.decisions.runtime import calibration as run
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 

@@ -3,6 +3,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
+    question_type,
+    register_question_type,
+)
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -14,10 +18,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
     choice_options,
     content_text,
-)
-from vllm.entrypoints.generate.decisions.decide.registry import (
-    question_type,
-    register_question_type,
 )
 
 

@@ -17,7 +17,7 @@ from vllm.entrypoints.generate.decisions.decide.read_context import (
     sha256_of,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.calls import backend_read
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings, parse_debias
 
 

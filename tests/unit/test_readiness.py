@@ -8,12 +8,14 @@ from http import HTTPStatus
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide import readiness as readiness_module
 from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
     NotReadyError,
 )
-from vllm.entrypoints.generate.decisions.decide.readiness import (
+from vllm.entrypoints.generate.decisions.decide.serving import (
+    readiness as readiness_module,
+)
+from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
     CALIBRATION,
     SELF_CHECK,
     Readiness,

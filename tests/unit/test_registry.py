@@ -11,11 +11,12 @@ import sys
 import pytest
 from fastapi import FastAPI
 
-from vllm.entrypoints.generate.decisions.decide import registry
 from vllm.entrypoints.generate.decisions.decide.backends import (
     DecisionBackend,
     LogitBackend,
+    registry,
 )
+from vllm.entrypoints.generate.decisions.decide.backends.registry import Registry
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     ChoiceType,
@@ -23,8 +24,7 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     Option,
     QuestionType,
 )
-from vllm.entrypoints.generate.decisions.decide.registry import Registry
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import (
     Settings,
     SettingsError,
@@ -312,20 +312,20 @@ def imported_backends(code: str) -> list[str]:
 
 def test_importing_the_registry_imports_no_backend():
     settings_only = (
-        "import vllm.entrypoints.generate.decisions.decide.registry\n"
+        "import vllm.entrypoints.generate.decisions.decide.backends.registry\n"
         "from vllm.entrypoints.generate.decisions.decide.settings import check_environment\n"
         "check_environment({'VLLM_ENABLE_TYPED_DECISIONS': '1'})\n"
-        "from vllm.entrypoints.generate.decisions.decide.registry import backend_names\n"
+        "from vllm.entrypoints.generate.decisions.decide.backends.registry import backend_names\n"
         "assert backend_names() == ['canvas', 'encoder', 'logit'], backend_names()"
     )
     assert imported_backends(settings_only) == []
 
 
 def test_a_backend_is_imported_when_looked_up_and_all_when_the_default_is_chosen():
-    lookup = "from vllm.entrypoints.generate.decisions.decide.registry import backend_class\nbackend_class('encoder')"
+    lookup = "from vllm.entrypoints.generate.decisions.decide.backends.registry import backend_class\nbackend_class('encoder')"
     assert imported_backends(lookup) == ["encoder"]
     choose = (
-        "from vllm.entrypoints.generate.decisions.decide.registry import choose_backend\n"
+        "from vllm.entrypoints.generate.decisions.decide.backends.registry import choose_backend\n"
         "from vllm.entrypoints.generate.decisions.decide.settings import parse_backend_spec\n"
         "assert choose_backend(parse_backend_spec(''), ('LayaForDecision',)).name == 'encoder'"
     )

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
+from vllm.entrypoints.generate.decisions.decide.scoring import (
     confidence,
     non_finite,
     softmax,

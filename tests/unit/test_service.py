@@ -7,10 +7,6 @@ from http import HTTPStatus
 import pytest
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    Temperature,
-    Temperatures,
-)
 from vllm.entrypoints.generate.decisions.decide.errors import (
     BackendUnavailable,
     DecisionError,
@@ -25,12 +21,16 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.decide.service import (
+from vllm.entrypoints.generate.decisions.decide.serving.service import (
     Answer,
     DecisionService,
     Failure,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    Temperature,
+    Temperatures,
+)
 
 from .fakes import ScriptedBackend
 

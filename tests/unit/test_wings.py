@@ -2,7 +2,9 @@
 
 ``bulk/`` -> ``http/`` -> ``runtime/`` -> ``decide/``: a module may import its own wing and those to
 its right, never one to its left, and the package's ``__init__`` (the plugin API) only ``decide/``.
-Every import of the package counts: at module level, inside a function and under TYPE_CHECKING.
+No cycle between modules, nor between folders (a folder's files never import a folder that imports
+them, its own subfolders included). Every import of the package counts: at module level, inside a
+function and under TYPE_CHECKING.
 Read from the source with ``ast`` (tools/checks/structure.py's import graph), so nothing is
 imported to check it."""
 
@@ -59,6 +61,22 @@ def test_no_cycle_between_wings():
             between.setdefault(wing(module), set()).update(
                 wing(t) for t in targets if wing(t) != wing(module)
             )
+    assert cycles(between) == []
+
+
+def folder(module: str) -> str:
+    """The folder ``module`` is a file of: a package's ``__init__`` is in the package's own folder."""
+    if any(other.startswith(module + ".") for other in MODULES) or not module:
+        return module
+    return module.rpartition(".")[0]
+
+
+def test_no_cycle_between_folders():
+    between: dict[str, set[str]] = {folder(m): set() for m in MODULES}
+    for module, targets in GRAPH.items():
+        between[folder(module)].update(
+            folder(t) for t in targets if folder(t) != folder(module)
+        )
     assert cycles(between) == []
 
 

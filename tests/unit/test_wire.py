@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from openai.types import Decision
 
 from vllm.entrypoints.generate.decisions.decide.questions import content_text
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.validation import detail_message
 from vllm.entrypoints.generate.decisions.http.api_router import (

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
+from vllm.entrypoints.generate.decisions.decide.scoring import (
     log_softmax,
     softmax,
 )

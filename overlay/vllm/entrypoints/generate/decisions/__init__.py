@@ -10,6 +10,10 @@ backends/README.md.
 """
 
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
+    register_backend,
+    register_question_type,
+)
 from vllm.entrypoints.generate.decisions.decide.errors import (
     BackendUnavailable,
     DecisionError,
@@ -33,10 +37,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     QuestionType,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.registry import (
-    register_backend,
-    register_question_type,
-)
 
 __all__ = [
     "BackendHost",

@@ -22,7 +22,7 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
 )
 from vllm.entrypoints.generate.decisions.decide.metrics import observed_route
 from vllm.entrypoints.generate.decisions.decide.paths import DECISIONS
-from vllm.entrypoints.generate.decisions.decide.service import Decides
+from vllm.entrypoints.generate.decisions.decide.serving.service import Decides
 from vllm.entrypoints.generate.decisions.http.api_router import wire_at
 from vllm.entrypoints.generate.decisions.http.wire.body import decode_body, parse_json
 from vllm.entrypoints.generate.decisions.http.wire.handling import Reply, new_request_id

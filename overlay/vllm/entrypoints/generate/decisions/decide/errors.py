@@ -44,7 +44,7 @@ STARTING = "decisions are starting"
 
 class NotReadyError(DecisionError):
     """Startup work (self-check, calibration) has not finished; the client should retry. The message says
-    which step is running and how far along it is (readiness.py); ``retry_after`` fits the time left."""
+    which step is running and how far along it is (serving/readiness.py); ``retry_after`` fits the time left."""
 
     def __init__(
         self, message: str = f"{STARTING}; retry shortly", retry_after: int = 5

@@ -24,12 +24,12 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
     without_paths,
 )
 from vllm.entrypoints.generate.decisions.decide.metrics import engine_read
-from vllm.entrypoints.generate.decisions.decide.prompting.token_bound import (
-    chars_per_token,
-)
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
     as_context,
+)
+from vllm.entrypoints.generate.decisions.decide.token_bound import (
+    chars_per_token,
 )
 from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
     BUILT_IN_CANVAS_READ,
@@ -101,7 +101,7 @@ class BackendHost(ABC):
     # ``context.cache_salt`` to the engine as vLLM's own APIs do.
     priority_scheduling: bool = False
     # The most characters of prompt text one token can stand for (None: no sure bound), so a prompt too
-    # long for the context is refused by its length before it is tokenized (prompting/token_bound.py).
+    # long for the context is refused by its length before it is tokenized (token_bound.py).
     chars_per_token: int | None = None
 
     @abstractmethod

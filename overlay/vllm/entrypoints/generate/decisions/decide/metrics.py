@@ -44,7 +44,7 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
 from vllm.entrypoints.generate.decisions.decide.paths import DECISION_PATHS
 
 if TYPE_CHECKING:
-    from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+    from vllm.entrypoints.generate.decisions.decide.temperature import (
         Temperatures,
     )
 
@@ -443,13 +443,13 @@ def record_temperatures(
 ) -> None:
     """The temperatures in force for the base model or LoRA ``adapter``: the server-wide one and each
     question type's own fit, with sources; and the calibration's ``stage`` (FIRST_PASS or FULL of
-    calibration/temperature.py; "": none in force any more; None: nothing calibrated, no gauge)."""
+    temperature.py; "": none in force any more; None: nothing calibrated, no gauge)."""
     metrics = _active
     if metrics is None:
         return
     adapter = adapter_label(adapter)
     if stage is not None:
-        from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+        from vllm.entrypoints.generate.decisions.decide.temperature import (
             STAGES,
         )
 

@@ -3,7 +3,7 @@
 probability vector over those options into its answer fields.
 
 Every backend reads a distribution over options, so a type never sees a backend and a backend
-never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; registry.py holds
+never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; backends/registry.py holds
 them and the types plugins register.
 """
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
     AUTO,
     PRIOR_CHOICES,
     PriorSetting,

@@ -42,9 +42,13 @@ from vllm.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.entrypoints.generate.decisions.decide.answers import Decision
-    from vllm.entrypoints.generate.decisions.decide.readiness import Readiness
-    from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
-    from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+    from vllm.entrypoints.generate.decisions.decide.serving.readiness import Readiness
+    from vllm.entrypoints.generate.decisions.decide.serving.request import (
+        DecisionRequest,
+    )
+    from vllm.entrypoints.generate.decisions.decide.serving.service import (
+        DecisionService,
+    )
     from vllm.entrypoints.openai.models.serving import OpenAIServingModels
     from vllm.lora.request import LoRARequest
 

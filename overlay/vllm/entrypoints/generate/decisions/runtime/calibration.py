@@ -29,24 +29,15 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibra
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    DEFAULT,
-    FIRST_PASS,
-    FULL,
-    Temperatures,
-)
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.readiness import (
-    CALIBRATION,
-    ESTIMATE_AFTER,
-    Readiness,
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+    AUTO,
+    uses_content_free,
 )
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
-    AUTO,
     PriorCache,
-    uses_content_free,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     NO_CORRECTION,
@@ -60,10 +51,21 @@ from vllm.entrypoints.generate.decisions.decide.reading.read import (
 from vllm.entrypoints.generate.decisions.decide.reading.read import (
     read as run_plan,
 )
+from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
+    CALIBRATION,
+    ESTIMATE_AFTER,
+    Readiness,
+)
 from vllm.entrypoints.generate.decisions.decide.settings import (
     NO_DEBIAS,
     Debias,
     Settings,
+)
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    DEFAULT,
+    FIRST_PASS,
+    FULL,
+    Temperatures,
 )
 from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
     once_per_server,

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Plugins from installed packages: the ``vllm.decision_backends`` and ``vllm.decision_question_types``
-entry-point groups, loaded once at startup into the server's registry (registry.py).
+entry-point groups, loaded once at startup into the server's registry (decide/backends/registry.py).
 
 A backend entry point names a backend class, a question-type one a question type (class or
 instance); either may instead name a function that registers things itself, and importing its module
@@ -16,12 +16,12 @@ from importlib.metadata import entry_points
 from types import ModuleType
 
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.questions import QuestionType
-from vllm.entrypoints.generate.decisions.decide.registry import (
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     record_failure,
     register_backend,
     register_question_type,
 )
+from vllm.entrypoints.generate.decisions.decide.questions import QuestionType
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)

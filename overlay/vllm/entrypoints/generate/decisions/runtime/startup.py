@@ -18,16 +18,16 @@ from starlette.datastructures import State
 
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
-from vllm.entrypoints.generate.decisions.decide.host import VllmHost
-from vllm.entrypoints.generate.decisions.decide.metrics import init_metrics
-from vllm.entrypoints.generate.decisions.decide.readiness import Readiness
-from vllm.entrypoints.generate.decisions.decide.registry import (
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     backend_names,
     backend_options,
     choose_backend,
 )
-from vllm.entrypoints.generate.decisions.decide.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
+from vllm.entrypoints.generate.decisions.decide.host import VllmHost
+from vllm.entrypoints.generate.decisions.decide.metrics import init_metrics
+from vllm.entrypoints.generate.decisions.decide.serving.readiness import Readiness
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.adapters import (
     ServedModels,
@@ -209,7 +209,7 @@ async def start_backend_once(
 ) -> None:
     """Start ``backend`` once per server: one API-server process runs its start hook and the others adopt
     the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too.
-    ``waiting`` is told when this process waits for another's start (readiness.py)."""
+    ``waiting`` is told when this process waits for another's start (decide/serving/readiness.py)."""
     key = {
         **model,
         "backend": backend.name,

@@ -9,19 +9,12 @@ backends' code.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
-
-if TYPE_CHECKING:
-    from vllm.entrypoints.generate.decisions.decide.backends.canvas import CanvasBackend
-    from vllm.entrypoints.generate.decisions.decide.backends.encoder import (
-        EncoderBackend,
-    )
-    from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
 
 # Each built-in backend by the name it is selected by: its class's name and the subpackage holding it.
 BUILT_IN: dict[str, tuple[str, str]] = {

@@ -30,12 +30,14 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     RESAMPLES,
     fold_of_groups,
 )
-from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
     MODES,
-    adjusted,
     uses_content_free,
     uses_fitted,
+)
+from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.scoring import (
+    adjusted,
 )
 
 FloatArray = npt.NDArray[np.float64]

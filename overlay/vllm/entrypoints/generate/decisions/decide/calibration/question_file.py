@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vllm.entrypoints.generate.decisions.decide.backends.registry import question_type
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -26,7 +27,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
     content_text,
 )
-from vllm.entrypoints.generate.decisions.decide.registry import question_type
 
 BUNDLED = "bundled"
 

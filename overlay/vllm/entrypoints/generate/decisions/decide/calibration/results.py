@@ -21,12 +21,12 @@ from vllm.entrypoints.generate.decisions.decide.calibration.by_type import TypeF
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     CalibrationResult,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.temperature import (
     SERVER,
     Temperature,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.decide.settings import Settings
 
 # Part of the saved result's key: a record in another layout (the single-T one before it) is not reused.
 SCHEME = "per-type-prior-v2"

@@ -1,3 +1,3 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A question's read after the backend's: option rotation (debias), the prior correction, the
-calibrated temperature and the confidence arithmetic."""
+"""A question's read after the backend's: its plan, option rotation (debias), the prior correction
+and the calibrated temperature, resolved once and applied in one ``read(plan)``."""

@@ -20,20 +20,22 @@ from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     TypeReads,
     question_key,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    Temperature,
-    Temperatures,
-)
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
     AUTO,
-    PriorCache,
     PriorSetting,
     uses_fitted,
 )
+from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.reading.prior import (
+    PriorCache,
+)
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import Correction
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Debias
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    Temperature,
+    Temperatures,
+)
 
 
 @dataclass(frozen=True)

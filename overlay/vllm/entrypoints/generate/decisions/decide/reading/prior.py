@@ -27,56 +27,17 @@ import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pydantic import BaseModel
 
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import log_softmax
-
-# The corrections, and what VLLM_TYPED_DECISIONS_PRIOR and a request's ``extra.prior``
-# accept: one of them or auto (calibration's choice per question type). The one list
-# of these words: settings.py and the wires validate against these types.
-PriorMode = Literal["off", "content-free", "fitted", "content-free+fitted"]
-PriorSetting = Literal["auto", PriorMode]
-MODES: tuple[PriorMode, ...] = get_args(PriorMode)
-PRIOR_CHOICES: tuple[PriorSetting, ...] = get_args(PriorSetting)
-AUTO: PriorSetting = "auto"
+from vllm.entrypoints.generate.decisions.decide.scoring import log_softmax
 
 # Inputs that carry no evidence; each is one read per distinct question, averaged.
 NEUTRAL_INPUTS = ("N/A", "")
 # The lowest content-free log-probability subtracted: an option the model never gives without evidence
 # must not become certain with it.
 PRIOR_FLOOR = -20.0
-
-
-def uses_content_free(mode: str) -> bool:
-    return mode.startswith("content-free")
-
-
-def uses_fitted(mode: str) -> bool:
-    return mode.endswith("fitted")
-
-
-def adjusted(
-    rows: Sequence[Sequence[float]],
-    positions: Sequence[Sequence[int]],
-    priors: Sequence[Sequence[float]] | None,
-    bias: Sequence[float] | None,
-) -> list[float]:
-    """A question's score per option, the readings averaged: each reading's log-probabilities (in the
-    client's option order), less its content-free prior when given, plus the bias of the position each
-    option had in that reading when given (positions past the bias's end get none)."""
-    count = len(rows[0])
-    total = [0.0] * count
-    for index, row in enumerate(rows):
-        for option in range(count):
-            score = row[option]
-            if priors is not None:
-                score -= priors[index][option]
-            if bias is not None and positions[index][option] < len(bias):
-                score += bias[positions[index][option]]
-            total[option] += score
-    return [value / len(rows) for value in total]
 
 
 @dataclass(frozen=True)

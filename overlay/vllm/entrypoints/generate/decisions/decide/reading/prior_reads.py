@@ -11,6 +11,9 @@ from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.backends.base import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+    uses_fitted,
+)
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.calls import (
@@ -21,16 +24,17 @@ from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     NEUTRAL_INPUTS,
     PriorCache,
     PriorRead,
-    adjusted,
     fingerprint,
     mean_log_probabilities,
-    uses_fitted,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.rotation import (
     in_client_order,
     reordered,
 )
 from vllm.entrypoints.generate.decisions.decide.reports import PriorAudit
+from vllm.entrypoints.generate.decisions.decide.scoring import (
+    adjusted,
+)
 
 
 @dataclass(frozen=True)

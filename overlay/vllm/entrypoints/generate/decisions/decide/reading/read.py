@@ -18,11 +18,10 @@ from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    DEFAULT,
-    Temperature,
-)
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+    uses_content_free,
+)
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.calls import (
@@ -31,7 +30,6 @@ from vllm.entrypoints.generate.decisions.decide.reading.calls import (
 )
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     PriorRead,
-    uses_content_free,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     NO_CORRECTION,
@@ -46,9 +44,13 @@ from vllm.entrypoints.generate.decisions.decide.reading.rotation import (
     orders,
     reordered,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import log_softmax
 from vllm.entrypoints.generate.decisions.decide.reports import DebiasAudit, PriorAudit
+from vllm.entrypoints.generate.decisions.decide.scoring import log_softmax
 from vllm.entrypoints.generate.decisions.decide.settings import Debias
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    DEFAULT,
+    Temperature,
+)
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,19 @@ from pydantic import (
 )
 
 from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
+    built_in_question_type,
+)
 from vllm.entrypoints.generate.decisions.decide.errors import NotReadyError
+from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+    PriorSetting,
+)
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorSetting
-from vllm.entrypoints.generate.decisions.decide.registry import built_in_question_type
-from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest, Detail
-from vllm.entrypoints.generate.decisions.decide.service import Decides
+from vllm.entrypoints.generate.decisions.decide.serving.request import (
+    DecisionRequest,
+    Detail,
+)
+from vllm.entrypoints.generate.decisions.decide.serving.service import Decides
 from vllm.entrypoints.generate.decisions.decide.settings import (
     DEBIAS_FORMS,
     parse_debias,

@@ -25,7 +25,7 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
     internal_error,
 )
 from vllm.entrypoints.generate.decisions.decide.metrics import note_refusal
-from vllm.entrypoints.generate.decisions.decide.service import Decides
+from vllm.entrypoints.generate.decisions.decide.serving.service import Decides
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)

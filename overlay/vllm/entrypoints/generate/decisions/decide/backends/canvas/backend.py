@@ -49,7 +49,7 @@ from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import softmax
+from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
     BUILT_IN_CANVAS_READ,

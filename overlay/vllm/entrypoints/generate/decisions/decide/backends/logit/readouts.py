@@ -53,7 +53,7 @@ from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import softmax
+from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
 TOKEN_ID_CAP_HINT = (
     "MAX_LOGPROB_TOKEN_IDS in vllm/sampling_params.py caps an exact read at {cap} labels: apply "

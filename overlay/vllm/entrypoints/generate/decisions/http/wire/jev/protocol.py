@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from vllm.entrypoints.generate.decisions.decide.registry import (
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     question_type,
     question_type_names,
 )

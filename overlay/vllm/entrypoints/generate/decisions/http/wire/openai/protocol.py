@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictStr, field_validator
 
-from vllm.entrypoints.generate.decisions.decide.registry import (
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     built_in_question_type,
     question_type,
     question_type_names,

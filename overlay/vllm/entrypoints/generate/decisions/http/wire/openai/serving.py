@@ -14,6 +14,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
+    built_in_question_type,
+    failures_note,
+    question_type,
+)
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
 from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
@@ -27,13 +32,8 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     level_options,
     within,
 )
-from vllm.entrypoints.generate.decisions.decide.registry import (
-    built_in_question_type,
-    failures_note,
-    question_type,
-)
-from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
-from vllm.entrypoints.generate.decisions.decide.service import (
+from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.serving.service import (
     Decides,
     check_option_count,
     check_question_count,

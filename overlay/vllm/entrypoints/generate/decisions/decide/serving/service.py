@@ -16,14 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision, Failure
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.backends.base import facts_json
-from vllm.entrypoints.generate.decisions.decide.budget import over_request_message
-from vllm.entrypoints.generate.decisions.decide.calibration.temperature import (
-    DEFAULT,
-    FIRST_PASS,
-    SERVER,
-    Temperature,
-    Temperatures,
+from vllm.entrypoints.generate.decisions.decide.backends.registry import (
+    backend_class,
+    backend_names,
+    failures_note,
 )
+from vllm.entrypoints.generate.decisions.decide.budget import over_request_message
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.errors import (
     BackendUnavailable,
@@ -42,37 +40,39 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     QuestionType,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.readiness import (
-    CALIBRATION,
-    SELF_CHECK,
-    Readiness,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Calibrated,
     Corrections,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
-from vllm.entrypoints.generate.decisions.decide.reading.scoring import (
+from vllm.entrypoints.generate.decisions.decide.reports import (
+    AuditRecord,
+    BackendReport,
+)
+from vllm.entrypoints.generate.decisions.decide.scoring import (
     CONFIDENCE_FORMULA,
     confidence,
     non_finite,
     softmax,
 )
-from vllm.entrypoints.generate.decisions.decide.registry import (
-    backend_class,
-    backend_names,
-    failures_note,
+from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
+    CALIBRATION,
+    SELF_CHECK,
+    Readiness,
 )
-from vllm.entrypoints.generate.decisions.decide.reports import (
-    AuditRecord,
-    BackendReport,
-)
-from vllm.entrypoints.generate.decisions.decide.request import DecisionRequest
+from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
 from vllm.entrypoints.generate.decisions.decide.settings import (
     PREFIX,
     Settings,
     SettingsError,
+)
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    DEFAULT,
+    FIRST_PASS,
+    SERVER,
+    Temperature,
+    Temperatures,
 )
 from vllm.logger import init_logger
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The arithmetic every answer shares: temperature softmax and the confidence formula."""
+"""The arithmetic every answer shares: a question's readings combined into scores, temperature softmax
+and the confidence formula."""
 
 from __future__ import annotations
 
@@ -56,3 +57,25 @@ def non_finite(values: Any) -> str | None:
         elif isinstance(value, float) and not math.isfinite(value):
             return where or "the value"
     return None
+
+
+def adjusted(
+    rows: Sequence[Sequence[float]],
+    positions: Sequence[Sequence[int]],
+    priors: Sequence[Sequence[float]] | None,
+    bias: Sequence[float] | None,
+) -> list[float]:
+    """A question's score per option, the readings averaged: each reading's log-probabilities (in the
+    client's option order), less its content-free prior when given, plus the bias of the position each
+    option had in that reading when given (positions past the bias's end get none)."""
+    count = len(rows[0])
+    total = [0.0] * count
+    for index, row in enumerate(rows):
+        for option in range(count):
+            score = row[option]
+            if priors is not None:
+                score -= priors[index][option]
+            if bias is not None and positions[index][option] < len(bias):
+                score += bias[positions[index][option]]
+            total[option] += score
+    return [value / len(rows) for value in total]

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from vllm.entrypoints.generate.decisions.decide.read_context import sha256_of
 
 if TYPE_CHECKING:
+    from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+        PriorSetting,
+    )
     from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-    from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorSetting
     from vllm.entrypoints.generate.decisions.decide.settings import Debias
 
 Detail = Literal["none", "basic", "full"]
