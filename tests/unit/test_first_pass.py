@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
@@ -175,3 +177,40 @@ async def test_an_uncalibrated_answer_names_no_stage(tmp_path):
     audit = await audit_of(service)
     assert (audit.calibration_stage, audit.calibration_reads) == (None, None)
     assert audit.as_json()["calibration_stage"] is None
+
+
+class BlindOnTheFirstPass(TwoLayoutBackend):
+    """Confident and right on the odd tickets; on the even ones (those a first pass reads) just as
+    confident in an option chosen by the ticket's number, right one time in three: on the first
+    pass alone the scores say nothing, on the whole set they do."""
+
+    async def read(self, question, context):
+        reading = await super().read(question, context)
+        words = context.state.split()
+        if context.state.startswith("ticket ") and int(words[1]) % 2 == 0:
+            pick = int(words[1]) // 2 % 3
+            reading.scores = [6.0 if i == pick else 0.0 for i in range(3)]
+        elif context.state.startswith("ticket "):
+            reading.scores = [
+                6.0 if context.state.endswith(f"about {o.value}") else 0.0
+                for o in question.options
+            ]
+        return reading
+
+
+async def test_a_first_pass_at_the_top_of_the_range_answers_near_uniform(
+    tmp_path, caplog
+):
+    settings = configured(tmp_path)
+    firsts: list[Calibrated] = []
+    full = await startup_calibration(
+        BlindOnTheFirstPass(), settings, MODEL, first_pass=firsts.append
+    )
+    (first,) = firsts
+    assert first.stage == "first pass"
+    assert first.temperatures.server.value == pytest.approx(20.0, rel=1e-3)
+    assert "is at the top of [0.05, 20]" in caplog.text
+    assert "answers are near uniform until the full calibration" in caplog.text
+    # The full calibration, where the scores carry signal, is not at the edge and replaces it.
+    assert full.stage == "full" and full.temperatures.server.value < 10.0
+    assert "decision calibration failed" not in caplog.text

@@ -438,7 +438,18 @@ async def fitted_record(
         result = await asyncio.to_thread(calibrate, scores, correct, groups)
     except ValueError as exc:
         return failed(str(exc), full)
-    if result.at_edge:
+    # A first pass at the range's top, kept by the keep rule, is served: on half the set the scores say
+    # next to nothing, and answers near uniform say so until the full calibration decides on all of it
+    # (an edge there is a failure, as ever).
+    served_at_top = not full and result.at_top and result.kept
+    if served_at_top:
+        logger.warning(
+            "decision calibration, first pass: the fitted T=%.3f is at the top of [0.05, 20]: "
+            "the model's scores say next to nothing on these questions, so answers are near uniform "
+            "until the full calibration",
+            result.temperature,
+        )
+    elif result.at_edge:
         return failed(
             f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], which points to "
             "broken scores",
@@ -459,6 +470,7 @@ async def fitted_record(
         skipped,
         time.monotonic() - started,
         sum(len(pairs) for pairs in by_layout.values()),
+        applied=result.temperature if served_at_top else None,
     )
     return record.model_dump(mode="json")
 

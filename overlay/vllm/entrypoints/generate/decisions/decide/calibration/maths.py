@@ -353,6 +353,11 @@ class CalibrationResult:
     )
 
     @property
+    def at_top(self) -> bool:
+        """T hit the range's top: on these questions the scores say next to nothing."""
+        return self.at_edge and self.temperature > 1.0
+
+    @property
     def applied_temperature(self) -> float:
         """The T answers get: the fitted one if kept, else 1.0 (also 1.0 when T landed at an edge)."""
         return self.temperature if self.kept and not self.at_edge else 1.0

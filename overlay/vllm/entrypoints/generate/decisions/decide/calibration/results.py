@@ -128,16 +128,17 @@ class CalibrationRecord(Fit):
         skipped: list[str],
         seconds: float,
         question_reads: int | None = None,
+        applied: float | None = None,
     ) -> CalibrationRecord:
+        """``applied``: the server-wide T answers get, where not ``result``'s own rule's."""
         import vllm
 
+        if applied is None:
+            applied = result.applied_temperature
         return cls(
             **Fit.fields(result),
-            applied_temperature=result.applied_temperature,
-            by_type={
-                name: TypeRecord.of(fit, result.applied_temperature)
-                for name, fit in fits.items()
-            },
+            applied_temperature=applied,
+            by_type={name: TypeRecord.of(fit, applied) for name, fit in fits.items()},
             reads=reads,
             questions=QuestionsUsed(
                 file=questions.name,
