@@ -33,8 +33,8 @@ def labelled(
     spread: float = 2.0,
 ) -> tuple[list[list[float]], list[int], list[str]]:
     """``count`` answers of one 3-option question: random log-probability scores (logits of
-    spread ``spread``), each answer's
-    correct option drawn from ``softmax(scale * s + bias)``; ``per_group`` answers share a group."""
+    spread ``spread``), each answer's correct option drawn from ``softmax(scale * s + bias)``;
+    ``per_group`` answers share a group."""
     rng = np.random.default_rng(seed)
     logits = rng.normal(0.0, spread, size=(count, len(bias)))
     scores = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
@@ -74,6 +74,28 @@ def test_known_map_is_recovered_and_kept():
     assert kept.probabilities(row) == pytest.approx(
         (expected / expected.sum()).tolist()
     )
+
+
+def test_the_fit_is_the_penalised_likelihoods_maximum():
+    """At the returned (scale, bias) the penalised log-likelihood's gradient, computed here on its
+    own, vanishes: the fit stopped at the optimum, not short of it."""
+    type_bias = [0.2, -0.1, -0.1]
+    scores, correct, _ = labelled(30, TRUE_SCALE, TRUE_BIAS, seed=11)
+    scale, bias = fit_map(scores, correct, 0.8, type_bias)
+    s = np.asarray(scores)
+    logits = scale * s + np.asarray(bias)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    onehot = np.eye(3)[correct]
+    gradient_scale = (
+        float(((p - onehot) * s).sum())
+        + question_map.SCALE_PENALTY * (scale - 0.8) / 0.8**2
+    )
+    gradient_bias = (p - onehot).sum(axis=0) + question_map.BIAS_PENALTY * (
+        np.asarray(bias) - type_bias
+    )
+    assert abs(gradient_scale) < 1e-5
+    assert np.abs(gradient_bias).max() < 1e-5
 
 
 def test_labels_from_the_types_own_map_are_refused():
