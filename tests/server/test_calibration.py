@@ -88,10 +88,33 @@ def saved_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("calibration-results")
 
 
+# An operator's question asked about many inputs (issue 40): 20 of the 55 yes/no lines ask it instead,
+# about the same inputs, so every count below stays. All of them are in English.
+ENGLISH = {"type": "noul", "instructions": "Is this text written in English?"}
+
+
+def with_one_question_labelled_often(lines: list[str], count: int = 20) -> list[str]:
+    """``lines`` with their last ``count`` yes/no questions replaced by :data:`ENGLISH` (answer yes)."""
+    nouls = [
+        i
+        for i, line in enumerate(lines)
+        if json.loads(line)["question"]["type"] == "noul"
+    ]
+    out = list(lines)
+    for i in nouls[-count:]:
+        item = json.loads(lines[i])
+        item.update(question=ENGLISH, expected="yes", id=f"{item['id']}-english")
+        out[i] = json.dumps(item)
+    return out
+
+
 def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir):
     questions = tmp_path / "questions.jsonl"
-    # 55 yes/no, 37 choice (too few for a fit of its own: the server-wide T serves it) and 58 score.
-    questions.write_text("\n".join(bundled_lines(150)) + "\n")
+    # 55 yes/no (20 of them one question, ENGLISH), 37 choice (too few for a fit of its own: the
+    # server-wide T serves it) and 58 score.
+    questions.write_text(
+        "\n".join(with_one_question_labelled_often(bundled_lines(150))) + "\n"
+    )
 
     audits: list[dict] = []
     first, starting = start(tmp_path, "first", questions, saved_dir, 2, audits)
@@ -121,6 +144,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
             noul["applied_temperature"]
         )
         assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 150
+        own_map(first, record)
         assert "decision calibration: T=" in first.log.read_text()
         overridden = audit(first, calibration_temperature=3.0)
         assert (
@@ -150,6 +174,36 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     # A changed question file or debias setting is a new key, measured again; a corrupt file or too few
     # answers give the default; calibration reads as requests do (rotate): tests/unit/test_calibration_startup.py.
     # One failure is served below.
+
+
+def own_map(server: VllmServer, record: dict) -> None:
+    """The question the file labels 20 times has a map of its own (its labels all say yes, which
+    SmolLM2's reads alone don't), saved and logged; asked on the Jev wire, its answer uses it and its
+    audit says so; a question without one keeps its type's reads."""
+    (key,) = record["question_maps"]
+    assert json.loads(key)[:2] == ["noul", ENGLISH["instructions"]]
+    own = record["question_maps"][key]
+    assert own["labels"] == 20 and own["gain"][0] > 0
+    assert (
+        "decision calibration (noul, 'Is this text written in English?'): a map of its own kept "
+        "from 20 labels" in server.log.read_text()
+    )
+    response = httpx.post(
+        f"{server.url}/v1/systemone",
+        json={
+            "state": "The meeting moved to Thursday.",
+            "questions": {"english": ENGLISH},
+            "extra": {"detail": "full"},
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()["answers"]["english"]
+    audit = answer["extra"]["audit"]
+    assert audit["temperature_scope"] == "noul:question"
+    assert audit["calibration_temperature"] == pytest.approx(1.0 / own["scale"])
+    assert audit["question_map"]["labels"] == 20
+    assert answer["noul"] > 0.5, answer
 
 
 def first_pass_then_full(server: VllmServer, audits: list[dict]) -> None:
@@ -248,7 +302,7 @@ def per_type_fits(server: VllmServer, record: dict) -> None:
     auto, the default), the 37 choice questions too few to choose by (read in letters, no correction)."""
     log = server.log.read_text(errors="replace")
     assert (
-        record["key"]["scheme"] == "per-type-prior-v2"
+        record["key"]["scheme"] == "per-type-prior-question-maps-v3"
         and record["key"]["prior"] == "auto"
     )
     assert set(record["reads"]) == {"noul", "score"}

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What an answer reports beyond its probabilities, typed: the backend's facts (``extra.backend``) and
 the audit record (``extra.audit``), each with what ``detail: basic`` keeps of it, and the audit's parts
-from option rotation (reading/rotation.py) and prior corrections (reading/prior_reads.py). Imports nothing of the package.
+from option rotation (reading/rotation.py), prior corrections (reading/prior_reads.py) and a question's
+own map (calibration/question_map.py). Imports nothing of the package.
 
 The backend's own entries (``Reading.meta`` and ``Reading.audit``) are laid in flat beside the
 service's, so a client reads one object per block whichever backend answered.
@@ -42,6 +43,21 @@ class PriorAudit(BaseModel):
     # Each option's fitted bias (readings averaged), or None when the mode has none.
     bias: dict[str, float] | None = None
     adjusted_logits: dict[str, float]
+
+
+class QuestionMapAudit(BaseModel):
+    """``extra.audit.question_map``: the question's own calibration, fitted from the operator's labels
+    of it (calibration/question_map.py): the labels, each option's bias (logit units; the scale is
+    ``1 / calibration_temperature``) and the held-out figures the keep rule kept it on, beside the
+    type's."""
+
+    labels: int
+    bias: dict[str, float]
+    log_loss: float
+    accuracy: float
+    type_log_loss: float
+    type_accuracy: float
+    gain: tuple[float, float]
 
 
 class BackendReport(BaseModel):
@@ -94,10 +110,12 @@ class AuditRecord(BaseModel):
     debias: DebiasAudit | None = None
     # The prior correction applied and the scores the temperature divided (option_logits stay raw).
     prior: PriorAudit | None = None
+    # The question's own map from the operator's labels, where one is kept (temperature_scope says so).
+    question_map: QuestionMapAudit | None = None
 
     def as_json(self, basic: bool = False) -> dict[str, Any]:
         # The base model's answers name no adapter.
-        nested = {"backend", "debias", "prior"} | (
+        nested = {"backend", "debias", "prior", "question_map"} | (
             {"adapter"} if self.adapter is None else set()
         )
         record = {
@@ -107,6 +125,11 @@ class AuditRecord(BaseModel):
             **(
                 {"prior": self.prior.model_dump(exclude_none=True)}
                 if self.prior is not None
+                else {}
+            ),
+            **(
+                {"question_map": self.question_map.model_dump()}
+                if self.question_map is not None
                 else {}
             ),
         }

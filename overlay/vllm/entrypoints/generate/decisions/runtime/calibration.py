@@ -11,6 +11,7 @@ cause. A saved result for the same deployment is loaded instead of measuring aga
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -26,6 +27,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration import (
     results,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    question_maps,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
 )
@@ -248,7 +252,13 @@ async def startup_calibration(
             return False
         log(fits, False, FIRST_PASS)
         first_pass(
-            Calibrated(fits.temperatures(), fits.reads, FIRST_PASS, fits.question_reads)
+            Calibrated(
+                fits.temperatures(),
+                fits.reads,
+                FIRST_PASS,
+                fits.question_reads,
+                fits.question_maps,
+            )
         )
         return True
 
@@ -294,7 +304,9 @@ async def startup_calibration(
         logger.warning("decision calibration not applied, T=1.0 (default): %s", problem)
         return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
-    return Calibrated(fits.temperatures(), fits.reads, FULL, fits.question_reads)
+    return Calibrated(
+        fits.temperatures(), fits.reads, FULL, fits.question_reads, fits.question_maps
+    )
 
 
 def calibration_key(
@@ -472,7 +484,35 @@ async def fitted_record(
         sum(len(pairs) for pairs in by_layout.values()),
         applied=result.temperature if served_at_top else None,
     )
-    return record.model_dump(mode="json")
+    # Each question labelled often enough may get a map of its own, pulled toward the T its answers
+    # get without one: its own correction's where it has one, else its type's. A type asked as one
+    # question has its fit already.
+    temperatures = record.temperatures()
+    keys = [bias.question_key(item.question) for item, _ in answered]
+    asked = {
+        kind: {k for k, t in zip(keys, types, strict=True) if t == kind}
+        for kind in types
+    }
+    picked = [i for i, kind in enumerate(types) if len(asked[kind]) > 1]
+
+    def scale(i: int) -> float:
+        kind = types[i]
+        own = reads[kind].questions.get(keys[i]) if kind in reads else None
+        return 1.0 / (
+            own.kept.temperature
+            if own is not None
+            else temperatures.for_type(kind).value
+        )
+
+    maps = await asyncio.to_thread(
+        question_maps,
+        [keys[i] for i in picked],
+        [scores[i] for i in picked],
+        [correct[i] for i in picked],
+        [groups[i] for i in picked],
+        [scale(i) for i in picked],
+    )
+    return record.model_copy(update={"question_maps": maps}).model_dump(mode="json")
 
 
 def announce(
@@ -614,6 +654,10 @@ def log_lines(
                 entry.log_line(name),
             )
             for name, entry in record.by_type.items()
+        ]
+        + [
+            (False, qmap.log_line("{}, {!r}".format(*json.loads(key)[:2])))
+            for key, qmap in record.question_maps.items()
         ]
     )
     if stage == FIRST_PASS:

@@ -21,6 +21,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration.by_type import TypeF
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     CalibrationResult,
 )
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    QuestionMap,
+)
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     SERVER,
@@ -29,7 +32,7 @@ from vllm.entrypoints.generate.decisions.decide.temperature import (
 )
 
 # Part of the saved result's key: a record in another layout (the single-T one before it) is not reused.
-SCHEME = "per-type-prior-v2"
+SCHEME = "per-type-prior-question-maps-v3"
 
 # A temperature as saved: a positive, finite number (strict: no strings, no booleans).
 PositiveT = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
@@ -116,6 +119,8 @@ class CalibrationRecord(Fit):
     vllm_version: str
     # The labelled question reads answered, over every layout (None in a record saved before it was).
     question_reads: int | None = None
+    # Each question's own map, where the operator's labels of it kept one (by bias.question_key).
+    question_maps: dict[str, QuestionMap] = Field(default_factory=dict)
 
     @classmethod
     def of(
@@ -129,6 +134,7 @@ class CalibrationRecord(Fit):
         seconds: float,
         question_reads: int | None = None,
         applied: float | None = None,
+        question_maps: dict[str, QuestionMap] | None = None,
     ) -> CalibrationRecord:
         """``applied``: the server-wide T answers get, where not ``result``'s own rule's."""
         import vllm
@@ -150,6 +156,7 @@ class CalibrationRecord(Fit):
             date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             vllm_version=vllm.__version__,
             question_reads=question_reads,
+            question_maps=question_maps or {},
         )
 
     def temperatures(self) -> Temperatures:

@@ -8,7 +8,9 @@ a fitted bias of its own), and a type read in another layout than the backend's 
 unless the request names one. Calibration's choices apply to the server's own backend only.
 The temperature follows the scores it divides: the type's calibrated T for the layout and correction
 calibration chose, that pair's own fitted T (scope ``type:layout:mode``) for another, the server-wide
-T where the type has no fits. A request's or a configured T overrides them all, as before.
+T where the type has no fits; a question the operator's labels gave a map of its own
+(calibration/question_map.py) gets its scale as a T (scope ``type:question``) and its bias. A
+request's or a configured T overrides them all, as before.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from dataclasses import dataclass, field
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     TypeReads,
     question_key,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    QuestionMap,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.prior_modes import (
@@ -50,6 +55,8 @@ class Calibrated:
     reads: Mapping[str, TypeReads] = field(default_factory=dict)
     stage: str | None = None
     question_reads: int | None = None
+    # Questions' own maps from the operator's labels, by bias.question_key.
+    maps: Mapping[str, QuestionMap] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,11 +72,12 @@ class Asked:
 @dataclass(frozen=True)
 class Resolved:
     """How one question is read: the correction, the layout laid over the backend's options (None: as
-    the request has them) and the temperature."""
+    the request has them), the temperature, and the question's own map where one applies."""
 
     correction: Correction
     layout: str | None
     temperature: Temperature
+    question_map: QuestionMap | None = None
 
 
 class Corrections:
@@ -91,16 +99,18 @@ class Corrections:
         requested_t: float | None,
         calibrated: bool = True,
         chosen_reads: Mapping[str, TypeReads] | None = None,
+        maps: Mapping[str, QuestionMap] | None = None,
     ) -> Resolved:
-        """How ``question`` is read; ``calibrated``: by the backend calibration measured; ``chosen_reads``:
-        the calibration's choices the request took when it began (else this object's)."""
+        """How ``question`` is read; ``calibrated``: by the backend calibration measured; ``chosen_reads``
+        and ``maps``: the calibration's choices and question maps the request took when it began (else
+        this object's reads and no maps)."""
         qtype = question.qtype.name
         in_force = self.reads if chosen_reads is None else chosen_reads
         reads = in_force.get(qtype) if calibrated else None
         layout = asked.layout or (reads.layout if reads is not None else None)
-        choice, own = None, False
+        choice, own, key = None, False, None
         if reads is not None:
-            key = question_key(question) if reads.questions else None
+            key = question_key(question) if reads.questions or maps else None
             choice, own = reads.for_question(key, layout)
         mode: str = asked.prior or self.setting
         if mode == AUTO:
@@ -126,4 +136,19 @@ class Corrections:
             )
             applied = Temperature(candidate.temperature, "calibrated", scope)
         laid = layout if asked.layout is None and reads is not None else None
+        # A question's own map was fitted on its scores as calibration chose to read them, so it
+        # applies to those reads only, and a T set by the request or the operator overrides it.
+        own_map = (maps or {}).get(key) if key is not None else None
+        if (
+            own_map is not None
+            and reads is not None
+            and layout == reads.layout
+            and choice is not None
+            and mode == choice.mode
+            and applied.source == "calibrated"
+        ):
+            applied = Temperature(
+                1.0 / own_map.scale, "calibrated", f"{qtype}:question"
+            )
+            return Resolved(Correction(mode, self.cache, bias), laid, applied, own_map)
         return Resolved(Correction(mode, self.cache, bias), laid, applied)

@@ -5,8 +5,8 @@
 layout over the backend's options, the option orders (one, or the rotations ``debias`` asks for),
 the prior correction and the temperature its answer gets. :func:`read` runs the plan in three steps:
 every order read together with the content-free reads the correction needs (one batch, sharing the
-state's prefix), the orders combined (rotation.py), the correction applied (prior_reads.py). It
-returns the scores the temperature divides."""
+state's prefix), the orders combined (rotation.py), the correction applied (prior_reads.py) and the
+question's own bias where it has a map. It returns the scores the temperature divides."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from typing import Any
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    QuestionMap,
 )
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.prior_modes import (
@@ -66,6 +69,8 @@ class ReadPlan:
     orders: list[list[int]]
     correction: Correction = NO_CORRECTION
     temperature: Temperature = DEFAULT
+    # The question's own map (its scale is the temperature; its bias is added here).
+    question_map: QuestionMap | None = None
 
     @property
     def rotated(self) -> bool:
@@ -89,6 +94,7 @@ def plan_read(
     correction: Correction = NO_CORRECTION,
     layout: str | None = None,
     temperature: Temperature = DEFAULT,
+    question_map: QuestionMap | None = None,
 ) -> ReadPlan:
     """The plan for reading ``question`` under ``context`` in ``layout`` (None: the options as the
     context has them)."""
@@ -100,6 +106,7 @@ def plan_read(
         orders(question, debias, backend.order_independent),
         correction,
         temperature,
+        question_map,
     )
 
 
@@ -109,7 +116,8 @@ class QuestionRead:
 
     ``rows`` are each order's log-probabilities and ``positions`` the position each option had in it
     (client order); ``priors`` each order's content-free log-probabilities, when read; ``prior`` the
-    correction applied, and ``corrected`` its scores. :attr:`scores` are what the temperature divides.
+    correction applied, and ``corrected`` its scores (with the question's own bias, where it has a
+    map). :attr:`scores` are what the temperature divides.
     """
 
     reading: Reading
@@ -192,4 +200,11 @@ def with_correction(
             plan.correction,
             all(p.cached for p in priors) if priors else None,
         )
+    if plan.question_map is not None:
+        # softmax(scale * s + bias) as the temperature 1 / scale divides it: the bias in score units.
+        temperature = plan.temperature.value
+        done.corrected = [
+            score + bias * temperature
+            for score, bias in zip(done.scores, plan.question_map.bias, strict=True)
+        ]
     return done

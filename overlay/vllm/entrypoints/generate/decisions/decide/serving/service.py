@@ -385,6 +385,7 @@ class DecisionService:
                 requested,
                 calibrated=backend is self.backend,
                 chosen_reads=calibrated.reads,
+                maps=calibrated.maps,
             )
             plan = plan_read(
                 backend,
@@ -394,6 +395,7 @@ class DecisionService:
                 how.correction,
                 how.layout,
                 how.temperature,
+                how.question_map,
             )
             done = await read(plan)
         except EngineBusyError:
@@ -445,6 +447,11 @@ class DecisionService:
             backend=facts_json(reading.audit),
             debias=done.debias,
             prior=done.prior,
+            question_map=(
+                plan.question_map.audit([o.key for o in options])
+                if plan.question_map is not None
+                else None
+            ),
         )
         facts = BackendReport(
             name=backend.name,
