@@ -117,7 +117,11 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     )
 
     audits: list[dict] = []
-    first, starting = start(tmp_path, "first", questions, saved_dir, 2, audits)
+    # A precision asked of yes/no answers (issue 40): each one says whether it clears the threshold.
+    precision = {"VLLM_TYPED_DECISIONS_PRECISION": "noul=0.8"}
+    first, starting = start(
+        tmp_path, "first", questions, saved_dir, 2, audits, **precision
+    )
     try:
         first_pass_then_full(first, audits)
         shared_startup_work(first, saved_dir)
@@ -155,7 +159,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     finally:
         first.stop()
 
-    again, _ = start(tmp_path, "again", questions, saved_dir, workers=2)
+    again, _ = start(tmp_path, "again", questions, saved_dir, workers=2, **precision)
     try:
         log = again.log.read_text()
         assert (
@@ -204,6 +208,15 @@ def own_map(server: VllmServer, record: dict) -> None:
     assert audit["calibration_temperature"] == pytest.approx(1.0 / own["scale"])
     assert audit["question_map"]["labels"] == 20
     assert answer["noul"] > 0.5, answer
+    # The yes/no threshold for the precision asked, fitted on the held-out labels and saved.
+    rule = record["abstention"]["noul"]
+    assert rule["precision_asked"] == 0.8 and record["key"]["precision"] == {
+        "noul": 0.8
+    }
+    verdict = answer["extra"]["abstention"]
+    assert verdict["precision"] == 0.8 and verdict["threshold"] == rule["threshold"]
+    top = max(answer["noul"], 1 - answer["noul"])
+    assert verdict["abstain"] == (rule["threshold"] is None or top < rule["threshold"])
 
 
 def first_pass_then_full(server: VllmServer, audits: list[dict]) -> None:

@@ -133,3 +133,14 @@ class ScriptedBackend(DecisionBackend):
             readout="direct",
             option_mass=sum(math.exp(s) for s in scores),
         )
+
+
+def one_read(scores: list[float]) -> Reading:
+    """A backend's reading of ``scores`` in one forward pass of 10 uncached prompt tokens."""
+    return Reading(
+        scores=scores,
+        forward_passes=1,
+        input_tokens=10,
+        cached_input_tokens=0,
+        readout="direct",
+    )

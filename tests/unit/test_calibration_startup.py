@@ -145,7 +145,9 @@ async def test_fits_saves_and_reuses(tmp_path, caplog):
         and record["key"]["questions_sha256"]
     )
     assert record["ece_calibrated_interval"][1] < record["ece_raw_interval"][0]
-    assert record["key"]["scheme"] == results.SCHEME == "per-type-prior-question-maps-v3"
+    assert (
+        record["key"]["scheme"] == results.SCHEME == "per-type-prior-question-maps-v3"
+    )
     # One type only: its own fit is the server-wide one, on the same questions.
     assert first.for_type("score") == Temperature(
         first.server.value, "calibrated", "score"

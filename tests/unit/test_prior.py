@@ -34,6 +34,8 @@ from vllm.entrypoints.generate.decisions.decide.scoring import (
 )
 from vllm.entrypoints.generate.decisions.decide.settings import NO_DEBIAS, parse_debias
 
+from .fakes import one_read
+
 # The model's lean by position, whatever the input; the evidence an input carries, by option value.
 PRIOR = [1.2, 0.4, -0.3]
 EVIDENCE = {"billing": 0.5, "technical": -0.2, "sales": 0.1}
@@ -62,13 +64,7 @@ class LeaningBackend(DecisionBackend):
             PRIOR[i] + (0.0 if neutral else EVIDENCE[o.value])
             for i, o in enumerate(question.options)
         ]
-        return Reading(
-            scores=scores,
-            forward_passes=1,
-            input_tokens=10,
-            cached_input_tokens=0,
-            readout="direct",
-        )
+        return one_read(scores)
 
 
 def choice(order):

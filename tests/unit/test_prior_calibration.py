@@ -51,6 +51,7 @@ from vllm.entrypoints.generate.decisions.decide.temperature import (
 from vllm.entrypoints.generate.decisions.runtime import calibration as run
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
+from .fakes import one_read
 from .test_calibration_startup import MODEL, settings
 
 TEAMS = ("billing", "sales", "technical")
@@ -81,13 +82,7 @@ class LeaningBackend(DecisionBackend):
                 f"about {option.value}"
             )
             scores.append(LEAN[position] + (1.5 if named else 0.0) + noise)
-        return Reading(
-            scores=scores,
-            forward_passes=1,
-            input_tokens=10,
-            cached_input_tokens=0,
-            readout="direct",
-        )
+        return one_read(scores)
 
 
 QUESTION = {

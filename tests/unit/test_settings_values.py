@@ -117,6 +117,14 @@ LENIENT = [
     ("FIRST_PASS", "", "first_pass", True),
     ("FIRST_PASS", " Off ", "first_pass", False),
     ("MAX_ADAPTERS", " 2 ", "max_adapters", 2),
+    ("PRECISION", "", "precision", {}),
+    ("PRECISION", " 0.9 ", "precision", {"*": 0.9}),
+    (
+        "PRECISION",
+        "noul = 0.95, choice=0.8",
+        "precision",
+        {"noul": 0.95, "choice": 0.8},
+    ),
 ]
 
 # (variable, value, part of the message that says what is accepted)
@@ -214,6 +222,12 @@ REFUSED = [
     ),
     ("MAX_ADAPTERS", "0", "a whole number of at least 1, or empty for the default, 16"),
     ("FIRST_PASS", "later", "expected 1, true, yes or on to switch on"),
+    ("PRECISION", "1", "expected a precision between 0 and 1"),
+    ("PRECISION", "0", "expected a precision between 0 and 1"),
+    ("PRECISION", "high", "expected a precision between 0 and 1"),
+    ("PRECISION", "noul=2", "expected a precision between 0 and 1"),
+    ("PRECISION", "noul=0.9,noul=0.8", "each type once"),
+    ("PRECISION", "0.9,noul=0.8", "one precision for every type, or one per type"),
 ]
 
 
@@ -298,6 +312,7 @@ def test_the_readme_gives_the_defaults_from_env_applies(monkeypatch):
         PREFIX + "BACKEND",
         PREFIX + "TEMPERATURE",
         PREFIX + "MAX_REQUEST_CHARS",
+        PREFIX + "PRECISION",
     }
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
     from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
     from vllm.entrypoints.generate.decisions.decide.reports import (
+        AbstentionReport,
         AuditRecord,
         BackendReport,
     )
@@ -29,6 +30,8 @@ class Answer:
     audit: AuditRecord
     input_tokens: int
     cached_tokens: int
+    # Where the operator asked its type for a precision: whether this answer clears its threshold.
+    abstention: AbstentionReport | None = None
 
 
 @dataclass

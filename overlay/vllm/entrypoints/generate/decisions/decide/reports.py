@@ -60,6 +60,21 @@ class QuestionMapAudit(BaseModel):
     gain: tuple[float, float]
 
 
+class AbstentionReport(BaseModel):
+    """``extra.abstention``: whether this answer clears the confidence threshold fitted for the
+    precision the operator asked of its type (``abstain`` False) or not, with what the threshold was
+    fitted for and reached on held-out labels (calibration/abstention.py). ``threshold`` None: no
+    threshold reaches the precision, every answer abstains, ``reason`` says why."""
+
+    abstain: bool
+    precision: float
+    threshold: float | None
+    precision_reached: float | None
+    coverage: float
+    labels: int
+    reason: str | None = None
+
+
 class BackendReport(BaseModel):
     """``extra.backend``: which backend answered, each option's raw score, and the backend's facts."""
 

@@ -15,7 +15,7 @@ import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vllm.entrypoints.generate.decisions.decide.prior_modes import (
@@ -57,6 +57,7 @@ VARIABLES = (
     PREFIX + "PRIOR_CACHE",
     PREFIX + "PRIOR_CACHE_BYTES",
     PREFIX + "MAX_ADAPTERS",
+    PREFIX + "PRECISION",
 )
 
 
@@ -191,6 +192,8 @@ class Settings:
     # The temperatures that may apply (a request's, the configured one, a saved calibration's).
     min_temperature: float
     max_temperature: float
+    # The precision each question type's answers should reach ("*": every type's); empty: none asked.
+    precision: Mapping[str, float] = field(default_factory=dict)
 
     def temperature_problem(self, value: float) -> str | None:
         """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
@@ -257,6 +260,7 @@ class Settings:
             ),
             min_temperature=low,
             max_temperature=high,
+            precision=_precision(env),
         )
 
 
@@ -390,6 +394,30 @@ def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
         "a number from 1 to 1000000 (1.0 is the default temperature)",
     )
     return low, high
+
+
+def _precision(env: Mapping[str, str]) -> dict[str, float]:
+    """VLLM_TYPED_DECISIONS_PRECISION: ``0.9`` (every question type) or ``noul=0.95,choice=0.8``."""
+    name = PREFIX + "PRECISION"
+    text = env.get(name, "").strip()
+    asked: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, value = part.rpartition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0.0 < number < 1.0 or kind.strip() in asked or (not kind and asked):
+            raise SettingsError(
+                f"{name}={text!r}: expected a precision between 0 and 1 for every question type "
+                "(0.9), or one per type (noul=0.95,choice=0.8), each type once"
+            )
+        asked[kind.strip() or "*"] = number
+    if "*" in asked and len(asked) > 1:
+        raise SettingsError(
+            f"{name}={text!r}: one precision for every type, or one per type, not both"
+        )
+    return asked
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:

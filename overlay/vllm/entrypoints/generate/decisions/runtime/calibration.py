@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration import (
     by_type,
     question_file,
     results,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
+    type_thresholds,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
@@ -258,6 +261,7 @@ async def startup_calibration(
                 FIRST_PASS,
                 fits.question_reads,
                 fits.question_maps,
+                fits.abstention,
             )
         )
         return True
@@ -285,6 +289,7 @@ async def startup_calibration(
             settings.prior,
             progress,
             early if first_pass is not None and settings.first_pass else None,
+            settings.precision,
         ),
         lambda saved: reusable(saved, settings),
         progress.waiting if progress is not None else None,
@@ -305,7 +310,12 @@ async def startup_calibration(
         return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
     return Calibrated(
-        fits.temperatures(), fits.reads, FULL, fits.question_reads, fits.question_maps
+        fits.temperatures(),
+        fits.reads,
+        FULL,
+        fits.question_reads,
+        fits.question_maps,
+        fits.abstention,
     )
 
 
@@ -335,6 +345,7 @@ def calibration_key(
         "scheme": results.SCHEME,
         "debias": str(settings.debias),
         "prior": settings.prior,
+        "precision": dict(settings.precision),
     }
 
 
@@ -367,9 +378,11 @@ async def measure_and_fit(
     prior: str = "off",
     progress: Readiness | None = None,
     first_pass: Callable[[dict[str, Any]], bool] | None = None,
+    precision: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
-    server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set.
+    server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set;
+    ``precision`` VLLM_TYPED_DECISIONS_PRECISION, the precision asked of each type's answers.
     Each label layout the backend has is read and compared per type (bias.choose_layout).
 
     With ``first_pass``, a smaller pass comes first: every other question of each type in every
@@ -400,6 +413,7 @@ async def measure_and_fit(
             prior,
             started,
             full=False,
+            precision=precision,
         )
         if first_pass(record):
             progress = Readiness()
@@ -412,7 +426,12 @@ async def measure_and_fit(
         backend, questions, debias, correction, layouts, progress, earlier
     )
     return await fitted_record(
-        answered_by_layout(questions, rows, layouts), questions, layouts, prior, started
+        answered_by_layout(questions, rows, layouts),
+        questions,
+        layouts,
+        prior,
+        started,
+        precision=precision,
     )
 
 
@@ -423,6 +442,7 @@ async def fitted_record(
     prior: str,
     started: float,
     full: bool = True,
+    precision: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The calibration record fitted on ``by_layout``'s readings, or why none is (:func:`failed`;
     ``full``: the full calibration's, not a first pass's)."""
@@ -512,7 +532,19 @@ async def fitted_record(
         [groups[i] for i in picked],
         [scale(i) for i in picked],
     )
-    return record.model_copy(update={"question_maps": maps}).model_dump(mode="json")
+    # Where the operator asked a type for a precision: the confidence threshold that reaches it.
+    precisions = {
+        kind: value
+        for kind in names
+        if (value := (precision or {}).get(kind, (precision or {}).get("*")))
+        is not None
+    }
+    abstention = await asyncio.to_thread(
+        type_thresholds, types, scores, correct, groups, precisions
+    )
+    return record.model_copy(
+        update={"question_maps": maps, "abstention": abstention}
+    ).model_dump(mode="json")
 
 
 def announce(
@@ -658,6 +690,10 @@ def log_lines(
         + [
             (False, qmap.log_line("{}, {!r}".format(*json.loads(key)[:2])))
             for key, qmap in record.question_maps.items()
+        ]
+        + [
+            (rule.threshold is None, rule.log_line(name))
+            for name, rule in record.abstention.items()
         ]
     )
     if stage == FIRST_PASS:

@@ -11,7 +11,7 @@ the precision, that every answer abstains and why. Pure functions: testable with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import numpy as np
@@ -22,7 +22,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     BoolArray,
     FloatArray,
     IntArray,
+    cross_validated_probabilities,
 )
+from vllm.entrypoints.generate.decisions.decide.reports import AbstentionReport
 
 # Fewer answered labels than this and a precision says too little, whatever its bound: the binomial
 # bound's normal approximation and the bootstrap both need a few dozen answers to mean anything.
@@ -67,6 +69,30 @@ class Abstention(BaseModel):
     def clears(self, confidence: float) -> bool:
         """Whether an answer with this calibrated confidence is given (True) or abstains (False)."""
         return self.threshold is not None and confidence >= self.threshold
+
+    def log_line(self, name: str) -> str:
+        """The line startup logs for the type ``name``'s threshold."""
+        if self.threshold is None:
+            return (
+                f"decision calibration ({name}): every answer abstains: {self.reason}"
+            )
+        return (
+            f"decision calibration ({name}): precision {self.precision_asked:g} above confidence "
+            f"{self.threshold:.3f} (held-out precision {self.precision_reached:.3f}, lower bound "
+            f"{self.precision_bound:.3f}; {self.coverage:.0%} of {self.labels} labelled answers answered)"
+        )
+
+    def report(self, confidence: float) -> AbstentionReport:
+        """What an answer with this calibrated confidence says in ``extra.abstention``."""
+        return AbstentionReport(
+            abstain=not self.clears(confidence),
+            precision=self.precision_asked,
+            threshold=self.threshold,
+            precision_reached=self.precision_reached,
+            coverage=self.coverage,
+            labels=self.labels,
+            reason=self.reason,
+        )
 
 
 def wilson_lower(hits: FloatArray, answered: FloatArray) -> FloatArray:
@@ -247,3 +273,33 @@ def fit_abstention(
         labels=labels,
         groups=count,
     )
+
+
+def type_thresholds(
+    types: Sequence[str],
+    scores: Sequence[Sequence[float]],
+    correct: Sequence[int],
+    groups: Sequence[str],
+    precision: Mapping[str, float],
+) -> dict[str, Abstention]:
+    """The threshold for each question type ``precision`` asks a precision of (answer ``i`` is of type
+    ``types[i]``), fitted on the type's held-out calibrated confidences: each answer scored by a T
+    fitted on the other folds (maths.cross_validated_probabilities), so none saw its own label."""
+    fitted = {}
+    for kind, asked in precision.items():
+        rows = [i for i, t in enumerate(types) if t == kind]
+        kept = [groups[i] for i in rows]
+        try:
+            held_out = cross_validated_probabilities(
+                [scores[i] for i in rows], [correct[i] for i in rows], kept
+            )
+        except ValueError:  # too few answers or groups to hold any out: abstain always
+            held_out = []
+            kept = []
+        confidences = [max(row) for row in held_out]
+        right = [
+            int(np.argmax(row)) == correct[i]
+            for row, i in zip(held_out, rows, strict=False)
+        ]
+        fitted[kind] = fit_abstention(confidences, right, kept, asked)
+    return fitted

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.calibration.abstention import Abstention
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import TypeReads
 from vllm.entrypoints.generate.decisions.decide.calibration.by_type import TypeFit
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
@@ -121,6 +122,8 @@ class CalibrationRecord(Fit):
     question_reads: int | None = None
     # Each question's own map, where the operator's labels of it kept one (by bias.question_key).
     question_maps: dict[str, QuestionMap] = Field(default_factory=dict)
+    # The confidence threshold for each question type the operator asked a precision of.
+    abstention: dict[str, Abstention] = Field(default_factory=dict)
 
     @classmethod
     def of(

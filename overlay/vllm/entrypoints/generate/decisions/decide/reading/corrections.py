@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vllm.entrypoints.generate.decisions.decide.calibration.abstention import Abstention
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     TypeReads,
     question_key,
@@ -57,6 +58,8 @@ class Calibrated:
     question_reads: int | None = None
     # Questions' own maps from the operator's labels, by bias.question_key.
     maps: Mapping[str, QuestionMap] = field(default_factory=dict)
+    # Each question type's confidence threshold, where the operator asked it a precision.
+    abstention: Mapping[str, Abstention] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -458,6 +458,8 @@ class DecisionService:
             option_logits={o.key: s for o, s in zip(options, done.raw, strict=True)},
             facts=facts_json(reading.meta),
         )
+        # The threshold is fitted on the type's calibrated answers, so it applies only to a calibrated T.
+        abstention = calibrated.abstention.get(question.qtype.name)
         return Answer(
             question=question,
             probabilities=probabilities,
@@ -467,4 +469,9 @@ class DecisionService:
             audit=audit,
             input_tokens=reading.input_tokens,
             cached_tokens=reading.cached_input_tokens,
+            abstention=(
+                abstention.report(max(probabilities))
+                if abstention is not None and applied.source == "calibrated"
+                else None
+            ),
         )

@@ -143,6 +143,8 @@ class AnswerExtra(BaseModel):
 
     backend: dict[str, Any]
     audit: dict[str, Any]
+    # Whether the answer clears its type's threshold, where the operator asked a precision (reports.py).
+    abstention: dict[str, Any] | None = None
 
 
 def answer_extra(answer: Answer, detail: Detail) -> AnswerExtra | None:
@@ -153,7 +155,10 @@ def answer_extra(answer: Answer, detail: Detail) -> AnswerExtra | None:
     backend["option_logits"] = {
         k: finite(v) for k, v in backend["option_logits"].items()
     }
-    return AnswerExtra(backend=backend, audit=answer.audit.as_json(basic))
+    extra = AnswerExtra(backend=backend, audit=answer.audit.as_json(basic))
+    if answer.abstention is not None:
+        extra.abstention = answer.abstention.model_dump()
+    return extra
 
 
 class WireAnswer(Protocol):

@@ -1,7 +1,9 @@
-"""A question's own map from the operator's labels, wired in: startup calibration fits it for a
-question its file labels often enough, saves it and logs it; the service answers that question with it
-(its scale as the temperature, its bias added, the audit naming both), and every other question, a
-request with its own T, or another layout keeps the type's reads."""
+"""What the operator's labels buy, wired in (issue 40). A question's own map: startup calibration fits
+it for a question its file labels often enough, saves it and logs it; the service answers that question
+with it (its scale as the temperature, its bias added, the audit naming both), and every other
+question, a request with its own T, or another correction keeps the type's reads. Abstention: a
+precision asked of a type (VLLM_TYPED_DECISIONS_PRECISION) gets a confidence threshold fitted on held-out
+labels, saved, and each answer says whether it clears it."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ from vllm.entrypoints.generate.decisions.decide.backends.base import (
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
+from .fakes import one_read
 from .test_calibration_startup import MODEL, settings
 
 TEAM = {
@@ -63,13 +67,7 @@ class LeansOnOneQuestion(DecisionBackend):
             lean = 3.0 if option.value == "low" else 0.0
             named = 1.5 if state.endswith(f"about {option.value}") else 0.0
             scores.append(named + lean + noise - 1)
-        return Reading(
-            scores=scores,
-            forward_passes=1,
-            input_tokens=10,
-            cached_input_tokens=0,
-            readout="direct",
-        )
+        return one_read(scores)
 
 
 def write_labels(path):
@@ -99,8 +97,17 @@ def write_labels(path):
     return path
 
 
-async def calibrated_service(tmp_path):
+async def calibrated_service(tmp_path, **env):
     configured = settings(tmp_path, write_labels(tmp_path / "labels.jsonl"))
+    if env:
+        configured = Settings.from_env(
+            {
+                "VLLM_TYPED_DECISIONS_CALIBRATION": str(tmp_path / "labels.jsonl"),
+                "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
+                "VLLM_TYPED_DECISIONS_PRIOR": "off",
+                **env,
+            }
+        )
     backend = LeansOnOneQuestion()
     calibrated = await startup_calibration(backend, configured, MODEL)
     service = DecisionService(configured, backend, "served")
@@ -170,3 +177,42 @@ async def test_a_labelled_question_gets_its_own_map_and_answers_with_it(
     assert question_key(priority) in json.loads(saved.read_text())["question_maps"]
     again = await startup_calibration(backend, configured, MODEL)
     assert again.maps == calibrated.maps
+
+
+async def test_a_precision_asked_of_a_type_gives_each_answer_its_verdict(
+    tmp_path, caplog
+):
+    service, calibrated, configured, backend = await calibrated_service(
+        tmp_path, VLLM_TYPED_DECISIONS_PRECISION="choice=0.8"
+    )
+    rule = calibrated.abstention["choice"]
+    assert set(calibrated.abstention) == {"choice"}
+    assert (
+        rule.precision_asked == 0.8
+        and rule.labels == 185
+        and rule.threshold is not None
+    )
+    assert (
+        f"decision calibration (choice): precision 0.8 above confidence {rule.threshold:.3f}"
+        in caplog.text
+    )
+    team, mood = compiled(TEAM), compiled(MOOD)
+    answers = (
+        await service.decide(
+            ask("a new ticket about sales", [team, mood, compiled(PRIORITY)])
+        )
+    ).results
+    for answer in answers:
+        verdict = answer.abstention
+        assert verdict is not None and verdict.precision == 0.8
+        assert verdict.threshold == rule.threshold
+        assert verdict.abstain == (not rule.clears(max(answer.probabilities)))
+    # A T the request sets is not the one the threshold was fitted under: no verdict.
+    (own_t,) = (
+        await service.decide(ask("a new ticket about sales", [team], temperature=3.0))
+    ).results
+    assert own_t.abstention is None
+    (saved,) = (tmp_path / "saved").glob("calibration-*.json")
+    record = json.loads(saved.read_text())
+    assert record["key"]["precision"] == {"choice": 0.8}
+    assert record["abstention"]["choice"]["precision_asked"] == 0.8
