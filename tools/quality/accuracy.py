@@ -300,6 +300,15 @@ async def measure(
     return results
 
 
+def report(command: str, text: str, results: dict[str, Any], path: str | None) -> None:
+    """The command and the table on stdout; every figure to ``path`` when given."""
+    print(f"`{command}`\n")
+    print(text)
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"(wrote {path})", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -349,11 +358,7 @@ def main() -> int:
         date=time.strftime("%Y-%m-%d"),
         seconds=round(time.perf_counter() - started),
     )
-    print(f"`{command}`\n")
-    print(table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        print(f"(wrote {args.json})", file=sys.stderr)
+    report(command, table(results), results, args.json)
     return 0
 
 

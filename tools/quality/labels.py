@@ -60,6 +60,7 @@ from tools.quality.accuracy import (
     SHAPE_ERRORS,
     add_started_server_arguments,
     calibrated_env,
+    report,
     served_model,
     wait_ready,
 )
@@ -226,11 +227,9 @@ def main() -> int:
         read_seconds=round(read_seconds),
         seconds=round(time.perf_counter() - started),
     )
-    print(f"`{command}`\n")
-    print(table(results, question_names(files["heldout"])))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        print(f"(wrote {args.json})", file=sys.stderr)
+    report(
+        command, table(results, question_names(files["heldout"])), results, args.json
+    )
     return 0
 
 
