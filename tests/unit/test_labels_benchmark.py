@@ -99,6 +99,25 @@ def test_a_leaning_question_gets_a_kept_map_that_raises_heldout_accuracy():
     assert rows[QUESTION_MAP]["types"]["noul"]["maps_kept"]["mean"] >= 2 / 3
     assert rows[NO_LABELS]["types"]["noul"]["one_answer"]["mean"] == 1.0
     assert results["labels_drawn"]["mean"] == 20
+    assert rows[QUESTION_MAP]["types"]["noul"]["labelled"]["mean"] == 1
+
+
+def test_a_question_without_labels_is_served_as_it_is():
+    labels = leaning_lines("L", 30, seed=0)
+    heldout = leaning_lines("H", 40, seed=2)
+    for i in range(10):
+        heldout.items.append(line(PLAIN, "yes" if i % 2 else "no", f"H{i}"))
+        heldout.readings.append(Reading([float(i % 3), 0.0], 1.0))
+    results = evaluate(labels, heldout, splits=2, per_question=20, precision=0.8)
+    plain = question_id(heldout.items[-1])
+    mapped = results["rows"][QUESTION_MAP]
+    assert "kept" not in mapped["questions"][plain]
+    assert (
+        mapped["questions"][plain]["accuracy"]
+        == results["rows"][NO_LABELS]["questions"][plain]["accuracy"]
+    )
+    assert mapped["types"]["noul"]["labelled"]["mean"] == 1
+    assert set(results["majority"]) == {plain, question_id(labels.items[0])}
 
 
 def test_labels_that_carry_no_lean_keep_no_map():

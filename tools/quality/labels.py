@@ -144,7 +144,11 @@ async def ask(
                         "error": f"{type(exc).__name__}: {exc}",
                     }
                 reads[row][line_key(item)] = record
+                done.append(row)
+                if len(done) % 100 == 0:
+                    print(f"{len(done)}/{len(todo)} reads", file=sys.stderr)
 
+        done: list[str] = []
         await asyncio.gather(*(one(row, item) for row, item in todo))
 
 

@@ -213,9 +213,9 @@ def figures(
         entry = metrics(kind_items, kind_readings, seed)
         entry["one_answer"] = one_answer(kind_items, kind_readings)
         if maps is not None:
-            entry["maps_kept"] = sum(
-                maps.get(q) is not None for q in {question_id(i) for i in kind_items}
-            )
+            asked = {question_id(i) for i in kind_items}
+            entry["labelled"] = sum(q in maps for q in asked)
+            entry["maps_kept"] = sum(maps.get(q) is not None for q in asked)
         if rules is not None and kind in rules:
             entry.update(abstention_figures(kind_items, kind_readings, rules[kind]))
         types[kind] = entry
@@ -242,7 +242,12 @@ def figures(
                 else None
             ),
             "one_answer": one_answer(chosen_items, chosen),
-            **({"kept": maps.get(question) is not None} if maps is not None else {}),
+            # whether the question's map was kept, where it had labels
+            **(
+                {"kept": maps[question] is not None}
+                if maps is not None and question in maps
+                else {}
+            ),
         }
     return {"types": types, "questions": questions}
 
@@ -334,6 +339,7 @@ TYPE_COLUMNS = [
     ("ECE", "ece_calibrated", "{:.3f}"),
     ("collapsed", "collapsed", "{:.1f}"),
     ("one answer", "one_answer", "{:.1f}"),
+    ("labelled", "labelled", "{:.0f}"),
     ("maps kept", "maps_kept", "{:.1f}"),
     ("abstains", "abstention_rate", "{:.2f}"),
     ("precision", "precision_reached", "{:.3f}"),
