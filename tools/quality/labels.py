@@ -219,6 +219,7 @@ def main() -> int:
         args.seed,
         off=lines(files["heldout"], reads["off"]).readings,
     )
+    names = question_names(files["heldout"])
     results.update(
         command=command,
         model=args.model,
@@ -230,10 +231,9 @@ def main() -> int:
         date=time.strftime("%Y-%m-%d"),
         read_seconds=round(read_seconds),
         seconds=round(time.perf_counter() - started),
+        question_names=names,
     )
-    report(
-        command, table(results, question_names(files["heldout"])), results, args.json
-    )
+    report(command, table(results, names), results, args.json)
     return 0
 
 
