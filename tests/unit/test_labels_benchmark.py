@@ -73,6 +73,10 @@ def test_draws_whole_groups_per_question_seeded():
         groups = {items[i].group for i in rows}
         # three groups of this question, each with both its lines
         assert len(groups) == 3 and len(rows) == 6
+    # a question's draw stays when another question's labels are left out
+    leaning = [i for i, item in enumerate(items) if item.raw == LEANING]
+    alone = draw_labels([items[i] for i in leaning], 3, "0-0")
+    assert [leaning[i] for i in alone] == [i for i in drawn if items[i].raw == LEANING]
     # more than there are: every line
     assert draw_labels(items, 50, "0-0") == list(range(len(items)))
 

@@ -65,13 +65,13 @@ def draw_labels(items: Sequence[Item], per_question: int, seed: str) -> list[int
     groups: dict[str, dict[str, list[int]]] = defaultdict(dict)
     for index, item in enumerate(items):
         groups[question_id(item)].setdefault(item.group, []).append(index)
-    rng = random.Random(seed)
     chosen = []
-    for question in sorted(groups):
-        names = sorted(groups[question])
-        rng.shuffle(names)
+    for question, by_group in groups.items():
+        names = sorted(by_group)
+        # seeded per question, so a question's draw doesn't move when others are added
+        random.Random(f"{seed}-{question}").shuffle(names)
         for name in names[:per_question]:
-            chosen.extend(groups[question][name])
+            chosen.extend(by_group[name])
     return sorted(chosen)
 
 
