@@ -11,7 +11,7 @@ import random
 import pytest
 
 from tools.quality.accuracy_figures import Reading, metrics, question_id
-from tools.quality.labels import line_key, missing
+from tools.quality.labels import line_key, load_reads, missing
 from tools.quality.labels_figures import (
     NO_LABELS,
     QUESTION_MAP,
@@ -205,3 +205,13 @@ def test_reads_cache_asks_only_new_lines():
     edited = line(LEANING, "yes", "H0", state="another input")
     assert line_key(edited) != line_key(heldout[0])
     assert len(missing({"labels": [], "heldout": [edited]}, reads)) == 2
+
+
+def test_reads_of_another_model_are_refused(tmp_path):
+    path = tmp_path / "reads.json"
+    reads = {"default": {"k": {"scores": [0.0, 1.0], "temperature": 2.0}}, "off": {}}
+    path.write_text(json.dumps({"model": "a", "reads": reads}))
+    assert load_reads(str(path), "a") == reads
+    with pytest.raises(SystemExit, match="holds reads of a, not of b"):
+        load_reads(str(path), "b")
+    assert load_reads(str(tmp_path / "none.json"), "b") == {"default": {}, "off": {}}

@@ -81,12 +81,18 @@ def line_key(item: question_file.LabelledQuestion) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def load_reads(path: str | None) -> dict[str, dict[str, Any]]:
-    """The cached reads per row (``default``, ``off``), each keyed by line_key."""
+def load_reads(path: str | None, model: str) -> dict[str, dict[str, Any]]:
+    """The cached reads per row (``default``, ``off``), each keyed by line_key; a cache another
+    model's server read is refused, so two models' reads never mix."""
     if not path or not Path(path).exists():
         return {"default": {}, "off": {}}
-    cached = json.loads(Path(path).read_text())["reads"]
-    return {row: cached.get(row, {}) for row in ("default", "off")}
+    cached = json.loads(Path(path).read_text())
+    if cached.get("model") != model:
+        raise SystemExit(
+            f"labels.py: {path} holds reads of {cached.get('model')}, not of {model} "
+            "(--model names the model, also with --port)"
+        )
+    return {row: cached["reads"].get(row, {}) for row in ("default", "off")}
 
 
 def as_reading(record: dict[str, Any] | None) -> Reading:
@@ -198,7 +204,7 @@ def main() -> int:
     except question_file.QuestionFileError as exc:
         raise SystemExit(f"labels.py: {exc}") from None
     started = time.perf_counter()
-    reads = load_reads(args.reads)
+    reads = load_reads(args.reads, args.model)
     todo = missing(files, reads)
     if todo:
         try:
