@@ -8,7 +8,8 @@ scores (the audit's ``prior.adjusted_logits`` where a correction applied, else
 ``backend.option_logits``, in option order) and its type's T (``calibration_temperature``); and, for
 the batch calibration row, each held-out line once more with no correction (accuracy.py's ``off``
 row). The reads are cached in ``--reads FILE`` (keyed by each line's input and question, reused when
-present, so the offline part reruns without a server and a grown labels file asks only its new lines).
+present, so the offline part reruns without a server and a grown labels file asks only its new lines;
+a cache read with another ``--model`` is refused).
 
 Then, offline, ``--splits`` seeded draws: each gives the server ``--labels-per-question K`` labelled
 inputs per question (whole groups, drawn at random) and evaluates on every held-out line, which is
