@@ -206,6 +206,33 @@ async def run_rows(
 # --- main -------------------------------------------------------------------------------------
 
 
+def add_started_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server options: a running one (--port) or one started here with calibration on."""
+    add_server_arguments(parser, "nothing (not used here)")
+    parser.add_argument(
+        "--serve-port",
+        type=int,
+        default=8024,
+        help="the started server's port (%(default)s)",
+    )
+    parser.add_argument(
+        "--calibration-dir",
+        help="the started server's calibration folder, kept for a rerun",
+    )
+
+
+def calibrated_env(args: argparse.Namespace) -> dict[str, str]:
+    """The started server's environment: startup calibration on the bundled set, in
+    --calibration-dir when given (a rerun reuses its record)."""
+    env = {"VLLM_TYPED_DECISIONS_CALIBRATION": "on"}
+    if args.calibration_dir:
+        Path(args.calibration_dir).mkdir(parents=True, exist_ok=True)
+        env["VLLM_TYPED_DECISIONS_CALIBRATION_DIR"] = str(
+            Path(args.calibration_dir).resolve()
+        )
+    return env
+
+
 def chosen_rows(args: argparse.Namespace) -> list[str]:
     rows = (
         args.rows.split(",")
@@ -273,21 +300,20 @@ async def measure(
     return results
 
 
+def report(command: str, text: str, results: dict[str, Any], path: str | None) -> None:
+    """The command and the table on stdout; every figure to ``path`` when given."""
+    print(f"`{command}`\n")
+    print(text)
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"(wrote {path})", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_server_arguments(parser, "nothing (not used here)")
-    parser.add_argument(
-        "--serve-port",
-        type=int,
-        default=8024,
-        help="the started server's port (%(default)s)",
-    )
-    parser.add_argument(
-        "--calibration-dir",
-        help="the started server's calibration folder, kept for a rerun",
-    )
+    add_started_server_arguments(parser)
     parser.add_argument(
         "--questions",
         default=DEFAULT_QUESTIONS,
@@ -321,14 +347,8 @@ def main() -> int:
         items = load_items(args.questions, args.limit)
     except question_file.QuestionFileError as exc:
         raise SystemExit(f"accuracy.py: {exc}") from None
-    env = {"VLLM_TYPED_DECISIONS_CALIBRATION": "on"}
-    if args.calibration_dir:
-        Path(args.calibration_dir).mkdir(parents=True, exist_ok=True)
-        env["VLLM_TYPED_DECISIONS_CALIBRATION_DIR"] = str(
-            Path(args.calibration_dir).resolve()
-        )
     started = time.perf_counter()
-    with target(args, args.serve_port, env) as (url, _):
+    with target(args, args.serve_port, calibrated_env(args)) as (url, _):
         results = asyncio.run(measure(url, args, items))
     results.update(
         command=command,
@@ -338,11 +358,7 @@ def main() -> int:
         date=time.strftime("%Y-%m-%d"),
         seconds=round(time.perf_counter() - started),
     )
-    print(f"`{command}`\n")
-    print(table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        print(f"(wrote {args.json})", file=sys.stderr)
+    report(command, table(results), results, args.json)
     return 0
 
 

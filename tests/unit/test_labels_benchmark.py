@@ -1,0 +1,217 @@
+"""The offline part of tools/quality/labels.py on synthetic reads (no server): splits drawn by group
+and seeded, a question whose labels carry a lean getting a kept map that raises its held-out
+accuracy, collapsed and one-answer questions counted, the majority baseline, abstention figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from tools.quality.accuracy_figures import Reading, metrics, question_id
+from tools.quality.labels import line_key, load_reads, missing
+from tools.quality.labels_figures import (
+    NO_LABELS,
+    QUESTION_MAP,
+    Lines,
+    abstention_figures,
+    draw_labels,
+    evaluate,
+    fit_maps,
+    majority,
+    one_answer,
+    with_maps,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
+    Abstention,
+)
+
+LEANING = {"type": "noul", "instructions": "Is it urgent?"}
+PLAIN = {"type": "noul", "instructions": "Is it about billing?"}
+
+
+def line(question: dict, expected: str, group: str, state: str | None = None):
+    record = {
+        "state": state or f"input {group}",
+        "question": question,
+        "expected": expected,
+        "group": group,
+        "id": f"{group}-{question['instructions']}",
+    }
+    return question_file.parse_line(1, json.dumps(record))
+
+
+def leaning_lines(prefix: str, count: int, seed: int) -> Lines:
+    """A yes/no question the model reads with a lean: the answer is yes when a hidden x > 0 (|x| < 2),
+    and the scores are (x + 2, 0), so softmax always says yes while labels show the lean of 2 nats."""
+    rng = random.Random(seed)
+    out = Lines([], [])
+    for i in range(count):
+        x = min(max(rng.gauss(0.0, 1.0), -1.9), 1.9)
+        out.items.append(line(LEANING, "yes" if x > 0 else "no", f"{prefix}{i}"))
+        out.readings.append(Reading([x + 2.0, 0.0], 1.0))
+    return out
+
+
+def test_draws_whole_groups_per_question_seeded():
+    items = [
+        line(q, "yes", f"g{i}", state=f"input {i} {part}")
+        for i in range(10)
+        for q in (LEANING, PLAIN)
+        for part in ("a", "b")
+    ]
+    drawn = draw_labels(items, 3, "0-0")
+    assert drawn == draw_labels(items, 3, "0-0")
+    assert drawn != draw_labels(items, 3, "0-1")
+    for question in (LEANING, PLAIN):
+        rows = [
+            i for i in drawn if items[i].raw["instructions"] == question["instructions"]
+        ]
+        groups = {items[i].group for i in rows}
+        # three groups of this question, each with both its lines
+        assert len(groups) == 3 and len(rows) == 6
+    # a question's draw stays when another question's labels are left out
+    leaning = [i for i, item in enumerate(items) if item.raw == LEANING]
+    alone = draw_labels([items[i] for i in leaning], 3, "0-0")
+    assert [leaning[i] for i in alone] == [i for i in drawn if items[i].raw == LEANING]
+    # more than there are: every line
+    assert draw_labels(items, 50, "0-0") == list(range(len(items)))
+
+
+def test_a_leaning_question_gets_a_kept_map_that_raises_heldout_accuracy():
+    labels = leaning_lines("L", 30, seed=0)
+    heldout = leaning_lines("H", 200, seed=2)
+    maps = fit_maps(labels, range(20))
+    kept = maps[question_id(labels.items[0])]
+    assert kept is not None and kept.bias[0] < kept.bias[1]
+    before = metrics(heldout.items, heldout.readings, 0)
+    after = metrics(heldout.items, with_maps(heldout, maps), 0)
+    assert before["accuracy"] < 0.6
+    assert one_answer(heldout.items, heldout.readings) == 1
+    assert after["accuracy"] > before["accuracy"] + 0.2
+    assert after["log_loss"] < before["log_loss"]
+    assert one_answer(heldout.items, with_maps(heldout, maps)) == 0
+    results = evaluate(labels, heldout, splits=3, per_question=20, precision=0.8)
+    rows = results["rows"]
+    accuracy = {row: rows[row]["types"]["noul"]["accuracy"] for row in rows}
+    assert accuracy[QUESTION_MAP]["mean"] > accuracy[NO_LABELS]["mean"] + 0.15
+    assert accuracy[NO_LABELS]["sd"] == 0.0  # no labels: the same in every split
+    assert accuracy[QUESTION_MAP]["sd"] > 0.0  # the splits drew different labels
+    assert rows[QUESTION_MAP]["types"]["noul"]["maps_kept"]["mean"] >= 2 / 3
+    assert rows[NO_LABELS]["types"]["noul"]["one_answer"]["mean"] == 1.0
+    assert results["labels_drawn"]["mean"] == 20
+    assert rows[QUESTION_MAP]["types"]["noul"]["labelled"]["mean"] == 1
+
+
+def test_a_question_without_labels_is_served_as_it_is():
+    labels = leaning_lines("L", 30, seed=0)
+    heldout = leaning_lines("H", 40, seed=2)
+    for i in range(10):
+        heldout.items.append(line(PLAIN, "yes" if i % 2 else "no", f"H{i}"))
+        heldout.readings.append(Reading([float(i % 3), 0.0], 1.0))
+    results = evaluate(labels, heldout, splits=2, per_question=20, precision=0.8)
+    plain = question_id(heldout.items[-1])
+    mapped = results["rows"][QUESTION_MAP]
+    assert "kept" not in mapped["questions"][plain]
+    assert (
+        mapped["questions"][plain]["accuracy"]
+        == results["rows"][NO_LABELS]["questions"][plain]["accuracy"]
+    )
+    assert mapped["types"]["noul"]["labelled"]["mean"] == 1
+    assert set(results["majority"]) == {plain, question_id(labels.items[0])}
+
+
+def test_labels_that_carry_no_lean_keep_no_map():
+    """The model's scores already give the plain question's odds (each answer drawn from
+    softmax(scores)): its labels show nothing the type's map lacks, and no map is kept."""
+    rng = random.Random(0)
+    labels = Lines([], [])
+    for i in range(30):
+        x = rng.gauss(0.0, 2.0)
+        yes = rng.random() < 1 / (1 + math.exp(-x))
+        labels.items.append(line(PLAIN, "yes" if yes else "no", f"L{i}"))
+        labels.readings.append(Reading([x, 0.0], 1.0))
+    assert fit_maps(labels, range(30)) == {question_id(labels.items[0]): None}
+
+
+def test_one_answer_and_collapsed_counting():
+    items = [line(LEANING, "yes" if i < 2 else "no", f"g{i}") for i in range(10)] + [
+        line(PLAIN, "yes" if i % 2 else "no", f"g{i}") for i in range(10)
+    ]
+    says_yes = Reading([1.0, 0.0])
+    says_no = Reading([0.0, 1.0])
+    # the leaning question: every input "yes", right 2 times in 10; the plain one: mixed answers
+    readings = [says_yes] * 10 + [says_yes, says_no] * 5
+    assert one_answer(items, readings) == 1
+    assert metrics(items, readings, 0)["collapsed"] == 1
+    # a failed read doesn't make a question's answers differ, nor count
+    readings[12] = Reading([], error="refused")
+    assert one_answer(items, readings) == 1
+    # a question asked once can't have collapsed
+    assert one_answer(items[:1], readings[:1]) == 0
+
+
+def test_majority_baseline_per_question():
+    items = [
+        line(LEANING, e, f"g{i}") for i, e in enumerate(["yes", "yes", "yes", "no"])
+    ] + [line(PLAIN, e, f"g{i}") for i, e in enumerate(["yes", "no"])]
+    shares = majority(items)
+    assert shares == {question_id(items[0]): 0.75, question_id(items[4]): 0.5}
+    hits = metrics(items, [Reading([1.0, 0.0])] * 6, 0)
+    assert hits["majority_baseline"] == pytest.approx(4 / 6)
+
+
+def test_abstention_figures():
+    items = [line(LEANING, "yes", f"g{i}") for i in range(4)]
+    # confidences 0.88, 0.73, 0.5 (abstains), 0.88 on the wrong option
+    readings = [
+        Reading([2.0, 0.0]),
+        Reading([1.0, 0.0]),
+        Reading([0.0, 0.0]),
+        Reading([0.0, 2.0]),
+    ]
+    rule = Abstention(
+        precision_asked=0.8,
+        threshold=0.7,
+        precision_reached=0.9,
+        precision_bound=0.8,
+        coverage=0.5,
+        answered=20,
+        labels=40,
+        groups=40,
+    )
+    figures = abstention_figures(items, readings, rule)
+    assert figures["abstention_rate"] == pytest.approx(0.25)
+    assert figures["precision_reached"] == pytest.approx(2 / 3)
+    never = rule.model_copy(update={"threshold": None})
+    assert abstention_figures(items, readings, never)["abstention_rate"] == 1.0
+    assert abstention_figures(items, readings, never)["precision_reached"] is None
+
+
+def test_reads_cache_asks_only_new_lines():
+    labels = leaning_lines("L", 3, seed=0).items
+    heldout = leaning_lines("H", 2, seed=0).items
+    reads: dict = {"default": {}, "off": {}}
+    files = {"labels": labels, "heldout": heldout}
+    assert len(missing(files, reads)) == 3 + 2 + 2
+    for item in labels + heldout:
+        reads["default"][line_key(item)] = {"scores": [0.0, 0.0], "temperature": 1.0}
+    assert [(row, item.id) for row, item in missing(files, reads)] == [
+        ("off", item.id) for item in heldout
+    ]
+    edited = line(LEANING, "yes", "H0", state="another input")
+    assert line_key(edited) != line_key(heldout[0])
+    assert len(missing({"labels": [], "heldout": [edited]}, reads)) == 2
+
+
+def test_reads_of_another_model_are_refused(tmp_path):
+    path = tmp_path / "reads.json"
+    reads = {"default": {"k": {"scores": [0.0, 1.0], "temperature": 2.0}}, "off": {}}
+    path.write_text(json.dumps({"model": "a", "reads": reads}))
+    assert load_reads(str(path), "a") == reads
+    with pytest.raises(SystemExit, match="holds reads of a, not of b"):
+        load_reads(str(path), "b")
+    assert load_reads(str(tmp_path / "none.json"), "b") == {"default": {}, "off": {}}

@@ -1,0 +1,248 @@
+"""What an operator's labels buy, measured on inputs the server never saw.
+
+An operator has labelled answers of its own questions (``--labels``: the calibration file format,
+the same questions as the held-out set about other inputs, one group per input). This asks one
+server every line of the labels file and of the held-out set once (``/v1/systemone``, ``extra.detail``
+``full``, nothing else in ``extra``: the server's default reads) and keeps each answer's corrected
+scores (the audit's ``prior.adjusted_logits`` where a correction applied, else
+``backend.option_logits``, in option order) and its type's T (``calibration_temperature``); and, for
+the batch calibration row, each held-out line once more with no correction (accuracy.py's ``off``
+row). The reads are cached in ``--reads FILE`` (keyed by each line's input and question, reused when
+present, so the offline part reruns without a server and a grown labels file asks only its new lines;
+a cache read with another ``--model`` is refused).
+
+Then, offline, ``--splits`` seeded draws: each gives the server ``--labels-per-question K`` labelled
+inputs per question (whole groups, drawn at random) and evaluates on every held-out line, which is
+never fitted on. Rows, per type and per question, mean ± sample standard deviation over splits:
+
+- ``no labels``: the answers as the server gives them (softmax(scores / T));
+- ``labels -> per-question map``: per question, ``choose_question_map`` fitted on the drawn labels'
+  scores with scale 1/T, as the server fits an operator's file; a held-out answer is served by the
+  map where the keep rule kept it, else as in ``no labels``;
+- ``batch calibration``: accuracy.py's batch row on the held-out lines' uncorrected reads (each answer's
+  log-softmax minus the mean over the held-out answers to its question): needs the whole batch first
+  and no labels, so it does not vary with the split.
+
+The letter-logprob read a user would write on ``/v1/completions`` is not a row: accuracy.py has no such
+read (its ``generation`` row is constrained generation on chat completions).
+
+Figures, on the held-out lines: accuracy (the served top option), the majority answer (each held-out
+question's most common answer; a bar, it has seen the labels), mean accuracy per question, log loss,
+calibrated ECE (10 bins), collapsed questions (accuracy.py's rule: one option takes over 80% of a
+question's answers while it is right less than half the time), ``one answer`` (questions whose every
+held-out input got the same answer), maps kept, and abstention at ``--precision P``: per type, the
+threshold ``fit_abstention`` finds on the drawn labels' held-out confidences (for the map row,
+cross-validated: each label served by maps fitted on the other folds of its question's labels, groups
+within a fold; for ``no labels``, the type's softmax, which never saw the labels), then the share of
+held-out answers below it (abstains) and the accuracy of the rest (precision).
+
+usage: python -m tools.quality.labels [--model PATH] [--port N] [--labels FILE] [--heldout FILE]
+                                      [--reads FILE] [--splits N] [--labels-per-question K]
+                                      [--precision P] [--json OUT] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tools.common.serving import target
+from tools.quality.accuracy import (
+    DEFAULT_QUESTIONS,
+    SHAPE_ERRORS,
+    add_started_server_arguments,
+    calibrated_env,
+    report,
+    served_model,
+    wait_ready,
+)
+from tools.quality.accuracy_figures import Reading, question_id
+from tools.quality.accuracy_rows import RowRefused, Servers
+from tools.quality.labels_figures import Lines, evaluate, question_names, table
+from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+
+DEFAULT_LABELS = str(Path(__file__).parent / "data" / "labels.jsonl")
+# The rows asked of the server: the default reads of both files, the uncorrected ones of the held-out
+# set (for batch calibration).
+ASKED = (("default", "labels"), ("default", "heldout"), ("off", "heldout"))
+
+
+def line_key(item: question_file.LabelledQuestion) -> str:
+    """A line's cache key: its input and its question, so an edited line is asked again."""
+    text = json.dumps([item.state, question_id(item)], ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def load_reads(path: str | None, model: str) -> dict[str, dict[str, Any]]:
+    """The cached reads per row (``default``, ``off``), each keyed by line_key; a cache another
+    model's server read is refused, so two models' reads never mix."""
+    if not path or not Path(path).exists():
+        return {"default": {}, "off": {}}
+    cached = json.loads(Path(path).read_text())
+    if cached.get("model") != model:
+        raise SystemExit(
+            f"labels.py: {path} holds reads of {cached.get('model')}, not of {model} "
+            "(--model names the model, also with --port)"
+        )
+    return {row: cached["reads"].get(row, {}) for row in ("default", "off")}
+
+
+def as_reading(record: dict[str, Any] | None) -> Reading:
+    if record is None:
+        return Reading([], error="not asked")
+    return Reading(
+        [float(s) for s in record["scores"]],
+        float(record["temperature"]),
+        error=record.get("error"),
+    )
+
+
+def missing(
+    files: dict[str, list[question_file.LabelledQuestion]],
+    reads: dict[str, dict[str, Any]],
+) -> list[tuple[str, question_file.LabelledQuestion]]:
+    """The (row, line) reads the cache lacks, one per distinct line (a failed read is kept: delete
+    the cache to ask again)."""
+    wanted = {
+        (row, line_key(item)): (row, item)
+        for row, name in ASKED
+        for item in files[name]
+        if line_key(item) not in reads[row]
+    }
+    return list(wanted.values())
+
+
+async def ask(
+    url: str,
+    todo: list[tuple[str, question_file.LabelledQuestion]],
+    reads: dict[str, dict[str, Any]],
+    concurrency: int,
+) -> None:
+    """Ask each (row, line) once; record its answer or its error in ``reads``."""
+    await wait_ready(url)
+    print(f"asking {len(todo)} reads", file=sys.stderr)
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+        servers = Servers(http, await served_model(http))
+
+        async def one(row: str, item: question_file.LabelledQuestion) -> None:
+            async with gate:
+                try:
+                    reading = await servers.ask(row, item)
+                    record: dict[str, Any] = {
+                        "scores": reading.scores,
+                        "temperature": reading.temperature,
+                    }
+                except RowRefused as refused:
+                    record = {"scores": [], "temperature": 1.0, "error": str(refused)}
+                except SHAPE_ERRORS as exc:
+                    record = {
+                        "scores": [],
+                        "temperature": 1.0,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                reads[row][line_key(item)] = record
+                done.append(row)
+                if len(done) % 100 == 0:
+                    print(f"{len(done)}/{len(todo)} reads", file=sys.stderr)
+
+        done: list[str] = []
+        await asyncio.gather(*(one(row, item) for row, item in todo))
+
+
+def lines(items: list[question_file.LabelledQuestion], reads: dict[str, Any]) -> Lines:
+    return Lines(items, [as_reading(reads.get(line_key(item))) for item in items])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_started_server_arguments(parser)
+    parser.add_argument(
+        "--labels", default=DEFAULT_LABELS, help="the operator's labels (%(default)s)"
+    )
+    parser.add_argument(
+        "--heldout",
+        default=DEFAULT_QUESTIONS,
+        help="evaluated on only, never fitted on (%(default)s)",
+    )
+    parser.add_argument(
+        "--reads", help="cache of the server's reads: reused when present, then updated"
+    )
+    parser.add_argument("--splits", type=int, default=5, help="draws of the labels")
+    parser.add_argument(
+        "--labels-per-question",
+        type=int,
+        default=20,
+        help="labelled inputs drawn per question per split (%(default)s)",
+    )
+    parser.add_argument(
+        "--precision",
+        type=float,
+        default=0.8,
+        help="the precision abstention is fitted for (%(default)s)",
+    )
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--seed", type=int, default=0, help="the splits' draws")
+    args = parser.parse_args()
+    command = shlex.join([sys.executable, "-m", "tools.quality.labels", *sys.argv[1:]])
+    try:
+        files = {
+            "labels": list(question_file.load(args.labels).questions),
+            "heldout": list(question_file.load(args.heldout).questions),
+        }
+    except question_file.QuestionFileError as exc:
+        raise SystemExit(f"labels.py: {exc}") from None
+    started = time.perf_counter()
+    reads = load_reads(args.reads, args.model)
+    todo = missing(files, reads)
+    if todo:
+        try:
+            with target(args, args.serve_port, calibrated_env(args)) as (url, _):
+                asyncio.run(ask(url, todo, reads, args.concurrency))
+        finally:
+            if args.reads:
+                Path(args.reads).write_text(
+                    json.dumps({"model": args.model, "reads": reads}) + "\n"
+                )
+    read_seconds = time.perf_counter() - started
+    results = evaluate(
+        lines(files["labels"], reads["default"]),
+        lines(files["heldout"], reads["default"]),
+        args.splits,
+        args.labels_per_question,
+        args.precision,
+        args.seed,
+        off=lines(files["heldout"], reads["off"]).readings,
+    )
+    names = question_names(files["heldout"])
+    results.update(
+        command=command,
+        model=args.model,
+        labels=args.labels,
+        heldout=args.heldout,
+        splits=args.splits,
+        labels_per_question=args.labels_per_question,
+        precision=args.precision,
+        date=time.strftime("%Y-%m-%d"),
+        read_seconds=round(read_seconds),
+        seconds=round(time.perf_counter() - started),
+        question_names=names,
+    )
+    report(command, table(results, names), results, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
