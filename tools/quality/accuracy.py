@@ -111,8 +111,20 @@ def load_items(path: str, limit: int | None) -> list[question_file.LabelledQuest
 # --- running ----------------------------------------------------------------------------------
 
 
+def on_first_pass(response: httpx.Response) -> bool:
+    """Whether a decision response was answered on a calibration's first pass."""
+    if response.status_code != 200:
+        return False
+    answers = response.json().get("answers", {})
+    return any(
+        (a.get("extra") or {}).get("audit", {}).get("calibration_stage") == "first pass"
+        for a in answers.values()
+    )
+
+
 async def wait_ready(url: str, seconds: float = 1800) -> None:
-    """Until a decision request answers something other than 503 (the startup calibration)."""
+    """Until a decision request is answered on the full calibration: not a 503 (the startup
+    calibration), nor an answer on a first pass that the full calibration will replace."""
     probe = {
         "model": "m",
         "state": "x",
@@ -122,9 +134,9 @@ async def wait_ready(url: str, seconds: float = 1800) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         while True:
             try:
-                if (await http.post("/v1/systemone", json=probe)).status_code not in (
-                    404,
-                    503,
+                response = await http.post("/v1/systemone", json=probe)
+                if response.status_code not in (404, 503) and not on_first_pass(
+                    response
                 ):
                     return
             except httpx.TransportError:
@@ -223,8 +235,12 @@ def add_started_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 def calibrated_env(args: argparse.Namespace) -> dict[str, str]:
     """The started server's environment: startup calibration on the bundled set, in
-    --calibration-dir when given (a rerun reuses its record)."""
-    env = {"VLLM_TYPED_DECISIONS_CALIBRATION": "on"}
+    --calibration-dir when given (a rerun reuses its record), with no first pass: every answer
+    measured is on the full calibration, none on a first pass still being replaced."""
+    env = {
+        "VLLM_TYPED_DECISIONS_CALIBRATION": "on",
+        "VLLM_TYPED_DECISIONS_FIRST_PASS": "off",
+    }
     if args.calibration_dir:
         Path(args.calibration_dir).mkdir(parents=True, exist_ok=True)
         env["VLLM_TYPED_DECISIONS_CALIBRATION_DIR"] = str(
