@@ -49,7 +49,8 @@ class QuestionMapAudit(BaseModel):
     """``extra.audit.question_map``: the question's own calibration, fitted from the operator's labels
     of it (calibration/question_map.py): the labels, each option's bias (logit units; the scale is
     ``1 / calibration_temperature``) and the held-out figures the keep rule kept it on, beside the
-    type's."""
+    type's; and which fit it is: ``version`` 0 from startup's file (``source`` "startup"), n the n-th
+    refit from the labels file the server watches (``source`` "labels file")."""
 
     labels: int
     bias: dict[str, float]
@@ -58,6 +59,8 @@ class QuestionMapAudit(BaseModel):
     type_log_loss: float
     type_accuracy: float
     gain: tuple[float, float]
+    version: int = 0
+    source: str = "startup"
 
 
 class AbstentionReport(BaseModel):

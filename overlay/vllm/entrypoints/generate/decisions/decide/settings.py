@@ -58,6 +58,7 @@ VARIABLES = (
     PREFIX + "PRIOR_CACHE_BYTES",
     PREFIX + "MAX_ADAPTERS",
     PREFIX + "PRECISION",
+    PREFIX + "LABELS",
 )
 
 
@@ -194,6 +195,8 @@ class Settings:
     max_temperature: float
     # The precision each question type's answers should reach ("*": every type's); empty: none asked.
     precision: Mapping[str, float] = field(default_factory=dict)
+    # The operator's labels file the server watches while serving ("": none; runtime/live_labels.py).
+    labels: str = ""
 
     def temperature_problem(self, value: float) -> str | None:
         """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
@@ -261,6 +264,7 @@ class Settings:
             min_temperature=low,
             max_temperature=high,
             precision=_precision(env),
+            labels=_labels(env),
         )
 
 
@@ -418,6 +422,20 @@ def _precision(env: Mapping[str, str]) -> dict[str, float]:
             f"{name}={text!r}: one precision for every type, or one per type, not both"
         )
     return asked
+
+
+def _labels(env: Mapping[str, str]) -> str:
+    """VLLM_TYPED_DECISIONS_LABELS: empty (off) or the path of a labels file that exists now (it may
+    be empty): a path naming nothing is far more likely a typo than a file yet to appear."""
+    name = PREFIX + "LABELS"
+    raw = env.get(name, "")
+    text = raw.strip()
+    if text and not os.path.isfile(text):
+        raise SettingsError(
+            f"{name}={raw!r}: expected the path of a labels file (the calibration question "
+            "format), or empty for none, and no such file exists"
+        )
+    return text
 
 
 def _fraction(env: Mapping[str, str], name: str, default: float) -> float:

@@ -72,6 +72,7 @@ from vllm.entrypoints.generate.decisions.runtime.fitting import (
     fitted_record,
     log,
 )
+from vllm.entrypoints.generate.decisions.runtime.live_labels import restored
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -301,13 +302,17 @@ async def startup_calibration(
         logger.warning("decision calibration not applied, T=1.0 (default): %s", problem)
         return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
-    return Calibrated(
-        fits.temperatures(),
-        fits.reads,
-        FULL,
-        fits.question_reads,
-        fits.question_maps,
-        fits.abstention,
+    return restored(
+        Calibrated(
+            fits.temperatures(),
+            fits.reads,
+            FULL,
+            fits.question_reads,
+            fits.question_maps,
+            fits.abstention,
+            key=key,
+        ),
+        settings,
     )
 
 

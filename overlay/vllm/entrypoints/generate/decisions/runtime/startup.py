@@ -275,6 +275,7 @@ async def start_service(service: DecisionService) -> None:
     from vllm.entrypoints.generate.decisions.runtime.calibration import (
         startup_calibration,
     )
+    from vllm.entrypoints.generate.decisions.runtime.live_labels import watch
 
     async def calibrate() -> Calibrated:
         return await startup_calibration(
@@ -287,6 +288,8 @@ async def start_service(service: DecisionService) -> None:
 
     try:
         await service.start(calibrate)
+        # The labels file the server watches, once a calibration is in force (live_labels.py).
+        watch(service)
     except (
         BackendUnavailable
     ) as exc:  # a known refusal: its message says why and what to change

@@ -50,6 +50,9 @@ BIAS_PENALTY = 1.0
 # labels, 2.5% at 12 and 1% at 20 (against the 2.5% it aims for).
 MIN_LABELS = 8
 SCALE_PENALTY = 4.0  # on scale / type scale, so it means the same at every T
+# Where a map was fitted: at startup from the calibration file, or while serving from the labels file.
+STARTUP = "startup"
+LABELS_FILE = "labels file"
 
 
 class QuestionMap(BaseModel):
@@ -65,6 +68,10 @@ class QuestionMap(BaseModel):
     type_log_loss: float
     type_accuracy: float
     gain: tuple[float, float]
+    # Which fit of the question's map this is: startup's (version 0), or the n-th refit from the
+    # labels file the server watches (runtime/live_labels.py).
+    version: int = 0
+    source: str = STARTUP
 
     @property
     def kept(self) -> bool:
@@ -93,6 +100,8 @@ class QuestionMap(BaseModel):
             type_log_loss=self.type_log_loss,
             type_accuracy=self.type_accuracy,
             gain=self.gain,
+            version=self.version,
+            source=self.source,
         )
 
     def log_line(self, name: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.calibration.abstention import Abstention
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
@@ -60,6 +61,10 @@ class Calibrated:
     maps: Mapping[str, QuestionMap] = field(default_factory=dict)
     # Each question type's confidence threshold, where the operator asked it a precision.
     abstention: Mapping[str, Abstention] = field(default_factory=dict)
+    # How many times the labels file the server watches has refitted ``maps`` (0: startup's maps).
+    maps_version: int = 0
+    # The saved calibration record's key (None: none saved): run-time maps are saved under it.
+    key: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,13 @@ class DecisionService:
         self.corrections = Corrections(
             settings.prior, settings.prior_cache, settings.prior_cache_bytes
         )
+        # Work beside the requests once started (runtime/live_labels.py's watcher), cancelled on close.
+        self.background: set[asyncio.Task[None]] = set()
+
+    def close(self) -> None:
+        """Cancels the service's background work (the event loop's end cancels it too)."""
+        for task in list(self.background):
+            task.cancel()
 
     async def start(
         self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None

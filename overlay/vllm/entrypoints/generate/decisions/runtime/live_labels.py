@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Labels while serving: the labels file VLLM_TYPED_DECISIONS_LABELS names, watched in the background.
+
+When the file changes, each labelled line not read before is read through the service's own backend
+as a request reads it without a map (its correction and layout, its type's calibrated T), every
+question labelled at least MIN_LABELS times gets its map refitted (calibration/question_map.py, in a
+worker thread), and a new :class:`Calibrated` with those maps replaces the one in force as one
+object: a request in flight keeps the one it started with. Each refit is saved beside the calibration
+record (``labels-<key>.json``: the maps, the reads and the file's hash), so a restart with the same
+labels file answers with them from the start and reads only lines added since. Nothing of it runs on
+the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from vllm.entrypoints.generate.decisions.decide.calibration import (
+    question_file,
+    store,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    LABELS_FILE,
+    STARTUP,
+    QuestionMap,
+    question_maps,
+)
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.read_context import (
+    ReadContext,
+    sha256_of,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
+    Asked,
+    Calibrated,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+POLL_S = 5.0  # how often the file's size and mtime are looked at
+CONCURRENCY = 8  # label reads in flight at once
+KIND = "labels"  # the saved file: labels-<the calibration key's digest>.json
+
+
+class LabelRead(BaseModel):
+    """One labelled input's read of one question: the corrected scores its type's T divides, and
+    ``1 / T``, the scale its map is pulled toward."""
+
+    state_sha256: str
+    question: str
+    scores: list[float]
+    scale: float
+
+
+class SavedLabels(BaseModel):
+    """What a refit saves: the labels file and its content's hash, the version, the maps fitted
+    from it, and every read so far."""
+
+    labels_file: str
+    sha256: str
+    version: int
+    maps: dict[str, QuestionMap]
+    reads: list[LabelRead]
+
+
+def load_saved(settings: Settings, key: Any) -> SavedLabels | None:
+    """The run-time maps saved for this calibration ``key`` from this server's labels file; None
+    where there are none (or they came from another file, or are unreadable)."""
+    if not settings.labels or key is None:
+        return None
+    raw = store.load(Path(settings.calibration_dir), key, KIND)
+    if raw is None:
+        return None
+    try:
+        saved = SavedLabels.model_validate(raw)
+    except ValidationError:
+        logger.warning("decision labels: the saved run-time maps are malformed, unused")
+        return None
+    return saved if saved.labels_file == settings.labels else None
+
+
+def restored(calibrated: Calibrated, settings: Settings) -> Calibrated:
+    """``calibrated`` with the run-time maps saved for it, where a refit saved some (a restart)."""
+    saved = load_saved(settings, calibrated.key)
+    if saved is None:
+        return calibrated
+    logger.info(
+        "decision labels: %d question maps of refit %d loaded from a saved result (%s)",
+        len(saved.maps),
+        saved.version,
+        settings.labels,
+    )
+    return replace(
+        calibrated,
+        maps={**calibrated.maps, **saved.maps},
+        maps_version=saved.version,
+    )
+
+
+class LiveLabels:
+    """Watches ``service``'s labels file and refits its question maps when it changes."""
+
+    def __init__(self, service: DecisionService, poll_s: float = POLL_S) -> None:
+        self.service = service
+        self.path = service.settings.labels
+        self.poll_s = poll_s
+        # The file's (mtime, size) when last looked at, and the content last fitted.
+        self.seen: tuple[int, int] | None = None
+        self.fitted_sha256: str | None = None
+        # Reads by (state's SHA-256, question key): each labelled line is read once.
+        self.reads: dict[tuple[str, str], LabelRead] = {}
+        saved = load_saved(service.settings, service.calibrated.key)
+        if saved is not None:
+            self.fitted_sha256 = saved.sha256
+            self.reads = {(r.state_sha256, r.question): r for r in saved.reads}
+
+    async def run(self) -> None:
+        """Look at the file every ``poll_s`` seconds until cancelled; a fault is logged, not fatal."""
+        while True:
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception(
+                    "decision labels: the refit failed; the maps in force stay"
+                )
+            await asyncio.sleep(self.poll_s)
+
+    async def check(self) -> bool:
+        """One look at the file; True where a refit put new maps in force."""
+        try:
+            stat = os.stat(self.path)
+            seen: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            seen = None
+        if seen == self.seen:
+            return False
+        self.seen = seen
+        if seen is not None and seen[1] == 0:
+            return False  # an empty file: no labels yet
+        try:
+            labelled = await asyncio.to_thread(question_file.load, self.path)
+        except question_file.QuestionFileError as exc:
+            logger.warning(
+                "decision labels (%sLABELS): %s; the question maps in force stay",
+                PREFIX,
+                exc,
+            )
+            return False
+        if labelled.sha256 == self.fitted_sha256:
+            return False
+        fresh = [item for item in labelled.questions if _key(item) not in self.reads]
+        await self._read(fresh)
+        rows = [
+            (item, self.reads[_key(item)])
+            for item in labelled.questions
+            if _key(item) in self.reads
+        ]
+        maps = await asyncio.to_thread(
+            question_maps,
+            [r.question for _, r in rows],
+            [r.scores for _, r in rows],
+            [item.correct for item, _ in rows],
+            [item.group for item, _ in rows],
+            [r.scale for _, r in rows],
+        )
+        return await self._swap(maps, labelled.sha256, len(fresh), len(rows))
+
+    async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
+        """Each line read as a request reads its question without a map; a line that fails is left
+        unread (tried again when the file next changes)."""
+        service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
+        calibrated = service.calibrated
+        asked = Asked(service.settings.debias)
+
+        async def one(index: int, item: question_file.LabelledQuestion) -> None:
+            how = service.corrections.resolve(
+                item.question,
+                asked,
+                calibrated.temperatures,
+                None,
+                chosen_reads=calibrated.reads,
+            )
+            if how.temperature.source != "calibrated":
+                return  # no map applies to this question's reads
+            context = replace(
+                ReadContext.about(
+                    item.state, f"decision-labels-{index}", service.backend.options
+                ),
+                adapter=service.adapter,
+            )
+            plan = plan_read(
+                service.backend,
+                item.question,
+                context,
+                asked.debias,
+                how.correction,
+                how.layout,
+                how.temperature,
+            )
+            async with gate:
+                try:
+                    done = await read(plan)
+                except DecisionError as exc:
+                    logger.debug("decision labels: %s skipped: %s", item.id, exc)
+                    return
+            state, key = _key(item)
+            self.reads[state, key] = LabelRead(
+                state_sha256=state,
+                question=key,
+                scores=done.scores,
+                scale=1.0 / how.temperature.value,
+            )
+
+        await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
+
+    async def _swap(
+        self, fitted: dict[str, QuestionMap], sha256: str, fresh: int, rows: int
+    ) -> bool:
+        """The refit in force from the next request on: startup's maps, updated with ``fitted``."""
+        calibrated = self.service.calibrated
+        version = calibrated.maps_version + 1
+        maps = {
+            key: qmap.model_copy(update={"version": version, "source": LABELS_FILE})
+            for key, qmap in fitted.items()
+        }
+        startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
+        self.service.calibrated = replace(
+            calibrated, maps={**startup, **maps}, maps_version=version
+        )
+        self.fitted_sha256 = sha256
+        logger.info(
+            "decision labels: refit %d from %s: %d new lines read (%d in all), %d question "
+            "maps kept",
+            version,
+            self.path,
+            fresh,
+            rows,
+            len(maps),
+        )
+        if calibrated.key is not None:
+            await asyncio.to_thread(self._save, calibrated.key, version, maps, sha256)
+        return True
+
+    def _save(
+        self, key: Any, version: int, maps: dict[str, QuestionMap], sha256: str
+    ) -> None:
+        saved = SavedLabels(
+            labels_file=self.path,
+            sha256=sha256,
+            version=version,
+            maps=maps,
+            reads=list(self.reads.values()),
+        )
+        directory = Path(self.service.settings.calibration_dir)
+        try:
+            store.save(directory, key, saved.model_dump(), KIND)
+        except OSError as exc:
+            logger.warning(
+                "decision labels: refit %d not saved (%sCALIBRATION_DIR=%s): %s",
+                version,
+                PREFIX,
+                directory,
+                exc,
+            )
+
+
+def _key(item: question_file.LabelledQuestion) -> tuple[str, str]:
+    return sha256_of(item.state), question_key(item.question)
+
+
+def watch(
+    service: DecisionService, poll_s: float = POLL_S
+) -> asyncio.Task[None] | None:
+    """The watcher of ``service``'s labels file as a background task, held by the service (which
+    cancels it on close); None where no labels file is set or no full calibration is in force."""
+    if not service.settings.labels or service.calibrated.stage is None:
+        return None
+    task = asyncio.create_task(LiveLabels(service, poll_s).run())
+    service.background.add(task)
+    task.add_done_callback(service.background.discard)
+    return task
