@@ -118,9 +118,13 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
 
     audits: list[dict] = []
     # A precision asked of yes/no answers (issue 40): each one says whether it clears the threshold.
-    precision = {"VLLM_TYPED_DECISIONS_PRECISION": "noul=0.8"}
+    served = {"VLLM_TYPED_DECISIONS_PRECISION": "noul=0.8"}
+    # A labels file the server watches while serving (issue 40): empty at startup.
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("")
+    served["VLLM_TYPED_DECISIONS_LABELS"] = str(labels)
     first, starting = start(
-        tmp_path, "first", questions, saved_dir, 2, audits, **precision
+        tmp_path, "first", questions, saved_dir, 2, audits, **served
     )
     try:
         first_pass_then_full(first, audits)
@@ -149,6 +153,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         )
         assert record["questions"]["used"] + len(record["questions"]["skipped"]) == 150
         own_map(first, record)
+        labels_while_serving(first, labels, saved_dir)
         assert "decision calibration: T=" in first.log.read_text()
         overridden = audit(first, calibration_temperature=3.0)
         assert (
@@ -159,7 +164,7 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
     finally:
         first.stop()
 
-    again, _ = start(tmp_path, "again", questions, saved_dir, workers=2, **precision)
+    again, _ = start(tmp_path, "again", questions, saved_dir, workers=2, **served)
     try:
         log = again.log.read_text()
         assert (
@@ -172,6 +177,9 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
         assert log.count("decision calibration (choice): ") == 2, (
             "every type's fit is loaded too"
         )
+        assert log.count("question maps of refit 1 loaded from a saved result") == 2
+        restored = in_english(again)["extra"]["audit"]["question_map"]
+        assert (restored["source"], restored["version"]) == ("labels file", 1)
     finally:
         again.stop()
 
@@ -217,6 +225,51 @@ def own_map(server: VllmServer, record: dict) -> None:
     assert verdict["precision"] == 0.8 and verdict["threshold"] == rule["threshold"]
     top = max(answer["noul"], 1 - answer["noul"])
     assert verdict["abstain"] == (rule["threshold"] is None or top < rule["threshold"])
+
+
+# A question the labels file labels while the server runs (its startup file never asks it).
+IN_ENGLISH = {"type": "noul", "instructions": "Is this text in English?"}
+
+
+def in_english(server: VllmServer) -> dict:
+    response = httpx.post(
+        f"{server.url}/v1/systemone",
+        json={
+            "state": "The meeting moved to Thursday.",
+            "questions": {"english": IN_ENGLISH},
+            "extra": {"detail": "full"},
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["answers"]["english"]
+
+
+def labels_while_serving(server: VllmServer, labels, saved_dir) -> None:
+    """20 labelled lines of a new question appended to the watched labels file: within two minutes
+    an answer about it uses the map refitted from them (version 1, from the labels file), logged and
+    saved beside the calibration record; before, its type's reads."""
+    before = in_english(server)["extra"]["audit"]
+    assert "question_map" not in before
+    assert before["temperature_scope"] != "noul:question"
+    states = [json.loads(line)["state"] for line in bundled_lines(20)]
+    with labels.open("a") as out:
+        for i, state in enumerate(states):
+            line = {"state": state, "question": IN_ENGLISH, "expected": "yes"}
+            out.write(json.dumps({**line, "group": f"g{i}"}) + "\n")
+    deadline = time.monotonic() + 120
+    while True:
+        audit = in_english(server)["extra"]["audit"]
+        if "question_map" in audit or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    qmap = audit.get("question_map")
+    assert qmap is not None, "no refit from the labels file within 120 s"
+    assert (qmap["source"], qmap["version"], qmap["labels"]) == ("labels file", 1, 20)
+    assert audit["temperature_scope"] == "noul:question"
+    assert "decision labels: refit 1 from " in server.log.read_text()
+    (saved,) = saved_dir.glob("labels-*.json")
+    assert json.loads(saved.read_text())["version"] == 1
 
 
 def first_pass_then_full(server: VllmServer, audits: list[dict]) -> None:

@@ -125,6 +125,8 @@ LENIENT = [
         "precision",
         {"noul": 0.95, "choice": 0.8},
     ),
+    ("LABELS", "", "labels", ""),
+    ("LABELS", "  ", "labels", ""),
 ]
 
 # (variable, value, part of the message that says what is accepted)
@@ -228,6 +230,7 @@ REFUSED = [
     ("PRECISION", "noul=2", "expected a precision between 0 and 1"),
     ("PRECISION", "noul=0.9,noul=0.8", "each type once"),
     ("PRECISION", "0.9,noul=0.8", "one precision for every type, or one per type"),
+    ("LABELS", "/no/such/labels.jsonl", "no such file exists"),
 ]
 
 
@@ -313,6 +316,7 @@ def test_the_readme_gives_the_defaults_from_env_applies(monkeypatch):
         PREFIX + "TEMPERATURE",
         PREFIX + "MAX_REQUEST_CHARS",
         PREFIX + "PRECISION",
+        PREFIX + "LABELS",
     }
 
 
@@ -320,6 +324,12 @@ def test_a_calibration_file_that_exists_is_taken_as_is(tmp_path):
     questions = tmp_path / "questions.jsonl"
     questions.write_text("")
     assert read("CALIBRATION", f" {questions} ", "calibration") == str(questions)
+
+
+def test_a_labels_file_that_exists_is_taken_as_is(tmp_path):
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("")
+    assert read("LABELS", f" {labels} ", "labels") == str(labels)
 
 
 def test_check_environment_reads_settings_only_when_decisions_are_on():
