@@ -200,17 +200,7 @@ def own_map(server: VllmServer, record: dict) -> None:
         "decision calibration (noul, 'Is this text written in English?'): a map of its own kept "
         "from 20 labels" in server.log.read_text()
     )
-    response = httpx.post(
-        f"{server.url}/v1/systemone",
-        json={
-            "state": "The meeting moved to Thursday.",
-            "questions": {"english": ENGLISH},
-            "extra": {"detail": "full"},
-        },
-        timeout=60,
-    )
-    assert response.status_code == 200, response.text
-    answer = response.json()["answers"]["english"]
+    answer = in_english(server, ENGLISH)
     audit = answer["extra"]["audit"]
     assert audit["temperature_scope"] == "noul:question"
     assert audit["calibration_temperature"] == pytest.approx(1.0 / own["scale"])
@@ -231,12 +221,13 @@ def own_map(server: VllmServer, record: dict) -> None:
 IN_ENGLISH = {"type": "noul", "instructions": "Is this text in English?"}
 
 
-def in_english(server: VllmServer) -> dict:
+def in_english(server: VllmServer, question: dict = IN_ENGLISH) -> dict:
+    """The answer to ``question`` about an English sentence, on the Jev wire, with the full audit."""
     response = httpx.post(
         f"{server.url}/v1/systemone",
         json={
             "state": "The meeting moved to Thursday.",
-            "questions": {"english": IN_ENGLISH},
+            "questions": {"english": question},
             "extra": {"detail": "full"},
         },
         timeout=60,
