@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,8 @@ class LiveLabels:
         service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
         calibrated = service.calibrated
         asked = Asked(service.settings.debias)
+        # Each API-server process reads the same lines: engine request ids unique to this refit.
+        refit = uuid.uuid4().hex[:8]
 
         async def one(index: int, item: question_file.LabelledQuestion) -> None:
             how = service.corrections.resolve(
@@ -197,7 +200,9 @@ class LiveLabels:
                 return  # no map applies to this question's reads
             context = replace(
                 ReadContext.about(
-                    item.state, f"decision-labels-{index}", service.backend.options
+                    item.state,
+                    f"decision-labels-{refit}-{index}",
+                    service.backend.options,
                 ),
                 adapter=service.adapter,
             )
