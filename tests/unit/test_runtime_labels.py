@@ -17,6 +17,7 @@ from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionS
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 from vllm.entrypoints.generate.decisions.runtime.live_labels import LiveLabels, watch
+from vllm.entrypoints.generate.decisions.runtime.startup import start_service
 
 from .test_calibration_startup import MODEL
 from .test_operator_labels import MOOD, PRIORITY, TEAM, LeansOnOneQuestion, compiled
@@ -226,6 +227,22 @@ async def test_the_watcher_runs_in_the_background_and_stops_on_close(tmp_path):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not service.background
+
+
+async def test_startup_starts_the_watcher_once_calibrated(tmp_path):
+    """runtime/startup.py's start_service: calibration, then the watcher as the service's
+    background work."""
+    service, _, _ = await served(tmp_path)
+    fresh = DecisionService(service.settings, Counting(), "served")
+    fresh.deployment = MODEL
+    await start_service(fresh)
+    assert fresh.readiness.ready and fresh.calibrated.stage == "full"
+    assert fresh.calibrated.key is not None and len(fresh.background) == 1
+    (task,) = fresh.background
+    fresh.close()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert task.cancelled() and not fresh.background
 
 
 async def test_no_watcher_without_a_labels_file_or_a_calibration(tmp_path):
