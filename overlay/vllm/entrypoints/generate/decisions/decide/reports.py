@@ -45,22 +45,33 @@ class PriorAudit(BaseModel):
     adjusted_logits: dict[str, float]
 
 
-class QuestionMapAudit(BaseModel):
-    """``extra.audit.question_map``: the question's own calibration, fitted from the operator's labels
-    of it (calibration/question_map.py): the labels, each option's bias (logit units; the scale is
-    ``1 / calibration_temperature``) and the held-out figures the keep rule kept it on, beside the
-    type's; and which fit it is: ``version`` 0 from startup's file (``source`` "startup"), n the n-th
-    refit from the labels file the server watches (``source`` "labels file")."""
+# Where a question's map came from: the calibration file at startup, or the labels file the server
+# watches (runtime/live_labels.py).
+STARTUP = "startup"
+LABELS_FILE = "labels file"
+
+
+class MapFigures(BaseModel):
+    """What a question's own map (calibration/question_map.py) was fitted on and how it did: its
+    labels, its held-out log loss and accuracy beside the type's map's and the gain's interval (what
+    the keep rule kept it on), and which fit it is: ``version`` 0 from startup's file, n the n-th refit
+    from the labels file."""
 
     labels: int
-    bias: dict[str, float]
     log_loss: float
     accuracy: float
     type_log_loss: float
     type_accuracy: float
     gain: tuple[float, float]
     version: int = 0
-    source: str = "startup"
+    source: str = STARTUP
+
+
+class QuestionMapAudit(MapFigures):
+    """``extra.audit.question_map``: the question's map's figures and each option's bias (logit units;
+    the scale is ``1 / calibration_temperature``)."""
+
+    bias: dict[str, float]
 
 
 class AbstentionReport(BaseModel):

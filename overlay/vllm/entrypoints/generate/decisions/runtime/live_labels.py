@@ -28,8 +28,6 @@ from vllm.entrypoints.generate.decisions.decide.calibration import (
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    LABELS_FILE,
-    STARTUP,
     QuestionMap,
     question_maps,
 )
@@ -43,6 +41,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Calibrated,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
+from vllm.entrypoints.generate.decisions.decide.reports import LABELS_FILE, STARTUP
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
 from vllm.logger import init_logger

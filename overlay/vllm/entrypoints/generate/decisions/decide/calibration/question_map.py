@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel
 
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     ITERATIONS,
@@ -31,7 +30,10 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     LOW_TEMPERATURE,
     fold_of_groups,
 )
-from vllm.entrypoints.generate.decisions.decide.reports import QuestionMapAudit
+from vllm.entrypoints.generate.decisions.decide.reports import (
+    MapFigures,
+    QuestionMapAudit,
+)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -50,28 +52,15 @@ BIAS_PENALTY = 1.0
 # labels, 2.5% at 12 and 1% at 20 (against the 2.5% it aims for).
 MIN_LABELS = 8
 SCALE_PENALTY = 4.0  # on scale / type scale, so it means the same at every T
-# Where a map was fitted: at startup from the calibration file, or while serving from the labels file.
-STARTUP = "startup"
-LABELS_FILE = "labels file"
 
 
-class QuestionMap(BaseModel):
+class QuestionMap(MapFigures):
     """A question's own map ``softmax(scale * s + bias)`` on its scores (options in the question's
-    client order, ``bias`` in logit units and centred), the labels it was fitted on, and its held-out
-    figures beside the type's map's: what the keep rule saw, saved so the audit can name them."""
+    client order, ``bias`` in logit units and centred), with its figures (saved, so the audit can name
+    them)."""
 
     scale: float
     bias: list[float]
-    labels: int
-    log_loss: float
-    accuracy: float
-    type_log_loss: float
-    type_accuracy: float
-    gain: tuple[float, float]
-    # Which fit of the question's map this is: startup's (version 0), or the n-th refit from the
-    # labels file the server watches (runtime/live_labels.py).
-    version: int = 0
-    source: str = STARTUP
 
     @property
     def kept(self) -> bool:
@@ -92,17 +81,8 @@ class QuestionMap(BaseModel):
 
     def audit(self, keys: Sequence[str]) -> QuestionMapAudit:
         """What an answer's ``extra.audit.question_map`` says of this map (``keys``: the options')."""
-        return QuestionMapAudit(
-            labels=self.labels,
-            bias=dict(zip(keys, self.bias, strict=True)),
-            log_loss=self.log_loss,
-            accuracy=self.accuracy,
-            type_log_loss=self.type_log_loss,
-            type_accuracy=self.type_accuracy,
-            gain=self.gain,
-            version=self.version,
-            source=self.source,
-        )
+        figures = self.model_dump(include=set(MapFigures.model_fields))
+        return QuestionMapAudit(**figures, bias=dict(zip(keys, self.bias, strict=True)))
 
     def log_line(self, name: str) -> str:
         """The line startup logs for a kept map; ``name`` says which question."""
