@@ -190,8 +190,9 @@ def test_calibrates_at_startup_then_reuses_the_saved_result(tmp_path, saved_dir)
 
 def own_map(server: VllmServer, record: dict) -> None:
     """The question the file labels 20 times has a map of its own (its labels all say yes, which
-    SmolLM2's reads alone don't), saved and logged; asked on the Jev wire, its answer uses it and its
-    audit says so; a question without one keeps its type's reads."""
+    SmolLM2's reads alone don't), saved and logged, and its in-context examples measured; asked on
+    the Jev wire, its answer uses the examples where they were kept, else the map, and its audit
+    says which; a question without one keeps its type's reads."""
     (key,) = record["question_maps"]
     assert json.loads(key)[:2] == ["noul", ENGLISH["instructions"]]
     own = record["question_maps"][key]
@@ -200,11 +201,27 @@ def own_map(server: VllmServer, record: dict) -> None:
         "decision calibration (noul, 'Is this text written in English?'): a map of its own kept "
         "from 20 labels" in server.log.read_text()
     )
+    # Its 20 labels read again on the engine with 4 in-context examples from the other folds,
+    # measured against its reads without them, saved and logged whether kept or not.
+    shown = record["question_examples"][key]
+    assert shown["labels"] == 20 and len(shown["examples"]) == 4
+    assert {example["answer"] for example in shown["examples"]} == {"true"}
+    kept = shown["gain"][0] > 0 and shown["accuracy"] >= shown["type_accuracy"]
+    assert (
+        "decision calibration (noul, 'Is this text written in English?'): 4 in-context "
+        f"examples {'kept' if kept else 'not kept'} over 20 labels"
+        in server.log.read_text()
+    )
     answer = in_english(server, ENGLISH)
     audit = answer["extra"]["audit"]
-    assert audit["temperature_scope"] == "noul:question"
-    assert audit["calibration_temperature"] == pytest.approx(1.0 / own["scale"])
-    assert audit["question_map"]["labels"] == 20
+    if kept:  # asked with the examples, mapped by the map fitted on such reads
+        assert audit["temperature_scope"] == "noul:examples"
+        assert audit["calibration_temperature"] == pytest.approx(1.0 / shown["scale"])
+        assert audit["examples"]["examples"] == 4 and "question_map" not in audit
+    else:
+        assert audit["temperature_scope"] == "noul:question" and "examples" not in audit
+        assert audit["calibration_temperature"] == pytest.approx(1.0 / own["scale"])
+        assert audit["question_map"]["labels"] == 20
     assert answer["noul"] > 0.5, answer
     # The yes/no threshold for the precision asked, fitted on the held-out labels and saved.
     rule = record["abstention"]["noul"]

@@ -114,13 +114,16 @@ def write_mixed(path, counts, groups=40):
     return path
 
 
-def settings(tmp_path, source, prior="off"):
-    """The temperature tests read without a prior correction (test_prior_calibration.py covers those)."""
+def settings(tmp_path, source, prior="off", examples=0):
+    """The temperature tests read without a prior correction (test_prior_calibration.py covers those)
+    and count reads without in-context examples (their files ask one question many times, which the
+    examples would read again; test_examples.py covers them)."""
     return Settings.from_env(
         {
             "VLLM_TYPED_DECISIONS_CALIBRATION": str(source),
             "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
             "VLLM_TYPED_DECISIONS_PRIOR": prior,
+            "VLLM_TYPED_DECISIONS_EXAMPLES": str(examples),
         }
     )
 

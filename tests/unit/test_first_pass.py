@@ -57,6 +57,8 @@ def configured(tmp_path, first_pass="on"):
             ),
             "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
             "VLLM_TYPED_DECISIONS_FIRST_PASS": first_pass,
+            # one question asked many times: examples would read it all again (test_examples.py)
+            "VLLM_TYPED_DECISIONS_EXAMPLES": "0",
         }
     )
 

@@ -1,6 +1,6 @@
 """The logit prompts, pinned byte for byte per render version (tests/golden/<render_version>.json):
 every question type and readout, in both label layouts (letters; words, and a question whose words fall
-back to letters), on three chat templates (SmolLM2's ChatML, a Llama-3-style one, and one with no system
+back to letters; in-context examples), on three chat templates (SmolLM2's ChatML, a Llama-3-style one, and one with no system
 role).
 
 RENDER_VERSION is a hash of the prompt code's own rendering of a fixed probe (prompt.probe_rendering), so a
@@ -37,7 +37,10 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
     choice_options,
 )
-from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.read_context import (
+    Example,
+    ReadContext,
+)
 
 from ..conftest import ROOT, model_path
 from .fakes import TokenizerHost
@@ -143,6 +146,34 @@ CASES = {
         ),
         {"labels": "words"},
     ),
+    # In-context examples (calibration/examples.py): answered turns ahead of the state, in letters
+    # and in words.
+    "examples_choice": (
+        CHOICE.compile(
+            ChoiceQuestion(
+                instructions="Which team?",
+                criteria={"billing": "Payments", "tech": None},
+            )
+        ),
+        {},
+    ),
+    "examples_words_noul": (
+        NOUL.compile(
+            NoulQuestion(
+                instructions="Is this urgent?", criteria={"true": "time-sensitive"}
+            )
+        ),
+        {"labels": "words"},
+    ),
+}
+EXAMPLES = {
+    "examples_choice": (
+        Example("Ticket: I was charged twice.", '"billing"'),
+        Example("Ticket: The app crashes on start.", '"tech"'),
+    ),
+    "examples_words_noul": (
+        Example("Ticket: Server down, customers waiting.", "true"),
+    ),
 }
 
 
@@ -155,7 +186,10 @@ async def prompts_for(template: str | None) -> dict[str, list[str]]:
         backend.prompts.system_role = await takes_system_role(host)
         backend.catalog = LabelCatalog(backend.catalog.markers, ("AA", "AB"))
         backend.runner.catalog = backend.catalog
-        await backend.read(question, ReadContext.about(STATE, "golden"))
+        context = ReadContext.about(STATE, "golden").with_examples(
+            EXAMPLES.get(name, ())
+        )
+        await backend.read(question, context)
         rendered[name] = sorted(host.decode(prompt) for prompt, _ in host.reads)
     return rendered
 

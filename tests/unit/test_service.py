@@ -270,6 +270,10 @@ async def test_while_starting_the_refusal_names_the_step_running_and_its_progres
         NotReadyError, match="^decisions are starting: self-check; retry shortly$"
     ):
         await service.decide(ask("s", [noul()], "r"))
+    # A request no server would take is refused for what it is, not told to retry.
+    with pytest.raises(DecisionError, match="calibration_temperature") as refused:
+        await service.decide(ask("s", [noul()], "r", temperature=1e-310))
+    assert refused.value.status == HTTPStatus.BAD_REQUEST
     checked.set()
     await asyncio.sleep(0.01)
     with pytest.raises(

@@ -127,6 +127,9 @@ LENIENT = [
     ),
     ("LABELS", "", "labels", ""),
     ("LABELS", "  ", "labels", ""),
+    ("EXAMPLES", "", "examples", 4),
+    ("EXAMPLES", " 0 ", "examples", 0),
+    ("EXAMPLES", "8", "examples", 8),
 ]
 
 # (variable, value, part of the message that says what is accepted)
@@ -231,6 +234,8 @@ REFUSED = [
     ("PRECISION", "noul=0.9,noul=0.8", "each type once"),
     ("PRECISION", "0.9,noul=0.8", "one precision for every type, or one per type"),
     ("LABELS", "/no/such/labels.jsonl", "no such file exists"),
+    ("EXAMPLES", "-1", "a whole number of at least 0, or empty for the default, 4"),
+    ("EXAMPLES", "some", "a whole number of at least 0, or empty for the default, 4"),
 ]
 
 

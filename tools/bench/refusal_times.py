@@ -5,13 +5,14 @@ largest request that gets as far as tokenizing, and a body just under the size l
 Each body is sent ``--copies`` times at once from threads while /health is polled every 20 ms; prints
 one line per body: its size, the status and time of each refusal, and the /health latencies.
 
-usage: python -m tools.bench.refusal_times [--model PATH] [--port N] [--copies 1]
+usage: python -m tools.bench.refusal_times [--model PATH] [--port N [--api-key KEY]] [--copies 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -123,16 +124,17 @@ def bodies() -> list[tuple[str, str, Any]]:
 
 
 def measure(
-    url: str, path: str, body: bytes, copies: int
+    url: str, path: str, body: bytes, copies: int, api_key: str | None = None
 ) -> tuple[list[tuple[int, float, str]], list[float]]:
     refusals: list[tuple[int, float, str]] = []
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
 
     def send() -> None:
         with httpx.Client(base_url=url, timeout=600) as client:
             started = time.perf_counter()
-            response = client.post(
-                path, content=body, headers={"content-type": "application/json"}
-            )
+            response = client.post(path, content=body, headers=headers)
             refusals.append(
                 (
                     response.status_code,
@@ -161,6 +163,11 @@ def main() -> None:
     parser.add_argument(
         "--copies", type=int, default=1, help="copies of each body sent at once"
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY"),
+        help="with --port: the server's key (VLLM_API_KEY), so the bodies get past it",
+    )
     args = parser.parse_args()
     with target(args, port=8193, env={"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (
         url,
@@ -168,7 +175,7 @@ def main() -> None:
     ):
         for what, path, value in bodies():
             body = json.dumps(value, separators=(",", ":")).encode()
-            refusals, health = measure(url, path, body, args.copies)
+            refusals, health = measure(url, path, body, args.copies, args.api_key)
             statuses = ", ".join(
                 f"{status} in {seconds:.2f} s"
                 for status, seconds, _ in sorted(refusals)

@@ -26,11 +26,21 @@ def sha256_of(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class Example:
+    """A labelled input of a question, shown ahead of the input as an answered turn (in-context
+    examples): the input, and the key of the option that answers it."""
+
+    state: str
+    answer: str
+
+
+@dataclass(frozen=True)
 class ReadContext(Generic[OptionsT]):
     """One question's read: the state it is about (and that state's SHA-256), the engine request id
     (each engine read under it adds a suffix) and the backend's options for this request; the engine's
     prefix-cache salt, scheduling priority and LoRA adapter for every read of it (vLLM's own: none, 0 and
-    none, the base model, by default)."""
+    none, the base model, by default); and the answered examples calibration kept for the question
+    (none by default), which backends that show examples put ahead of the state."""
 
     state: str
     state_sha256: str
@@ -39,6 +49,7 @@ class ReadContext(Generic[OptionsT]):
     cache_salt: str | None = None
     priority: int = 0
     adapter: LoRARequest | None = None
+    examples: tuple[Example, ...] = ()
 
     @classmethod
     def about(
@@ -52,6 +63,9 @@ class ReadContext(Generic[OptionsT]):
 
     def with_options(self, options: Any) -> ReadContext[Any]:
         return replace(self, options=options)
+
+    def with_examples(self, examples: tuple[Example, ...]) -> ReadContext[OptionsT]:
+        return replace(self, examples=examples)
 
     def with_state(self, state: str, request_id: str) -> ReadContext[OptionsT]:
         """A read about another text (the content-free prior's neutral inputs), with these options."""

@@ -74,6 +74,14 @@ class QuestionMapAudit(MapFigures):
     bias: dict[str, float]
 
 
+class ExamplesAudit(QuestionMapAudit):
+    """``extra.audit.examples``: the question was asked with ``examples`` of its labelled inputs ahead
+    of the input (calibration/examples.py), and its scores mapped by the map fitted on such reads;
+    the figures are held out with examples, ``type_*`` without them."""
+
+    examples: int
+
+
 class AbstentionReport(BaseModel):
     """``extra.abstention``: whether this answer clears the confidence threshold fitted for the
     precision the operator asked of its type (``abstain`` False) or not, with what the threshold was
@@ -141,10 +149,12 @@ class AuditRecord(BaseModel):
     prior: PriorAudit | None = None
     # The question's own map from the operator's labels, where one is kept (temperature_scope says so).
     question_map: QuestionMapAudit | None = None
+    # The in-context examples it was asked with, and their map, where they are kept.
+    examples: ExamplesAudit | None = None
 
     def as_json(self, basic: bool = False) -> dict[str, Any]:
         # The base model's answers name no adapter.
-        nested = {"backend", "debias", "prior", "question_map"} | (
+        nested = {"backend", "debias", "prior", "question_map", "examples"} | (
             {"adapter"} if self.adapter is None else set()
         )
         record = {
@@ -159,6 +169,11 @@ class AuditRecord(BaseModel):
             **(
                 {"question_map": self.question_map.model_dump()}
                 if self.question_map is not None
+                else {}
+            ),
+            **(
+                {"examples": self.examples.model_dump()}
+                if self.examples is not None
                 else {}
             ),
         }

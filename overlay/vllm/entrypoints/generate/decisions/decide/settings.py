@@ -59,6 +59,7 @@ VARIABLES = (
     PREFIX + "MAX_ADAPTERS",
     PREFIX + "PRECISION",
     PREFIX + "LABELS",
+    PREFIX + "EXAMPLES",
 )
 
 
@@ -197,6 +198,9 @@ class Settings:
     precision: Mapping[str, float] = field(default_factory=dict)
     # The operator's labels file the server watches while serving ("": none; runtime/live_labels.py).
     labels: str = ""
+    # The most labelled inputs a labelled question is asked with ahead of its input, where calibration
+    # keeps them (calibration/examples.py); 0: none.
+    examples: int = 4
 
     def temperature_problem(self, value: float) -> str | None:
         """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
@@ -265,6 +269,7 @@ class Settings:
             max_temperature=high,
             precision=_precision(env),
             labels=_labels(env),
+            examples=_int_at_least(env, PREFIX + "EXAMPLES", 4, 0),
         )
 
 

@@ -68,6 +68,10 @@ from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
     once_per_server,
     this_run,
 )
+from vllm.entrypoints.generate.decisions.runtime.examples_pass import (
+    ShownReader,
+    with_examples,
+)
 from vllm.entrypoints.generate.decisions.runtime.fitting import (
     fitted_record,
     log,
@@ -283,6 +287,7 @@ async def startup_calibration(
             progress,
             early if first_pass is not None and settings.first_pass else None,
             settings.precision,
+            settings.examples,
         ),
         lambda saved: reusable(saved, settings),
         progress.waiting if progress is not None else None,
@@ -311,6 +316,7 @@ async def startup_calibration(
             fits.question_maps,
             fits.abstention,
             key=key,
+            examples=fits.kept_examples(),
         ),
         settings,
     )
@@ -343,6 +349,7 @@ def calibration_key(
         "debias": str(settings.debias),
         "prior": settings.prior,
         "precision": dict(settings.precision),
+        "examples": settings.examples,
     }
 
 
@@ -376,10 +383,13 @@ async def measure_and_fit(
     progress: Readiness | None = None,
     first_pass: Callable[[dict[str, Any]], bool] | None = None,
     precision: Mapping[str, float] | None = None,
+    examples: int = 0,
 ) -> dict[str, Any]:
     """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
     server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set;
-    ``precision`` VLLM_TYPED_DECISIONS_PRECISION, the precision asked of each type's answers.
+    ``precision`` VLLM_TYPED_DECISIONS_PRECISION, the precision asked of each type's answers;
+    ``examples`` VLLM_TYPED_DECISIONS_EXAMPLES, the most in-context examples a labelled question is
+    measured with (the full calibration's, after its fit; runtime/examples_pass.py).
     Each label layout the backend has is read and compared per type (bias.choose_layout).
 
     With ``first_pass``, a smaller pass comes first: every other question of each type in every
@@ -422,14 +432,14 @@ async def measure_and_fit(
     rows = await read_all(
         backend, questions, debias, correction, layouts, progress, earlier
     )
-    return await fitted_record(
-        answered_by_layout(questions, rows, layouts),
-        questions,
-        layouts,
-        prior,
-        started,
-        precision=precision,
+    by_layout = answered_by_layout(questions, rows, layouts)
+    record = await fitted_record(
+        by_layout, questions, layouts, prior, started, precision=precision
     )
+    if examples and "failed" not in record:
+        reader = ShownReader(backend, debias, cache, layouts)
+        record = await with_examples(record, by_layout, layouts, examples, reader)
+    return record
 
 
 def announce(

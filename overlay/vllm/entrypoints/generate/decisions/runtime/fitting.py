@@ -29,7 +29,11 @@ from vllm.entrypoints.generate.decisions.decide.calibration.results import (
 )
 from vllm.entrypoints.generate.decisions.decide.prior_modes import AUTO
 from vllm.entrypoints.generate.decisions.decide.reading.read import QuestionRead
-from vllm.entrypoints.generate.decisions.decide.temperature import FIRST_PASS, FULL
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    FIRST_PASS,
+    FULL,
+    Temperatures,
+)
 from vllm.entrypoints.generate.decisions.runtime.deployment_lock import run_id
 from vllm.logger import init_logger
 
@@ -118,22 +122,13 @@ async def fitted_record(
     }
     picked = [i for i, kind in enumerate(types) if len(asked[kind]) > 1]
 
-    def scale(i: int) -> float:
-        kind = types[i]
-        own = reads[kind].questions.get(keys[i]) if kind in reads else None
-        return 1.0 / (
-            own.kept.temperature
-            if own is not None
-            else temperatures.for_type(kind).value
-        )
-
     maps = await asyncio.to_thread(
         question_maps,
         [keys[i] for i in picked],
         [scores[i] for i in picked],
         [correct[i] for i in picked],
         [groups[i] for i in picked],
-        [scale(i) for i in picked],
+        [map_scale(reads, temperatures, types[i], keys[i]) for i in picked],
     )
     # Where the operator asked a type for a precision: the confidence threshold that reaches it.
     precisions = {
@@ -201,6 +196,17 @@ def choose_reads(
     return reads
 
 
+def map_scale(
+    reads: dict[str, bias.TypeReads], temperatures: Temperatures, kind: str, key: str
+) -> float:
+    """The scale a question's own map is pulled toward: 1 / the T its answers get without one (its
+    own correction's where it has one, else its type's)."""
+    own = reads[kind].questions.get(key) if kind in reads else None
+    return 1.0 / (
+        own.kept.temperature if own is not None else temperatures.for_type(kind).value
+    )
+
+
 def chosen_layout(
     reads: dict[str, bias.TypeReads], qtype: str, first: str | None
 ) -> str | None:
@@ -252,6 +258,10 @@ def log_lines(
         + [
             (False, qmap.log_line("{}, {!r}".format(*json.loads(key)[:2])))
             for key, qmap in record.question_maps.items()
+        ]
+        + [
+            (False, shown.log_line("{}, {!r}".format(*json.loads(key)[:2])))
+            for key, shown in record.question_examples.items()
         ]
         + [
             (rule.threshold is None, rule.log_line(name))

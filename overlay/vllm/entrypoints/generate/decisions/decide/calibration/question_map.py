@@ -14,6 +14,7 @@ serves the question. Pure functions over plain sequences: testable without an en
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -237,6 +238,47 @@ def measure_question_map(
     type's map's on the same answers: each fold is scored by a map fitted on the other folds
     (answers of one group share a fold), and the gain's interval resamples groups. Raises
     ValueError where the labels come from fewer than two groups (nothing to hold out)."""
+    own, typed = held_out(scores, correct, groups, scale, bias, folds)
+    final_scale, final_bias = fit_map(scores, correct, scale, bias)
+    return QuestionMap(
+        scale=final_scale,
+        bias=final_bias,
+        **compared(own, typed, correct, groups),
+    )
+
+
+def compared(
+    own: FloatArray,
+    baseline: FloatArray,
+    correct: Sequence[int],
+    groups: Sequence[str],
+) -> dict[str, Any]:
+    """MapFigures' held-out fields for ``own``'s log-probabilities against ``baseline``'s on the same
+    labels: log loss and accuracy of each, and the gain's interval resampling groups."""
+    answer = np.asarray(correct, dtype=np.int64)
+    rows = np.arange(answer.size)
+    own_loss, base_loss = -own[rows, answer], -baseline[rows, answer]
+    return {
+        "labels": int(answer.size),
+        "log_loss": float(own_loss.mean()),
+        "accuracy": float((own.argmax(axis=1) == answer).mean()),
+        "type_log_loss": float(base_loss.mean()),
+        "type_accuracy": float((baseline.argmax(axis=1) == answer).mean()),
+        "gain": gain_interval((base_loss - own_loss).tolist(), list(groups)),
+    }
+
+
+def held_out(
+    scores: Sequence[Sequence[float]],
+    correct: Sequence[int],
+    groups: Sequence[str],
+    scale: float,
+    bias: Sequence[float] | None = None,
+    folds: int = FOLDS,
+) -> tuple[FloatArray, FloatArray]:
+    """Each label's log-probabilities under the question's own map fitted on the other folds (answers
+    of one group share a fold, ``fold_of_groups``), and under the type's map. Raises ValueError where
+    the labels come from fewer than two groups (nothing to hold out)."""
     matrix = _floored(scores)
     answer = _answers(correct, *matrix.shape)
     if len(groups) != answer.size:
@@ -245,7 +287,6 @@ def measure_question_map(
     fold = np.asarray(fold_of_groups(groups, folds), dtype=np.int64)
     if np.unique(fold).size < 2:
         raise ValueError("cross-validation needs labels from at least two groups")
-    picked = np.arange(answer.size)
     typed = _log_softmax(type_scale * matrix + type_bias)
     own = np.empty_like(typed)
     for f in np.unique(fold):
@@ -254,18 +295,7 @@ def measure_question_map(
             matrix[~held], answer[~held], type_scale, type_bias
         )
         own[held] = _log_softmax(fitted_scale * matrix[held] + fitted_bias)
-    own_loss, type_loss = -own[picked, answer], -typed[picked, answer]
-    final_scale, final_bias = _fit(matrix, answer, type_scale, type_bias)
-    return QuestionMap(
-        scale=final_scale,
-        bias=final_bias.tolist(),
-        labels=int(answer.size),
-        log_loss=float(own_loss.mean()),
-        accuracy=float((own.argmax(axis=1) == answer).mean()),
-        type_log_loss=float(type_loss.mean()),
-        type_accuracy=float((typed.argmax(axis=1) == answer).mean()),
-        gain=gain_interval((type_loss - own_loss).tolist(), list(groups)),
-    )
+    return own, typed
 
 
 def choose_question_map(

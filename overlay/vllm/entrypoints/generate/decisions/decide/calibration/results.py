@@ -19,6 +19,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.calibration.abstention import Abstention
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import TypeReads
 from vllm.entrypoints.generate.decisions.decide.calibration.by_type import TypeFit
+from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
+    QuestionExamples,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     CalibrationResult,
 )
@@ -124,6 +127,12 @@ class CalibrationRecord(Fit):
     question_maps: dict[str, QuestionMap] = Field(default_factory=dict)
     # The confidence threshold for each question type the operator asked a precision of.
     abstention: dict[str, Abstention] = Field(default_factory=dict)
+    # Each labelled question's in-context examples as measured, kept or not (by bias.question_key).
+    question_examples: dict[str, QuestionExamples] = Field(default_factory=dict)
+
+    def kept_examples(self) -> dict[str, QuestionExamples]:
+        """The questions whose examples the keep rule kept: they are asked with them."""
+        return {k: v for k, v in self.question_examples.items() if v.kept}
 
     @classmethod
     def of(

@@ -13,6 +13,11 @@ for byte under the version's name.
 
 Options are listed by layout (labels.py): letters as ``A. text``; words as ``- word: description``,
 or, for an ordered scale, numbered ``1. text``.
+
+A question the operator labelled may be asked with answered examples (in-context examples): earlier
+turns asking the same question about other documents, each answered ``Answer: <label>`` in the read's
+own labels, ahead of the document. They come before the state, so every read of that question shares
+them as a prefix (a question's reads no longer share the state's prefix with other questions).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import ANSWER_CUE
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -81,28 +88,55 @@ def question_text(
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Shown:
+    """An answered example as a prompt shows it: its document, the question's text in the read's
+    labels, and the label of its answer."""
+
+    state: str
+    question_body: str
+    answer: str
+
+
 def messages(
     state: str,
     question: CompiledQuestion,
     labels: Sequence[str],
     system_role: bool = True,
     words: bool = False,
+    examples: Sequence[Shown] = (),
 ) -> list[dict[str, str]]:
-    """Chat messages for one question; everything before the question text depends only on the state."""
-    return chat(state, question_text(question, labels, words), system_role)
+    """Chat messages for one question; everything before the question text depends only on the
+    examples and the state."""
+    return chat(state, question_text(question, labels, words), system_role, examples)
 
 
 def chat(
-    state: str, question_body: str, system_role: bool = True
+    state: str,
+    question_body: str,
+    system_role: bool = True,
+    examples: Sequence[Shown] = (),
 ) -> list[dict[str, str]]:
-    """The chat around a question's text: the instructions, then the state, then ``question_body``."""
-    user = f"Document:\n{state}\n\n{question_body}"
+    """The chat around a question's text: the instructions, the answered ``examples`` (a user turn and
+    the assistant's answer each), then the state and ``question_body``."""
+    turns = []
+    for shown in examples:
+        turns.append(
+            {"role": "user", "content": user_turn(shown.state, shown.question_body)}
+        )
+        turns.append({"role": "assistant", "content": f"{ANSWER_CUE} {shown.answer}"})
+    turns.append({"role": "user", "content": user_turn(state, question_body)})
     if not system_role:
-        return [{"role": "user", "content": f"{SYSTEM_PROMPT}\n\n{user}"}]
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": user},
-    ]
+        turns[0] = {
+            "role": "user",
+            "content": f"{SYSTEM_PROMPT}\n\n{turns[0]['content']}",
+        }
+        return turns
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *turns]
+
+
+def user_turn(state: str, question_body: str) -> str:
+    return f"Document:\n{state}\n\n{question_body}"
 
 
 def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion:
@@ -116,9 +150,6 @@ def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion
 def probe_rendering() -> str:
     """The probe the render version is a hash of: a question of each type in every layout this module
     renders, both instruction placements, the two-stage check and the answer cue."""
-    from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
-        ANSWER_CUE,
-    )
     from vllm.entrypoints.generate.decisions.decide.prompting.labels import (
         MARKERS,
         word_labels,
@@ -159,6 +190,16 @@ def probe_rendering() -> str:
                     )
                 )
             rendered.append(messages("Probe document.", check, ["A", "B"], system_role))
+            answered = Shown("Probe example.", question_text(question, letters), "B")
+            rendered.append(
+                messages(
+                    "Probe document.",
+                    question,
+                    letters,
+                    system_role,
+                    examples=[answered],
+                )
+            )
     return json.dumps(rendered, ensure_ascii=False)
 
 

@@ -9,8 +9,10 @@ unless the request names one. Calibration's choices apply to the server's own ba
 The temperature follows the scores it divides: the type's calibrated T for the layout and correction
 calibration chose, that pair's own fitted T (scope ``type:layout:mode``) for another, the server-wide
 T where the type has no fits; a question the operator's labels gave a map of its own
-(calibration/question_map.py) gets its scale as a T (scope ``type:question``) and its bias. A
-request's or a configured T overrides them all, as before.
+(calibration/question_map.py) gets its scale as a T (scope ``type:question``) and its bias, and one
+whose in-context examples were kept (calibration/examples.py) is read with them and gets the map
+fitted on such reads (scope ``type:examples``). A request's or a configured T overrides them all,
+as before, and then the question is read without examples.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration.abstention import Ab
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     TypeReads,
     question_key,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
+    QuestionExamples,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
     QuestionMap,
@@ -65,6 +70,8 @@ class Calibrated:
     maps_version: int = 0
     # The saved calibration record's key (None: none saved): run-time maps are saved under it.
     key: Mapping[str, Any] | None = None
+    # Questions' kept in-context examples (with the map fitted on reads with them), by question key.
+    examples: Mapping[str, QuestionExamples] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,8 @@ class Resolved:
     layout: str | None
     temperature: Temperature
     question_map: QuestionMap | None = None
+    # The question's kept in-context examples (then ``question_map`` is the map fitted with them).
+    examples: QuestionExamples | None = None
 
 
 class Corrections:
@@ -108,17 +117,20 @@ class Corrections:
         calibrated: bool = True,
         chosen_reads: Mapping[str, TypeReads] | None = None,
         maps: Mapping[str, QuestionMap] | None = None,
+        examples: Mapping[str, QuestionExamples] | None = None,
     ) -> Resolved:
-        """How ``question`` is read; ``calibrated``: by the backend calibration measured; ``chosen_reads``
-        and ``maps``: the calibration's choices and question maps the request took when it began (else
-        this object's reads and no maps)."""
+        """How ``question`` is read; ``calibrated``: by the backend calibration measured; ``chosen_reads``,
+        ``maps`` and ``examples``: the calibration's choices, question maps and kept in-context examples
+        the request took when it began (else this object's reads and none)."""
         qtype = question.qtype.name
         in_force = self.reads if chosen_reads is None else chosen_reads
         reads = in_force.get(qtype) if calibrated else None
         layout = asked.layout or (reads.layout if reads is not None else None)
         choice, own, key = None, False, None
         if reads is not None:
-            key = question_key(question) if reads.questions or maps else None
+            key = (
+                question_key(question) if reads.questions or maps or examples else None
+            )
             choice, own = reads.for_question(key, layout)
         mode: str = asked.prior or self.setting
         if mode == AUTO:
@@ -144,19 +156,28 @@ class Corrections:
             )
             applied = Temperature(candidate.temperature, "calibrated", scope)
         laid = layout if asked.layout is None and reads is not None else None
-        # A question's own map was fitted on its scores as calibration chose to read them, so it
-        # applies to those reads only, and a T set by the request or the operator overrides it.
-        own_map = (maps or {}).get(key) if key is not None else None
-        if (
-            own_map is not None
+        # A question's own map (and its examples) were fitted on its scores as calibration chose to
+        # read them, so they apply to those reads only, and a T set by the request or the operator
+        # overrides them.
+        correction = Correction(mode, self.cache, bias)
+        if not (
+            key is not None
             and reads is not None
             and layout == reads.layout
             and choice is not None
             and mode == choice.mode
             and applied.source == "calibrated"
         ):
+            return Resolved(correction, laid, applied)
+        if (shown := (examples or {}).get(key)) is not None:
+            shown_map = shown.as_map()
+            applied = Temperature(
+                1.0 / shown_map.scale, "calibrated", f"{qtype}:examples"
+            )
+            return Resolved(correction, laid, applied, shown_map, shown)
+        if (own_map := (maps or {}).get(key)) is not None:
             applied = Temperature(
                 1.0 / own_map.scale, "calibrated", f"{qtype}:question"
             )
-            return Resolved(Correction(mode, self.cache, bias), laid, applied, own_map)
-        return Resolved(Correction(mode, self.cache, bias), laid, applied)
+            return Resolved(correction, laid, applied, own_map)
+        return Resolved(correction, laid, applied)

@@ -56,14 +56,24 @@ def fingerprint(
     qtype: str,
     instructions: str,
     option_texts: Sequence[str],
+    examples: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """What a content-free read depends on: the backend and its options, the prompt's version, and the
-    question as read (its type, criterion and option texts in the order read)."""
+    """What a content-free read depends on: the backend and its options, the prompt's version, the
+    question as read (its type, criterion and option texts in the order read) and the in-context
+    examples ahead of it (input, answer key)."""
     dumped = (
         options.model_dump(mode="json") if isinstance(options, BaseModel) else options
     )
     return json.dumps(
-        [backend, render_version, dumped, qtype, instructions, list(option_texts)],
+        [
+            backend,
+            render_version,
+            dumped,
+            qtype,
+            instructions,
+            list(option_texts),
+            [list(example) for example in examples],
+        ],
         sort_keys=True,
     )
 

@@ -82,6 +82,7 @@ async def prior_read(
         question.qtype.name,
         question.instructions,
         [o.text for o in question.options],
+        [(example.state, example.answer) for example in context.examples],
     )
 
     async def neutral() -> list[float]:

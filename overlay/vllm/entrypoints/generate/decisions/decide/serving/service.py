@@ -293,8 +293,9 @@ class DecisionService:
         reaches backends whose reads draw randomness. Which service answers a request's ``model`` was
         decided in front of this one (runtime/adapters.py).
         """
-        self.readiness.check()
+        # A request over a limit would be refused whenever it came: say so now, not "retry shortly".
         self.check_limits(request)
+        self.readiness.check()
         chosen = await self.backend_named(request.backend, request.request_id)
         overrides = dict(request.backend_options) if request.backend_options else None
         options = chosen.seeded(chosen.request_options(overrides), request.seed)
@@ -393,7 +394,10 @@ class DecisionService:
                 calibrated=backend is self.backend,
                 chosen_reads=calibrated.reads,
                 maps=calibrated.maps,
+                examples=calibrated.examples,
             )
+            if how.examples is not None:
+                context = context.with_examples(how.examples.context())
             plan = plan_read(
                 backend,
                 question,
@@ -456,7 +460,12 @@ class DecisionService:
             prior=done.prior,
             question_map=(
                 plan.question_map.audit([o.key for o in options])
-                if plan.question_map is not None
+                if plan.question_map is not None and how.examples is None
+                else None
+            ),
+            examples=(
+                how.examples.audit([o.key for o in options])
+                if how.examples is not None
                 else None
             ),
         )

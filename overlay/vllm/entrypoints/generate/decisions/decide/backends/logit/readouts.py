@@ -14,6 +14,7 @@ becomes a top-k read rather than failing.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +49,15 @@ from vllm.entrypoints.generate.decisions.decide.prompting.labels import (
     word_labels,
 )
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+    Shown,
     option_check,
     question_text,
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.read_context import (
+    Example,
+    ReadContext,
+)
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
 TOKEN_ID_CAP_HINT = (
@@ -114,21 +119,42 @@ async def labelled_slot(
     state: str,
     question: CompiledQuestion,
     words: bool = False,
+    examples: Sequence[Example] = (),
 ) -> LabelledSlot:
     """The prompt and label tokens of one read: in the question's words where asked and each is one
-    token at its answer slot, else in letters (never a refusal for words that don't fit)."""
+    token at its answer slot, else in letters (never a refusal for words that don't fit); the
+    ``examples`` ahead of the state, answered in the same labels."""
     if words and (labels := word_labels(question)) is not None:
+        body = question_text(question, labels, words=True)
         rendered = await prompts.prompt_ids(
-            state, question_text(question, labels, words=True)
+            state, body, shown(examples, question, body, labels)
         )
         slot = placer.place_words(rendered, labels)
         if slot is not None:
             return LabelledSlot(slot, labels, "words")
     labels = catalog.labels(len(question.options))
-    rendered = await prompts.prompt_ids(state, question_text(question, labels))
+    body = question_text(question, labels)
+    rendered = await prompts.prompt_ids(
+        state, body, shown(examples, question, body, labels)
+    )
     return LabelledSlot(
         placer.place(rendered, labels), labels, LabelCatalog.layout(labels)
     )
+
+
+def shown(
+    examples: Sequence[Example],
+    question: CompiledQuestion,
+    body: str,
+    labels: Sequence[str],
+) -> list[Shown]:
+    """``examples`` as the prompt shows them: the question's text and each answer's label in this
+    read's labels and option order."""
+    keys = [option.key for option in question.options]
+    return [
+        Shown(example.state, body, labels[keys.index(example.answer)])
+        for example in examples
+    ]
 
 
 class ReadoutRunner:
@@ -164,7 +190,13 @@ class ReadoutRunner:
         """The read of ``question`` about ``context.state`` in letters, or in its words where asked and
         they fit; its labels and the layout used."""
         chosen = await labelled_slot(
-            self.prompts, self.placer, self.catalog, context.state, question, words
+            self.prompts,
+            self.placer,
+            self.catalog,
+            context.state,
+            question,
+            words,
+            context.examples,
         )
         slot, labels = chosen.slot, chosen.labels
         limit = self.host.max_model_len
@@ -195,8 +227,13 @@ class ReadoutRunner:
         options = context.options
         fp32 = options.precision == "float32" and self.fp32_reads
         if plan.readout == "two-stage":
+            # Its reads ask other questions (each option alone, then a shortlist): no examples fit them.
             return await self.two_stage(
-                question, plan.logprobs, options.shortlist, context, fp32
+                question,
+                plan.logprobs,
+                options.shortlist,
+                context.with_examples(()),
+                fp32,
             )
         words = (
             options.labels == "words" and plan.readout == "direct" and self.word_reads

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
 from vllm.entrypoints.generate.decisions.decide.host import BackendHost
-from vllm.entrypoints.generate.decisions.decide.prompting.prompt import chat
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import Shown, chat
 
 # Stands in for the question text while the template is rendered; a state containing it is rendered
 # question by question instead.
@@ -144,8 +144,20 @@ class StencilPool:
             if shared.users == 0 and self._shared.get(state) is shared:
                 del self._shared[state]
 
-    async def prompt_ids(self, state: str, question_body: str) -> list[int]:
-        """The rendered prompt of one question, through the shared stencil where there is one."""
+    async def prompt_ids(
+        self, state: str, question_body: str, examples: Sequence[Shown] = ()
+    ) -> list[int]:
+        """The rendered prompt of one question, through the shared stencil where there is one; a
+        question with answered examples is rendered whole (its prefix is its examples, not the state)."""
+        if examples:
+            check_fits(
+                self.host,
+                0,
+                len(state) + sum(len(e.state) + len(e.question_body) for e in examples),
+            )
+            return await self.host.render_chat(
+                chat(state, question_body, self.system_role, examples)
+            )
         async with self.stencil(state) as stencil:
             if stencil is not None:
                 return await stencil.prompt_ids_async(self.host, question_body)
