@@ -8,9 +8,10 @@ scores (the audit's ``prior.adjusted_logits`` where a correction applied, else
 ``backend.option_logits``, in option order) and its type's T (``calibration_temperature``); and, for
 the batch calibration row, each held-out line once more with no correction (accuracy.py's ``off``
 row); and every line of both files as a user's letter read on ``/v1/completions`` (accuracy.py's
-``letters`` row, rendered with the chat template of the ``--model`` folder). The reads are cached in ``--reads FILE`` (keyed by each line's input and question, reused when
-present, so the offline part reruns without a server and a grown labels file asks only its new lines;
-a cache read with another ``--model`` is refused).
+``letters`` row, rendered with the chat template of the ``--model`` folder). The reads are cached in
+``--reads FILE`` (per row, keyed by each line's input and question, reused when present, so the
+offline part reruns without a server, and a grown labels file or a cache from before the letter rows
+asks only what it lacks; a cache read with another ``--model`` is refused).
 
 Then, offline, ``--splits`` seeded draws: each gives the server ``--labels-per-question K`` labelled
 inputs per question (whole groups, drawn at random) and evaluates on every held-out line, which is
