@@ -13,6 +13,8 @@ import pytest
 from tools.quality.accuracy_figures import Reading, metrics, question_id
 from tools.quality.labels import line_key, load_reads, missing
 from tools.quality.labels_figures import (
+    LETTERS,
+    LETTERS_MAP,
     NO_LABELS,
     QUESTION_MAP,
     Lines,
@@ -104,6 +106,23 @@ def test_a_leaning_question_gets_a_kept_map_that_raises_heldout_accuracy():
     assert rows[NO_LABELS]["types"]["noul"]["one_answer"]["mean"] == 1.0
     assert results["labels_drawn"]["mean"] == 20
     assert rows[QUESTION_MAP]["types"]["noul"]["labelled"]["mean"] == 1
+    assert LETTERS not in rows
+
+
+def test_letter_reads_get_the_same_rows_as_ours():
+    """The letter rows are the no-labels and map rows applied to the letter reads: given reads that
+    lean like ours they get our figures, and given flat reads their map lifts them as ours does."""
+    labels = leaning_lines("L", 30, seed=0)
+    heldout = leaning_lines("H", 200, seed=2)
+    same = evaluate(labels, heldout, 2, 20, 0.8, letters=(labels, heldout))["rows"]
+    assert same[LETTERS] == same[NO_LABELS]
+    assert same[LETTERS_MAP] == same[QUESTION_MAP]
+    flat = [Reading([0.0, 0.0], 1.0) for _ in labels.readings]
+    letters = (Lines(labels.items, flat), heldout)
+    rows = evaluate(labels, heldout, 2, 20, 0.8, letters=letters)["rows"]
+    assert rows[LETTERS] == rows[NO_LABELS]  # the held-out letter reads are ours
+    # labels read flat show no lean, so no letter map is kept
+    assert rows[LETTERS_MAP]["types"]["noul"]["maps_kept"]["mean"] == 0
 
 
 def test_a_question_without_labels_is_served_as_it_is():
@@ -194,24 +213,30 @@ def test_abstention_figures():
 def test_reads_cache_asks_only_new_lines():
     labels = leaning_lines("L", 3, seed=0).items
     heldout = leaning_lines("H", 2, seed=0).items
-    reads: dict = {"default": {}, "off": {}}
+    reads: dict = {"default": {}, "off": {}, "letters": {}}
     files = {"labels": labels, "heldout": heldout}
-    assert len(missing(files, reads)) == 3 + 2 + 2
+    assert len(missing(files, reads)) == 3 + 2 + 2 + 3 + 2
     for item in labels + heldout:
         reads["default"][line_key(item)] = {"scores": [0.0, 0.0], "temperature": 1.0}
+        reads["letters"][line_key(item)] = {"scores": [0.0, 0.0], "temperature": 1.0}
     assert [(row, item.id) for row, item in missing(files, reads)] == [
         ("off", item.id) for item in heldout
     ]
     edited = line(LEANING, "yes", "H0", state="another input")
     assert line_key(edited) != line_key(heldout[0])
-    assert len(missing({"labels": [], "heldout": [edited]}, reads)) == 2
+    assert len(missing({"labels": [], "heldout": [edited]}, reads)) == 3
 
 
 def test_reads_of_another_model_are_refused(tmp_path):
     path = tmp_path / "reads.json"
     reads = {"default": {"k": {"scores": [0.0, 1.0], "temperature": 2.0}}, "off": {}}
     path.write_text(json.dumps({"model": "a", "reads": reads}))
-    assert load_reads(str(path), "a") == reads
+    # a cache from before the letter reads: they are asked, the rest reused
+    assert load_reads(str(path), "a") == {**reads, "letters": {}}
     with pytest.raises(SystemExit, match="holds reads of a, not of b"):
         load_reads(str(path), "b")
-    assert load_reads(str(tmp_path / "none.json"), "b") == {"default": {}, "off": {}}
+    assert load_reads(str(tmp_path / "none.json"), "b") == {
+        "default": {},
+        "off": {},
+        "letters": {},
+    }

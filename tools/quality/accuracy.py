@@ -38,6 +38,16 @@ Rows (--rows picks some, by name):
   of the generated tokens' logprobs (the key's tokens and the end of text the grammar allows after
   it), and the remaining mass (at least 1e-6, so a certain wrong answer has a finite log loss) is
   shared equally by the other options. No T: calibrated = raw.
+- ``letters``: the letter-logprob read a user builds on vLLM without our overlay, on the same server:
+  the user renders the prompt themselves with the model folder's chat template (--model;
+  add_generation_prompt), a system turn and one user turn holding the document, the question and its
+  options lettered in option order (``A. key: meaning``, the keys and meanings of ``generation``), and
+  ``Answer with one letter (A-..).``; POST /v1/completions with ``max_tokens`` 1, ``temperature`` 0 and
+  ``logprobs`` 20 (vLLM's default --max-logprobs, the most a server returns unless raised). An option's
+  score is the log of the summed probabilities of its letter with and without a leading space among
+  the first token's top 20; a letter absent from them gets the mass the top 20 leave, shared by the
+  absent letters, at most the least shown token's probability, at least 1e-6 (as ``generation``).
+  No T: calibrated = raw; its probabilities are those scores' softmax over the options.
 - ``upstream`` (with --upstream-port N): upstream vLLM 0.32's own POST /v1/systemone on a server
   already running there, with its request shape (``model``, ``state``, ``questions`` of ``type``,
   ``instructions``, ``criteria``) and its answers' ``probabilities`` (keyed by choice name, ``yes``/
@@ -279,7 +289,7 @@ async def measure(
         httpx.AsyncClient(base_url=url, timeout=600) as ours,
         httpx.AsyncClient(base_url=upstream_url or url, timeout=600) as upstream,
     ):
-        servers = Servers(ours, await served_model(ours))
+        servers = Servers(ours, await served_model(ours), args.model)
         if upstream_url:
             servers.upstream, servers.upstream_model = (
                 upstream,

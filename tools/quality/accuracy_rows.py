@@ -1,6 +1,7 @@
 """What each row of tools/quality/accuracy.py asks, and how its answer becomes one score per option: ours on
-/v1/systemone per read (``OURS``), vLLM's constrained generation, upstream vLLM's /v1/systemone. The
-rows and the figures are described in accuracy.py's docstring."""
+/v1/systemone per read (``OURS``), vLLM's constrained generation, a user's letter read on
+/v1/completions, upstream vLLM's /v1/systemone. The rows and the figures are described in accuracy.py's
+docstring."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from typing import Any
 import httpx
 
 from tools.quality.accuracy_figures import Reading
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.questions import (
-    NOUL,
-    SCORE,
-    CompiledQuestion,
+from tools.quality.letter_read import (
+    MASS_FLOOR,
+    TOP_LOGPROBS,
+    letter_prompt,
+    letter_scores,
+    option_texts,
+    plain_keys,
 )
+from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.questions import SCORE
 
 
 # The rows ours answers: the request's extra block besides "detail".
@@ -39,8 +44,7 @@ OURS = {
     "default": {},
     "rotate": extra("off", debias="rotate"),
 }
-ROWS = [*OURS, "batch", "generation", "upstream"]
-MASS_FLOOR = 1e-6  # generation: the least probability left to the options not generated
+ROWS = [*OURS, "batch", "generation", "letters", "upstream"]
 
 
 class RowRefused(Exception):
@@ -49,15 +53,6 @@ class RowRefused(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(f"{status}: {message}")
         self.status = status
-
-
-def plain_keys(question: CompiledQuestion) -> list[str]:
-    """The options as a user writes them: ``yes``/``no``, the choice values, a score's level numbers."""
-    if question.qtype is NOUL:
-        return ["yes", "no"]
-    if question.qtype is SCORE:
-        return [option.key for option in question.options]
-    return [option.label for option in question.options]
 
 
 # --- the rows' requests -----------------------------------------------------------------------
@@ -116,15 +111,12 @@ async def ask_ours(
 def chat_prompt(item: question_file.LabelledQuestion) -> str:
     """The question in plain words, as a user would ask it in a chat."""
     question = item.question
-    keys = plain_keys(question)
     lines = [f"Input:\n{item.state}", ""]
     if question.instructions:
         lines.append(f"Question: {question.instructions}")
     lines.append("Levels, lowest first:" if question.qtype is SCORE else "Options:")
-    for key, option in zip(keys, question.options, strict=True):
-        meaning = option.label if question.qtype is SCORE else option.description
-        lines.append(f"- {key}: {meaning}" if meaning else f"- {key}")
-    lines.append("Answer with one of: " + ", ".join(keys))
+    lines += [f"- {text}" for text in option_texts(question)]
+    lines.append("Answer with one of: " + ", ".join(plain_keys(question)))
     return "\n".join(lines)
 
 
@@ -153,7 +145,7 @@ async def ask_generation(
         # A token is at least one character; one more for the end of text.
         "max_tokens": max(len(k) for k in keys) + 1,
         "logprobs": True,
-        "top_logprobs": 20,
+        "top_logprobs": TOP_LOGPROBS,
         "structured_outputs": {"choice": keys},
     }
     choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
@@ -163,6 +155,24 @@ async def ask_generation(
             choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys
         )
     )
+
+
+async def ask_letters(
+    http: httpx.AsyncClient,
+    item: question_file.LabelledQuestion,
+    model: str,
+    model_path: str,
+) -> Reading:
+    body = {
+        "model": model,
+        "prompt": letter_prompt(item, model_path),
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": TOP_LOGPROBS,
+    }
+    choice = (await post(http, "/v1/completions", body))["choices"][0]
+    top = choice["logprobs"]["top_logprobs"][0]
+    return Reading(letter_scores(top, len(item.question.options)))
 
 
 async def ask_upstream(
@@ -182,10 +192,12 @@ async def ask_upstream(
 
 @dataclass
 class Servers:
-    """The clients the rows ask through, and the model names their servers serve."""
+    """The clients the rows ask through, the model names their servers serve, and the served model's
+    folder (whose chat template the letters row renders with)."""
 
     ours: httpx.AsyncClient
     model: str
+    model_path: str = ""
     upstream: httpx.AsyncClient | None = None
     upstream_model: str = ""
 
@@ -194,6 +206,8 @@ class Servers:
             return await ask_ours(self.ours, item, OURS[row])
         if row == "generation":
             return await ask_generation(self.ours, item, self.model)
+        if row == "letters":
+            return await ask_letters(self.ours, item, self.model, self.model_path)
         if row == "upstream" and self.upstream is not None:
             return await ask_upstream(self.upstream, item, self.upstream_model)
         raise ValueError(f"no requests for row {row!r}")

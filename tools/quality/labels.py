@@ -7,9 +7,11 @@ server every line of the labels file and of the held-out set once (``/v1/systemo
 scores (the audit's ``prior.adjusted_logits`` where a correction applied, else
 ``backend.option_logits``, in option order) and its type's T (``calibration_temperature``); and, for
 the batch calibration row, each held-out line once more with no correction (accuracy.py's ``off``
-row). The reads are cached in ``--reads FILE`` (keyed by each line's input and question, reused when
-present, so the offline part reruns without a server and a grown labels file asks only its new lines;
-a cache read with another ``--model`` is refused).
+row); and every line of both files as a user's letter read on ``/v1/completions`` (accuracy.py's
+``letters`` row, rendered with the chat template of the ``--model`` folder). The reads are cached in
+``--reads FILE`` (per row, keyed by each line's input and question, reused when present, so the
+offline part reruns without a server, and a grown labels file or a cache from before the letter rows
+asks only what it lacks; a cache read with another ``--model`` is refused).
 
 Then, offline, ``--splits`` seeded draws: each gives the server ``--labels-per-question K`` labelled
 inputs per question (whole groups, drawn at random) and evaluates on every held-out line, which is
@@ -21,10 +23,14 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
   map where the keep rule kept it, else as in ``no labels``;
 - ``batch calibration``: accuracy.py's batch row on the held-out lines' uncorrected reads (each answer's
   log-softmax minus the mean over the held-out answers to its question): needs the whole batch first
-  and no labels, so it does not vary with the split.
-
-The letter-logprob read a user would write on ``/v1/completions`` is not a row: accuracy.py has no such
-read (its ``generation`` row is constrained generation on chat completions).
+  and no labels, so it does not vary with the split;
+- ``letter logprobs``: the read a user builds on vLLM without our overlay (accuracy.py's ``letters``
+  row: their own chat template render, one token from /v1/completions, the option letters' top-20
+  log-probabilities), every line of both files read once more that way, served as read
+  (softmax(scores), T = 1);
+- ``letter logprobs -> per-question map``: the map row's fitting on the letter reads of the drawn labels
+  (scale 1: the letter reads have no T); abstention as for the map row: what labels buy a user's own
+  read.
 
 Figures, on the held-out lines: accuracy (the served top option), the majority answer (each held-out
 question's most common answer; a bar, it has seen the labels), mean accuracy per question, log loss,
@@ -72,8 +78,15 @@ from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 
 DEFAULT_LABELS = str(Path(__file__).parent / "data" / "labels.jsonl")
 # The rows asked of the server: the default reads of both files, the uncorrected ones of the held-out
-# set (for batch calibration).
-ASKED = (("default", "labels"), ("default", "heldout"), ("off", "heldout"))
+# set (for batch calibration), a user's letter reads of both files.
+ASKED = (
+    ("default", "labels"),
+    ("default", "heldout"),
+    ("off", "heldout"),
+    ("letters", "labels"),
+    ("letters", "heldout"),
+)
+CACHED = ("default", "off", "letters")
 
 
 def line_key(item: question_file.LabelledQuestion) -> str:
@@ -83,17 +96,17 @@ def line_key(item: question_file.LabelledQuestion) -> str:
 
 
 def load_reads(path: str | None, model: str) -> dict[str, dict[str, Any]]:
-    """The cached reads per row (``default``, ``off``), each keyed by line_key; a cache another
-    model's server read is refused, so two models' reads never mix."""
+    """The cached reads per row (CACHED), each keyed by line_key; a cache another model's server read
+    is refused, so two models' reads never mix."""
     if not path or not Path(path).exists():
-        return {"default": {}, "off": {}}
+        return {row: {} for row in CACHED}
     cached = json.loads(Path(path).read_text())
     if cached.get("model") != model:
         raise SystemExit(
             f"labels.py: {path} holds reads of {cached.get('model')}, not of {model} "
             "(--model names the model, also with --port)"
         )
-    return {row: cached["reads"].get(row, {}) for row in ("default", "off")}
+    return {row: cached["reads"].get(row, {}) for row in CACHED}
 
 
 def as_reading(record: dict[str, Any] | None) -> Reading:
@@ -126,13 +139,14 @@ async def ask(
     todo: list[tuple[str, question_file.LabelledQuestion]],
     reads: dict[str, dict[str, Any]],
     concurrency: int,
+    model_path: str,
 ) -> None:
     """Ask each (row, line) once; record its answer or its error in ``reads``."""
     await wait_ready(url)
     print(f"asking {len(todo)} reads", file=sys.stderr)
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
-        servers = Servers(http, await served_model(http))
+        servers = Servers(http, await served_model(http), model_path)
 
         async def one(row: str, item: question_file.LabelledQuestion) -> None:
             async with gate:
@@ -210,7 +224,7 @@ def main() -> int:
     if todo:
         try:
             with target(args, args.serve_port, calibrated_env(args)) as (url, _):
-                asyncio.run(ask(url, todo, reads, args.concurrency))
+                asyncio.run(ask(url, todo, reads, args.concurrency, args.model))
         finally:
             if args.reads:
                 Path(args.reads).write_text(
@@ -225,6 +239,10 @@ def main() -> int:
         args.precision,
         args.seed,
         off=lines(files["heldout"], reads["off"]).readings,
+        letters=(
+            lines(files["labels"], reads["letters"]),
+            lines(files["heldout"], reads["letters"]),
+        ),
     )
     names = question_names(files["heldout"])
     results.update(

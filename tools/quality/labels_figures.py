@@ -1,5 +1,6 @@
 """The offline part of tools/quality/labels.py: from cached reads of an operator's labels and of the
-held-out set, what each row would serve on the held-out inputs, split by split, and its figures.
+held-out set (ours, and a user's letter reads), what each row would serve on the held-out inputs, split
+by split, and its figures.
 
 Pure functions over question_file lines and accuracy_figures readings: testable without a server.
 """
@@ -41,6 +42,8 @@ from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 NO_LABELS = "no labels"
 QUESTION_MAP = "labels -> per-question map"
 BATCH = "batch calibration"
+LETTERS = "letter logprobs"
+LETTERS_MAP = "letter logprobs -> per-question map"
 Item = question_file.LabelledQuestion
 
 
@@ -279,6 +282,32 @@ def summary(values: Sequence[Any]) -> Any:
     }
 
 
+def split_figures(
+    labels: Lines,
+    heldout: Lines,
+    chosen: Sequence[int],
+    precision: float,
+    seed: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One split's figures for one read: as read (abstention fitted on the drawn labels as read), and
+    under the maps fitted on the drawn labels (abstention fitted on their cross-validated reads)."""
+    given = [labels.items[i] for i in chosen if not labels.readings[i].error]
+    plain = [labels.readings[i] for i in chosen if not labels.readings[i].error]
+    as_read = figures(
+        heldout, heldout.readings, seed, fit_rules(given, plain, precision)
+    )
+    maps = fit_maps(labels, chosen)
+    validated = cross_validated(labels, chosen)
+    mapped = figures(
+        heldout,
+        with_maps(heldout, maps),
+        seed,
+        fit_rules(validated.items, validated.readings, precision),
+        maps,
+    )
+    return as_read, mapped
+
+
 def evaluate(
     labels: Lines,
     heldout: Lines,
@@ -287,35 +316,25 @@ def evaluate(
     precision: float,
     seed: int = 0,
     off: list[Reading] | None = None,
+    letters: tuple[Lines, Lines] | None = None,
 ) -> dict[str, Any]:
     """Every row's figures, mean and spread over ``splits`` seeded draws of the labels; ``off`` (the
-    held-out lines read with no correction) adds the batch calibration row."""
-    rows: dict[str, list[dict[str, Any]]] = {NO_LABELS: [], QUESTION_MAP: []}
+    held-out lines read with no correction) adds the batch calibration row, ``letters`` (the user's
+    letter reads of the labels and the held-out lines, in the same order) the two letter rows."""
+    reads = {(NO_LABELS, QUESTION_MAP): (labels, heldout)}
+    if letters is not None:
+        reads[(LETTERS, LETTERS_MAP)] = letters
+    rows: dict[str, list[dict[str, Any]]] = {
+        name: [] for pair in reads for name in pair
+    }
     drawn = []
     for split in range(splits):
         chosen = draw_labels(labels.items, per_question, f"{seed}-{split}")
         drawn.append(len(chosen))
-        given = [labels.items[i] for i in chosen if not labels.readings[i].error]
-        plain = [labels.readings[i] for i in chosen if not labels.readings[i].error]
-        rows[NO_LABELS].append(
-            figures(
-                heldout,
-                heldout.readings,
-                seed,
-                fit_rules(given, plain, precision),
-            )
-        )
-        maps = fit_maps(labels, chosen)
-        validated = cross_validated(labels, chosen)
-        rows[QUESTION_MAP].append(
-            figures(
-                heldout,
-                with_maps(heldout, maps),
-                seed,
-                fit_rules(validated.items, validated.readings, precision),
-                maps,
-            )
-        )
+        for (as_read, mapped), (given, asked) in reads.items():
+            figures_ = split_figures(given, asked, chosen, precision, seed)
+            rows[as_read].append(figures_[0])
+            rows[mapped].append(figures_[1])
     results: dict[str, Any] = {
         "rows": {name: summary(values) for name, values in rows.items()},
         "majority": majority(heldout.items),
