@@ -215,3 +215,22 @@ async def test_calibration_keeps_examples_where_they_help_and_the_service_asks_w
     assert set(record) == {question_key(priority), question_key(team)}
     again = await startup_calibration(backend, configured, MODEL)
     assert again.examples == calibrated.examples
+
+
+class FailsWithExamples(ReadsBetterWithExamples):
+    """A backend whose reads with examples fail in a way no refusal covers."""
+
+    async def read(self, question, context: ReadContext) -> Reading:
+        if context.examples:
+            raise RuntimeError("the engine fell over")
+        return await super().read(question, context)
+
+
+async def test_a_fault_while_measuring_examples_costs_the_examples_not_the_calibration(
+    tmp_path, caplog
+):
+    configured = settings(tmp_path, write_labels(tmp_path / "labels.jsonl"), examples=4)
+    calibrated = await startup_calibration(FailsWithExamples(), configured, MODEL)
+    assert calibrated.stage == "full" and calibrated.examples == {}
+    assert calibrated.temperatures.server.source == "calibrated"
+    assert "in-context examples not measured" in caplog.text

@@ -38,6 +38,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.question_map import 
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
 )
+from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     Example,
@@ -160,12 +161,17 @@ async def with_examples(
         len(asked),
         count,
     )
-    measured = await asyncio.gather(
-        *(
-            measure(key, rows, count, reader, fits, temperatures)
-            for key, rows in asked.items()
+    try:
+        measured = await gather_or_cancel(
+            [
+                measure(key, rows, count, reader, fits, temperatures)
+                for key, rows in asked.items()
+            ]
         )
-    )
+    except Exception:
+        # The calibration is fitted already: a fault here costs the examples, not the calibration.
+        logger.exception("decision calibration: in-context examples not measured")
+        return record
     examples = {
         key: m.model_dump(mode="json")
         for key, m in zip(asked, measured, strict=True)
