@@ -73,8 +73,25 @@ from tools.quality.accuracy import (
 )
 from tools.quality.accuracy_figures import Reading, question_id
 from tools.quality.accuracy_rows import RowRefused, Servers
-from tools.quality.labels_figures import Lines, evaluate, question_names, table
+from tools.quality.labels_examples import (
+    CachedReader,
+    NotRead,
+    choose_questions,
+    engine_reader,
+    examples_rows,
+)
+from tools.quality.labels_figures import (
+    Lines,
+    evaluate,
+    question_names,
+    summary,
+    table,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.calibration.results import (
+    CalibrationRecord,
+)
+from vllm.entrypoints.generate.decisions.runtime.examples_pass import ShownReader
 
 DEFAULT_LABELS = str(Path(__file__).parent / "data" / "labels.jsonl")
 # The rows asked of the server: the default reads of both files, the uncorrected ones of the held-out
@@ -86,7 +103,7 @@ ASKED = (
     ("letters", "labels"),
     ("letters", "heldout"),
 )
-CACHED = ("default", "off", "letters")
+CACHED = ("default", "off", "letters", "shown")
 
 
 def line_key(item: question_file.LabelledQuestion) -> str:
@@ -177,6 +194,50 @@ def lines(items: list[question_file.LabelledQuestion], reads: dict[str, Any]) ->
     return Lines(items, [as_reading(reads.get(line_key(item))) for item in items])
 
 
+def example_rows(
+    args: argparse.Namespace,
+    files: dict[str, list[question_file.LabelledQuestion]],
+    reads: dict[str, dict[str, Any]],
+    labels: Lines,
+) -> dict[str, Any]:
+    """The in-context example rows (labels_examples.py): from the cached reads with examples where
+    they are all there, else with an in-process engine asking what the cache lacks."""
+    if not args.saved_calibration:
+        raise SystemExit("labels.py: --examples needs --saved-calibration")
+    fits = CalibrationRecord.model_validate(
+        json.loads(Path(args.saved_calibration).read_text())
+    )
+    heldout = lines(files["heldout"], reads["default"])
+    questions = choose_questions(heldout.items, args.examples_questions)
+
+    async def rows(reader: ShownReader | None) -> dict[str, list[dict[str, Any]]]:
+        cached = CachedReader(reads["shown"], reader, line_key)
+        try:
+            return await examples_rows(
+                labels,
+                heldout,
+                args.splits,
+                args.labels_per_question,
+                args.examples,
+                cached,
+                fits,
+                args.seed,
+                questions,
+            )
+        finally:
+            print(f"{cached.asked} reads with examples asked", file=sys.stderr)
+
+    async def with_engine() -> dict[str, list[dict[str, Any]]]:
+        async with engine_reader(args.model, args.dtype) as reader:
+            return await rows(reader)
+
+    try:
+        measured = asyncio.run(rows(None))
+    except NotRead:
+        measured = asyncio.run(with_engine())
+    return {name: summary(values) for name, values in measured.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -205,6 +266,22 @@ def main() -> int:
         type=float,
         default=0.8,
         help="the precision abstention is fitted for (%(default)s)",
+    )
+    parser.add_argument(
+        "--examples",
+        type=int,
+        default=0,
+        help="in-context examples per question: adds the example rows, read in process (0: off)",
+    )
+    parser.add_argument(
+        "--saved-calibration",
+        help="with --examples: the calibration record whose layouts and corrections the reads "
+        "with examples use (the one the cached plain reads were served with)",
+    )
+    parser.add_argument(
+        "--examples-questions",
+        type=int,
+        help="with --examples: measure examples on only this many questions (in turn per type)",
     )
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--json", help="write every figure here")
@@ -244,6 +321,18 @@ def main() -> int:
             lines(files["heldout"], reads["letters"]),
         ),
     )
+    if args.examples:
+        try:
+            results["rows"].update(
+                example_rows(
+                    args, files, reads, lines(files["labels"], reads["default"])
+                )
+            )
+        finally:
+            if args.reads:
+                Path(args.reads).write_text(
+                    json.dumps({"model": args.model, "reads": reads}) + "\n"
+                )
     names = question_names(files["heldout"])
     results.update(
         command=command,

@@ -1,0 +1,283 @@
+"""labels.py's in-context example rows: what a question's own labelled inputs shown ahead of the input
+buy, measured split by split as the server measures them.
+
+Examples change the reads themselves, so unlike the map rows these need the engine once per split:
+per question, each drawn label is read again with examples from the other folds of the drawn labels
+and the examples are measured against its plain read (runtime/examples_pass.measure, the server's own
+code, through its ShownReader), then each held-out line of the question is read with the examples the
+server would serve (picked from all the drawn labels). The reads are cached by line and examples
+(``shown_key``), so a rerun, or the offline figures, ask nothing twice.
+
+Rows: ``labels -> in-context examples`` serves a held-out line with its question's examples and their
+map where the keep rule kept them, else as the map row does; ``in-context examples, always`` serves
+every measured question with its examples and the map fitted on the reads with them, no keep rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tools.quality.accuracy_figures import Reading, question_id
+from tools.quality.labels_figures import (
+    Item,
+    Lines,
+    draw_labels,
+    figures,
+    fit_maps,
+    served,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
+    TypeReads,
+    question_key,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
+    QuestionExamples,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    MIN_LABELS,
+    QuestionMap,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.results import (
+    CalibrationRecord,
+)
+from vllm.entrypoints.generate.decisions.decide.read_context import Example
+from vllm.entrypoints.generate.decisions.runtime.examples_pass import (
+    ShownReader,
+    measure,
+)
+
+EXAMPLES = "labels -> in-context examples"
+ALWAYS = "in-context examples, always"
+
+
+class NotRead(LookupError):
+    """A read with examples the cache lacks, asked for where no engine is at hand."""
+
+
+def shown_key(line: str, examples: Sequence[Example]) -> str:
+    """A read's cache key: the line's (labels.line_key) and the examples shown with it, in order."""
+    text = json.dumps(
+        [line, [[e.state, e.answer] for e in examples]], ensure_ascii=False
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class CachedReader(ShownReader):
+    """The server's ShownReader behind a cache of its reads (``store``, keyed by ``shown_key``);
+    ``inner`` None: the cache alone (NotRead where it lacks a read)."""
+
+    def __init__(
+        self,
+        store: dict[str, Any],
+        inner: ShownReader | None,
+        line_key: Any,
+    ) -> None:
+        self.store = store
+        self.inner = inner
+        self.line_key = line_key
+        self.asked = 0
+
+    async def scores(
+        self,
+        reads: dict[str, TypeReads],
+        item: Item,
+        examples: tuple[Example, ...],
+    ) -> list[float] | None:
+        key = shown_key(self.line_key(item), examples)
+        if key not in self.store:
+            if self.inner is None:
+                raise NotRead(key)
+            self.store[key] = {"scores": await self.inner.scores(reads, item, examples)}
+            self.asked += 1
+            if self.asked % 50 == 0:
+                print(f"{self.asked} reads with examples", file=sys.stderr)
+        return self.store[key]["scores"]
+
+
+@dataclass
+class SplitExamples:
+    """One split's measured examples per question (None: a read with them was refused) and each
+    held-out line's reading with its question's served examples (under their map)."""
+
+    measured: dict[str, QuestionExamples | None] = field(default_factory=dict)
+    shown: dict[int, Reading] = field(default_factory=dict)
+
+
+async def split_examples(
+    labels: Lines,
+    heldout: Lines,
+    chosen: Sequence[int],
+    count: int,
+    reader: ShownReader,
+    fits: CalibrationRecord,
+    questions: set[str] | None = None,
+) -> SplitExamples:
+    """Per question (of ``questions``, else all) with at least MIN_LABELS answered drawn labels from
+    two groups or more, as the server asks: its examples measured on the drawn labels' plain
+    (corrected) scores, then every held-out line of it read with the served examples."""
+    rows: dict[str, list[int]] = {}
+    for i in chosen:
+        if not labels.readings[i].error:
+            rows.setdefault(question_id(labels.items[i]), []).append(i)
+    out = SplitExamples()
+    temperatures = fits.temperatures()
+
+    async def one(question: str, indices: list[int]) -> None:
+        measured = await measure(
+            question_key(labels.items[indices[0]].question),
+            [(labels.items[i], labels.readings[i].scores) for i in indices],
+            count,
+            reader,
+            fits,
+            temperatures,
+        )
+        out.measured[question] = measured
+        if measured is None:
+            return
+        shown_map = measured.as_map()
+        asked = [
+            h for h, item in enumerate(heldout.items) if question_id(item) == question
+        ]
+        reads = await asyncio.gather(
+            *(
+                reader.scores(fits.reads, heldout.items[h], measured.context())
+                for h in asked
+            )
+        )
+        for h, scores in zip(asked, reads, strict=True):
+            out.shown[h] = (
+                Reading([], error="refused with examples")
+                if scores is None
+                else Reading(shown_map.log_probabilities(scores), 1.0)
+            )
+
+    await asyncio.gather(
+        *(
+            one(question, indices)
+            for question, indices in rows.items()
+            if (questions is None or question in questions)
+            and len(indices) >= MIN_LABELS
+            and len({labels.items[i].group for i in indices}) > 1
+        )
+    )
+    return out
+
+
+def examples_readings(
+    heldout: Lines,
+    maps: dict[str, QuestionMap | None],
+    split: SplitExamples,
+    always: bool,
+) -> list[Reading]:
+    """The held-out lines as a row serves them: read with examples where its question's were kept
+    (``always``: measured), else as the map row serves them."""
+    out = []
+    for h, (item, reading) in enumerate(
+        zip(heldout.items, heldout.readings, strict=True)
+    ):
+        measured = split.measured.get(question_id(item))
+        use = measured is not None and (always or measured.kept)
+        out.append(
+            split.shown[h] if use else served(reading, maps.get(question_id(item)))
+        )
+    return out
+
+
+def as_maps(split: SplitExamples, always: bool) -> dict[str, QuestionMap | None]:
+    """The split's examples as figures() counts maps: one per measured question, kept or not."""
+    return {
+        q: (m.as_map() if m is not None and (always or m.kept) else None)
+        for q, m in split.measured.items()
+    }
+
+
+def choose_questions(items: Sequence[Item], limit: int | None) -> set[str] | None:
+    """The first ``limit`` questions of the held-out file taken in turn from each type (None: all):
+    a cheaper measurement that still covers every type."""
+    if limit is None:
+        return None
+    by_type: dict[str, list[str]] = {}
+    for item in items:
+        queue = by_type.setdefault(item.question.qtype.name, [])
+        if question_id(item) not in queue:
+            queue.append(question_id(item))
+    chosen: list[str] = []
+    while len(chosen) < limit and any(by_type.values()):
+        for queue in by_type.values():
+            if queue and len(chosen) < limit:
+                chosen.append(queue.pop(0))
+    return set(chosen)
+
+
+async def examples_rows(
+    labels: Lines,
+    heldout: Lines,
+    splits: int,
+    per_question: int,
+    count: int,
+    reader: ShownReader,
+    fits: CalibrationRecord,
+    seed: int = 0,
+    questions: set[str] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Both example rows' figures per split (the splits labels_figures.evaluate draws), with no
+    abstention figures: those would need cross-validated reads with examples of the labels."""
+    rows: dict[str, list[dict[str, Any]]] = {EXAMPLES: [], ALWAYS: []}
+    for split in range(splits):
+        chosen = draw_labels(labels.items, per_question, f"{seed}-{split}")
+        measured = await split_examples(
+            labels, heldout, chosen, count, reader, fits, questions
+        )
+        maps = fit_maps(labels, chosen)
+        for name, always in ((EXAMPLES, False), (ALWAYS, True)):
+            rows[name].append(
+                figures(
+                    heldout,
+                    examples_readings(heldout, maps, measured, always),
+                    seed,
+                    maps=as_maps(measured, always),
+                )
+            )
+    return rows
+
+
+@contextlib.asynccontextmanager
+async def engine_reader(model: str, dtype: str) -> AsyncIterator[ShownReader]:
+    """The server's ShownReader over an in-process engine started as the tools' servers are (their
+    engine arguments) and the decision service over it with calibration off: the saved record's reads
+    choose each type's layout and correction, as they did for the cached plain reads."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.generate.decisions.bulk import Decisions
+    from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    os.environ["VLLM_TYPED_DECISIONS_CALIBRATION"] = "off"
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=model,
+            dtype=dtype,
+            max_model_len=8192,
+            enable_prefix_caching=True,
+            enforce_eager=True,
+            block_size=32,
+        )
+    )
+    try:
+        decisions = await Decisions.start(engine, served_model="m")
+        backend = decisions.service.backend
+        yield ShownReader(
+            backend,
+            decisions.service.settings.debias,
+            PriorCache(1024),
+            backend.compared_layouts() or (None,),
+        )
+    finally:
+        engine.shutdown()
