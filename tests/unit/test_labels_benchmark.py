@@ -232,11 +232,12 @@ def test_reads_of_another_model_are_refused(tmp_path):
     reads = {"default": {"k": {"scores": [0.0, 1.0], "temperature": 2.0}}, "off": {}}
     path.write_text(json.dumps({"model": "a", "reads": reads}))
     # a cache from before the letter reads: they are asked, the rest reused
-    assert load_reads(str(path), "a") == {**reads, "letters": {}}
+    assert load_reads(str(path), "a") == {**reads, "letters": {}, "shown": {}}
     with pytest.raises(SystemExit, match="holds reads of a, not of b"):
         load_reads(str(path), "b")
     assert load_reads(str(tmp_path / "none.json"), "b") == {
         "default": {},
         "off": {},
         "letters": {},
+        "shown": {},
     }

@@ -47,7 +47,8 @@ class FakeReader(ShownReader):
     async def scores(self, reads, item, examples):
         self.seen.append((item.state, examples))
         yes = sum(e.answer == "yes" for e in examples)
-        return [0.1 * yes + random.Random(item.state).gauss(0, 1), 0.0]
+        rest = [0.0] * (len(item.question.options) - 1)
+        return [0.1 * yes + random.Random(item.state).gauss(0, 1), *rest]
 
 
 def lines(prefix: str, count: int) -> Lines:
@@ -103,8 +104,6 @@ def test_no_line_is_read_with_itself_among_its_examples():
     always = examples_readings(heldout, maps, split, always=True)
     for h, reading in enumerate(heldout.readings):
         question = next(iter(maps))
-        expected = (
-            split.shown[h] if measured.kept else served(reading, maps[question])
-        )
+        expected = split.shown[h] if measured.kept else served(reading, maps[question])
         assert readings[h] == expected
         assert always[h] == split.shown[h]

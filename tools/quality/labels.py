@@ -79,6 +79,7 @@ from tools.quality.labels_examples import (
     choose_questions,
     engine_reader,
     examples_rows,
+    plain_drift,
 )
 from tools.quality.labels_figures import (
     Lines,
@@ -204,8 +205,13 @@ def example_rows(
     they are all there, else with an in-process engine asking what the cache lacks."""
     if not args.saved_calibration:
         raise SystemExit("labels.py: --examples needs --saved-calibration")
-    fits = CalibrationRecord.model_validate(
-        json.loads(Path(args.saved_calibration).read_text())
+    saved = json.loads(Path(args.saved_calibration).read_text())
+    fits = CalibrationRecord.model_validate(saved)
+    key = saved.get("key", {})
+    print(
+        f"saved calibration: render version {key.get('render_version')}, "
+        f"debias {key.get('debias')}",
+        file=sys.stderr,
     )
     heldout = lines(files["heldout"], reads["default"])
     questions = choose_questions(heldout.items, args.examples_questions)
@@ -229,6 +235,11 @@ def example_rows(
 
     async def with_engine() -> dict[str, list[dict[str, Any]]]:
         async with engine_reader(args.model, args.dtype) as reader:
+            drift = await plain_drift(labels, reader, fits)
+            print(
+                f"plain reads now vs cached: largest difference {drift:.2e}",
+                file=sys.stderr,
+            )
             return await rows(reader)
 
     try:

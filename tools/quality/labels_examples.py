@@ -199,6 +199,30 @@ def as_maps(split: SplitExamples, always: bool) -> dict[str, QuestionMap | None]
     }
 
 
+async def plain_drift(
+    labels: Lines, reader: ShownReader, fits: CalibrationRecord, per_type: int = 2
+) -> float:
+    """The largest score difference between the cached plain reads and the same lines read now with
+    no examples (the first ``per_type`` answered labels of each type): a check that the reads with
+    examples are compared with reads the engine would still give."""
+    picked: dict[str, list[int]] = {}
+    for i, (item, reading) in enumerate(
+        zip(labels.items, labels.readings, strict=True)
+    ):
+        kind = picked.setdefault(item.question.qtype.name, [])
+        if not reading.error and len(kind) < per_type:
+            kind.append(i)
+    indices = [i for kind in picked.values() for i in kind]
+    now = await asyncio.gather(
+        *(reader.scores(fits.reads, labels.items[i], ()) for i in indices)
+    )
+    return max(
+        max(abs(a - b) for a, b in zip(scores, labels.readings[i].scores, strict=True))
+        for i, scores in zip(indices, now, strict=True)
+        if scores is not None
+    )
+
+
 def choose_questions(items: Sequence[Item], limit: int | None) -> set[str] | None:
     """The first ``limit`` questions of the held-out file taken in turn from each type (None: all):
     a cheaper measurement that still covers every type."""
@@ -273,6 +297,11 @@ async def engine_reader(model: str, dtype: str) -> AsyncIterator[ShownReader]:
     try:
         decisions = await Decisions.start(engine, served_model="m")
         backend = decisions.service.backend
+        print(
+            f"engine: render version {backend.render_version}, "
+            f"debias {decisions.service.settings.debias}",
+            file=sys.stderr,
+        )
         yield ShownReader(
             backend,
             decisions.service.settings.debias,
