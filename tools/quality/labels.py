@@ -31,6 +31,15 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
 - ``letter logprobs -> per-question map``: the map row's fitting on the letter reads of the drawn labels
   (scale 1: the letter reads have no T); abstention as for the map row: what labels buy a user's own
   read.
+- ``labels -> in-context examples`` and ``in-context examples, always`` (with ``--examples N``;
+  labels_examples.py): per question, the drawn labels read again with examples from the other folds,
+  measured against their plain reads (``runtime/examples_pass.measure``, the server's own code), then
+  the held-out lines read with the examples the server would serve; the first row serves those reads
+  (under the examples' map) where the keep rule kept them, else as the map row; the second for every
+  measured question. These reads need the engine per split: started in process (calibration off) with
+  the layouts and corrections of ``--saved-calibration`` (the record the cached plain reads were served
+  under), cached in ``--reads`` by line and examples; ``--examples-questions N`` limits them to N
+  questions taken in turn per type. No abstention figures for them.
 
 Figures, on the held-out lines: accuracy (the served top option), the majority answer (each held-out
 question's most common answer; a bar, it has seen the labels), mean accuracy per question, log loss,
@@ -45,6 +54,8 @@ held-out answers below it (abstains) and the accuracy of the rest (precision).
 usage: python -m tools.quality.labels [--model PATH] [--port N] [--labels FILE] [--heldout FILE]
                                       [--reads FILE] [--splits N] [--labels-per-question K]
                                       [--precision P] [--json OUT] [--seed N]
+                                      [--examples N --saved-calibration FILE]
+                                      [--examples-questions N]
 """
 
 from __future__ import annotations
