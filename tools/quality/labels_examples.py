@@ -296,15 +296,16 @@ async def engine_reader(model: str, dtype: str) -> AsyncIterator[ShownReader]:
     )
     try:
         decisions = await Decisions.start(engine, served_model="m")
-        backend = decisions.service.backend
+        service = decisions.service.base
+        backend = service.backend
         print(
             f"engine: render version {backend.render_version}, "
-            f"debias {decisions.service.settings.debias}",
+            f"debias {service.settings.debias}",
             file=sys.stderr,
         )
         yield ShownReader(
             backend,
-            decisions.service.settings.debias,
+            service.settings.debias,
             PriorCache(1024),
             backend.compared_layouts() or (None,),
         )
