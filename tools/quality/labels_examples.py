@@ -142,7 +142,7 @@ async def split_examples(
         out.measured[question] = measured
         if measured is None:
             return
-        shown_map = measured.as_map()
+        shown_map = measured.map
         asked = [
             h for h, item in enumerate(heldout.items) if question_id(item) == question
         ]
@@ -194,7 +194,7 @@ def examples_readings(
 def as_maps(split: SplitExamples, always: bool) -> dict[str, QuestionMap | None]:
     """The split's examples as figures() counts maps: one per measured question, kept or not."""
     return {
-        q: (m.as_map() if m is not None and (always or m.kept) else None)
+        q: (m.map if m is not None and (always or m.kept) else None)
         for q, m in split.measured.items()
     }
 
@@ -280,7 +280,6 @@ async def engine_reader(model: str, dtype: str) -> AsyncIterator[ShownReader]:
     choose each type's layout and correction, as they did for the cached plain reads."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.generate.decisions.bulk import Decisions
-    from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
     from vllm.v1.engine.async_llm import AsyncLLM
 
     os.environ["VLLM_TYPED_DECISIONS_CALIBRATION"] = "off"
@@ -303,11 +302,6 @@ async def engine_reader(model: str, dtype: str) -> AsyncIterator[ShownReader]:
             f"debias {service.settings.debias}",
             file=sys.stderr,
         )
-        yield ShownReader(
-            backend,
-            service.settings.debias,
-            PriorCache(1024),
-            backend.compared_layouts() or (None,),
-        )
+        yield ShownReader(backend, service.settings.debias, service.settings.prior)
     finally:
         engine.shutdown()

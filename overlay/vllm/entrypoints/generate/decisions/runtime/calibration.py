@@ -29,6 +29,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.results import (
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.prior_modes import (
     AUTO,
+    PriorSetting,
     uses_content_free,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
@@ -379,7 +380,7 @@ async def measure_and_fit(
     backend: DecisionBackend,
     questions: question_file.QuestionFile,
     debias: Debias = NO_DEBIAS,
-    prior: str = "off",
+    prior: PriorSetting = "off",
     progress: Readiness | None = None,
     first_pass: Callable[[dict[str, Any]], bool] | None = None,
     precision: Mapping[str, float] | None = None,
@@ -437,7 +438,7 @@ async def measure_and_fit(
         by_layout, questions, layouts, prior, started, precision=precision
     )
     if examples and "failed" not in record:
-        reader = ShownReader(backend, debias, cache, layouts)
+        reader = ShownReader(backend, debias, prior)
         record = await with_examples(record, by_layout, layouts, examples, reader)
     return record
 

@@ -40,20 +40,24 @@ from vllm.entrypoints.generate.decisions.decide.calibration.results import (
 )
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.prior_modes import PriorSetting
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     Example,
     ReadContext,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
-from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
-    NO_CORRECTION,
-    Correction,
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
+    Asked,
+    Corrections,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.read import (
     plan_read,
     read,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import Debias
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    DEFAULT,
+    Temperatures,
+)
 from vllm.entrypoints.generate.decisions.runtime.fitting import (
     chosen_layout,
     corrected_scores,
@@ -64,41 +68,24 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 CONCURRENCY = 8  # reads in flight at once, as the calibration's own
+PRIOR_CACHE_SIZE = (
+    1024  # content-free reads kept: one per question, layout and set of examples
+)
 
 
 class ShownReader:
-    """Reads a labelled question with examples, as a request for it would be read: the type's layout
-    and correction (the content-free reads through the calibration's own cache, keyed with the
-    examples)."""
+    """Reads a labelled question with examples as a request for it is read: the layout and correction
+    Corrections.resolve gives it under the calibration's choices (its content-free reads through a
+    cache of its own, keyed with the examples)."""
 
     def __init__(
-        self,
-        backend: DecisionBackend,
-        debias: Debias,
-        cache: PriorCache,
-        layouts: tuple[str | None, ...],
+        self, backend: DecisionBackend, debias: Debias, prior: PriorSetting
     ) -> None:
         self.backend = backend
-        self.debias = debias
-        self.cache = cache
-        self.layouts = layouts
+        self.asked = Asked(debias)
+        self.corrections = Corrections(prior, PRIOR_CACHE_SIZE)
         self.gate = asyncio.Semaphore(CONCURRENCY)
         self.numbers = itertools.count()
-
-    def how(
-        self, reads: dict[str, TypeReads], item: question_file.LabelledQuestion
-    ) -> tuple[str | None, Correction]:
-        """The layout and correction a request for ``item``'s question is read with."""
-        kind = item.question.qtype.name
-        layout = chosen_layout(reads, kind, self.layouts[0])
-        choice = (
-            reads[kind].for_question(question_key(item.question), layout)[0]
-            if kind in reads
-            else None
-        )
-        if choice is None or choice.mode == "off":
-            return layout, NO_CORRECTION
-        return layout, Correction(choice.mode, self.cache, choice.kept.bias)
 
     async def scores(
         self,
@@ -107,15 +94,27 @@ class ShownReader:
         examples: tuple[Example, ...],
     ) -> list[float] | None:
         """``item`` read with ``examples``: its corrected scores (None: the read was refused)."""
-        layout, correction = self.how(reads, item)
-        options = self.backend.with_layout(self.backend.options, layout)
         context = ReadContext.about(
-            item.state, f"decision-calibration-examples-{next(self.numbers)}", options
+            item.state,
+            f"decision-calibration-examples-{next(self.numbers)}",
+            self.backend.options,
         ).with_examples(examples)
         async with self.gate:
             try:
+                how = self.corrections.resolve(
+                    item.question,
+                    self.asked,
+                    Temperatures(DEFAULT),
+                    None,
+                    chosen_reads=reads,
+                )
                 plan = plan_read(
-                    self.backend, item.question, context, self.debias, correction
+                    self.backend,
+                    item.question,
+                    context,
+                    self.asked.debias,
+                    how.correction,
+                    how.layout,
                 )
                 return (await read(plan)).scores
             except DecisionError as exc:

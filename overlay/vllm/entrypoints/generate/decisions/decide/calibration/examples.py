@@ -16,6 +16,7 @@ without an engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 from pydantic import BaseModel
 
@@ -56,16 +57,18 @@ class QuestionExamples(MapFigures):
     @property
     def kept(self) -> bool:
         """The maps' keep rule (QuestionMap.kept) against the reads without examples."""
-        return self.as_map().kept
+        return self.map.kept
 
-    def as_map(self) -> QuestionMap:
-        """The map answers read with these examples get (its figures these examples')."""
+    @cached_property
+    def map(self) -> QuestionMap:
+        """The map answers read with these examples get (its figures these examples'); built once,
+        not per request."""
         figures = self.model_dump(include=set(MapFigures.model_fields))
         return QuestionMap(**figures, scale=self.scale, bias=self.bias)
 
     def audit(self, keys: Sequence[str]) -> ExamplesAudit:
         """What an answer's ``extra.audit.examples`` says (``keys``: the options')."""
-        mapped = self.as_map().audit(keys)
+        mapped = self.map.audit(keys)
         return ExamplesAudit(**mapped.model_dump(), examples=len(self.examples))
 
     def context(self) -> tuple[Example, ...]:

@@ -170,11 +170,10 @@ class Corrections:
         ):
             return Resolved(correction, laid, applied)
         if (shown := (examples or {}).get(key)) is not None:
-            shown_map = shown.as_map()
             applied = Temperature(
-                1.0 / shown_map.scale, "calibrated", f"{qtype}:examples"
+                1.0 / shown.map.scale, "calibrated", f"{qtype}:examples"
             )
-            return Resolved(correction, laid, applied, shown_map, shown)
+            return Resolved(correction, laid, applied, shown.map, shown)
         if (own_map := (maps or {}).get(key)) is not None:
             applied = Temperature(
                 1.0 / own_map.scale, "calibrated", f"{qtype}:question"
