@@ -89,8 +89,10 @@ def saved_dir(tmp_path_factory):
 
 
 # An operator's question asked about many inputs (issue 40): 20 of the 55 yes/no lines ask it instead,
-# about the same inputs, so every count below stays. All of them are in English.
+# about the same inputs, so every count below stays. All of them are in English. Its lines ask its
+# answers for a precision of their own, another than the one asked of every yes/no answer.
 ENGLISH = {"type": "noul", "instructions": "Is this text written in English?"}
+ENGLISH_PRECISION = 0.7
 
 
 def with_one_question_labelled_often(lines: list[str], count: int = 20) -> list[str]:
@@ -104,6 +106,7 @@ def with_one_question_labelled_often(lines: list[str], count: int = 20) -> list[
     for i in nouls[-count:]:
         item = json.loads(lines[i])
         item.update(question=ENGLISH, expected="yes", id=f"{item['id']}-english")
+        item["precision"] = ENGLISH_PRECISION
         out[i] = json.dumps(item)
     return out
 
@@ -223,13 +226,31 @@ def own_map(server: VllmServer, record: dict) -> None:
         assert audit["calibration_temperature"] == pytest.approx(1.0 / own["scale"])
         assert audit["question_map"]["labels"] == 20
     assert answer["noul"] > 0.5, answer
-    # The yes/no threshold for the precision asked, fitted on the held-out labels and saved.
+    # Its answers are judged by the threshold fitted for the precision its lines ask, on its own
+    # labels read as it is served (with the examples where they were kept).
+    own_rule = shown["abstention"] if kept else record["question_abstention"][key]
+    assert (own_rule["scope"], own_rule["precision_asked"]) == (
+        "question",
+        ENGLISH_PRECISION,
+    )
+    judged(answer, own_rule)
+    # Every other yes/no answer by the type's threshold for the precision the setting asks, fitted
+    # on the held-out labels and saved.
     rule = record["abstention"]["noul"]
     assert rule["precision_asked"] == 0.8 and record["key"]["precision"] == {
         "noul": 0.8
     }
+    judged(in_english(server), rule)
+
+
+def judged(answer: dict, rule: dict) -> None:
+    """``answer`` (a yes/no one) says it was judged by ``rule``, and whether it clears it."""
     verdict = answer["extra"]["abstention"]
-    assert verdict["precision"] == 0.8 and verdict["threshold"] == rule["threshold"]
+    assert (verdict["scope"], verdict["precision"], verdict["threshold"]) == (
+        rule["scope"],
+        rule["precision_asked"],
+        rule["threshold"],
+    )
     top = max(answer["noul"], 1 - answer["noul"])
     assert verdict["abstain"] == (rule["threshold"] is None or top < rule["threshold"])
 

@@ -1,6 +1,8 @@
 """Abstention thresholds: fitted on a few hundred synthetic held-out labels, they reach the precision
 asked for on a large fresh draw from the same model, calibrated or not; a precision out of reach gives
-the abstain-always record; groups and the all-right corner are not taken as more evidence than they are."""
+the abstain-always record; groups and the all-right corner are not taken as more evidence than they are.
+A precision asked of one question is fitted on its own labels as it is served, and an answer is judged
+by the rule fitted for how it was read."""
 
 from __future__ import annotations
 
@@ -11,7 +13,20 @@ import pytest
 
 from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
     Abstention,
+    abstains,
     fit_abstention,
+    question_thresholds,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
+from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
+    QuestionExamples,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import fit_map
+from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    DEFAULT,
+    Temperatures,
 )
 
 Model = Callable[[int, np.random.Generator], tuple[np.ndarray, np.ndarray]]
@@ -201,3 +216,105 @@ def test_a_saved_record_with_impossible_figures_is_refused():
     ):
         with pytest.raises(ValueError):
             Abstention.model_validate({**good.model_dump(), field: value})
+
+
+def leaning_question(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One question's scores: the right option gets 2.5 more, and every answer leans 2.5 toward
+    option 0, a lean its own map takes out and its type's (scale 1, no bias) keeps."""
+    rng = np.random.default_rng(seed)
+    correct = rng.integers(0, 3, n)
+    scores = rng.normal(0.0, 1.0, (n, 3))
+    scores[np.arange(n), correct] += 2.5
+    scores[:, 0] += 2.5
+    return scores, correct
+
+
+def test_a_question_threshold_is_fitted_on_its_own_labels_as_served():
+    scores, correct = leaning_question(120, 0)
+    n = len(correct)
+    columns = (
+        ["q"] * n,
+        scores.tolist(),
+        correct.tolist(),
+        [f"g{i}" for i in range(n)],
+    )
+    columns += ([1.0] * n,)
+    mapped = question_thresholds(*columns, {"q"}, {"q": 0.8})["q"]
+    typed = question_thresholds(*columns, set(), {"q": 0.8})["q"]
+    assert mapped.scope == typed.scope == "question"
+    assert mapped.threshold is not None and mapped.labels == n
+    # Read under its own map (the lean out) far more of its answers clear the precision.
+    assert mapped.coverage > typed.coverage + 0.2
+    # On fresh inputs of that question, served by its map fitted on every label, the answers
+    # that clear the threshold reach the precision asked, within 0.05.
+    scale, bias = fit_map(scores.tolist(), correct.tolist(), 1.0)
+    fresh, truth = leaning_question(FRESH, 1)
+    logits = scale * fresh + np.asarray(bias)
+    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    given = probabilities.max(axis=1) >= mapped.threshold
+    right = probabilities.argmax(axis=1) == truth
+    assert right[given].mean() >= 0.8 - SLACK
+    assert given.mean() == pytest.approx(mapped.coverage, abs=0.1)
+
+
+def test_a_question_without_labels_to_hold_out_abstains_and_says_why():
+    scores, correct = leaning_question(30, 2)
+    rules = question_thresholds(
+        ["q"] * 30,
+        scores.tolist(),
+        correct.tolist(),
+        ["one thread"] * 30,
+        [1.0] * 30,
+        {"q"},
+        {"q": 0.8, "never labelled": 0.9},
+    )
+    for rule in rules.values():
+        assert rule.abstains_always and "fewer than two groups" in (rule.reason or "")
+    assert rules["q"].labels == 30 and rules["never labelled"].labels == 0
+
+
+def test_an_answer_is_judged_by_the_rule_fitted_for_how_it_was_read():
+    question = CHOICE.compile(
+        ChoiceQuestion.model_validate(
+            {
+                "type": "choice",
+                "instructions": "Which?",
+                "criteria": {"a": None, "b": None},
+            }
+        )
+    )
+    other = CHOICE.compile(
+        ChoiceQuestion.model_validate(
+            {
+                "type": "choice",
+                "instructions": "Else?",
+                "criteria": {"a": None, "b": None},
+            }
+        )
+    )
+
+    def rule(precision: float, scope: str) -> Abstention:
+        return abstains(precision, 0, 0, "none").model_copy(update={"scope": scope})
+
+    shown = QuestionExamples(
+        examples=[],
+        scale=1.0,
+        bias=[0.0, 0.0],
+        abstention=rule(0.7, "question"),
+        labels=10,
+        log_loss=0.5,
+        accuracy=0.8,
+        type_log_loss=0.6,
+        type_accuracy=0.7,
+        gain=(0.01, 0.2),
+    )
+    calibrated = Calibrated(
+        Temperatures(DEFAULT),
+        abstention={"choice": rule(0.9, "type")},
+        question_abstention={question_key(question): rule(0.8, "question")},
+    )
+    assert calibrated.abstention_for(question).precision_asked == 0.8
+    assert calibrated.abstention_for(question, shown).precision_asked == 0.7
+    assert calibrated.abstention_for(other).precision_asked == 0.9
+    assert Calibrated(Temperatures(DEFAULT)).abstention_for(question) is None

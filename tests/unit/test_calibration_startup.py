@@ -319,6 +319,22 @@ async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
             '{"state": "s", "question": {"type": "ranking"}, "expected": 0}\n',
             "unknown question type",
         ),
+        (
+            '{"state": "s", "question": {"type": "noul"}, "expected": "yes", "precision": 1}\n',
+            "line 1: precision must be a number between 0 and 1, got 1",
+        ),
+        (
+            '{"state": "s", "question": {"type": "noul"}, "expected": "no", "precision": true}\n',
+            "precision must be a number between 0 and 1, got True",
+        ),
+        (
+            (
+                '{"state": "s", "question": {"type": "noul"}, "expected": "no", "precision": 0.9}\n'
+                '{"state": "t", "question": {"type": "noul"}, "expected": "yes"}\n'
+                '{"state": "u", "question": {"type": "noul"}, "expected": "no", "precision": 0.8}\n'
+            ),
+            "line 3: precision 0.8 for a question line 1 asks 0.9 of",
+        ),
     ],
 )
 async def test_bad_files_give_the_default_with_a_warning(

@@ -69,6 +69,15 @@ def test_examples_that_help_are_kept_and_ones_that_hurt_are_not(seed):
     assert not hurt.kept and hurt.log_loss > hurt.type_log_loss
     same = measure_examples(shown_list, sharp, sharp, correct, groups, 1.0)
     assert not same.kept, "no gain without a difference"
+    assert helped.abstention is None, "no precision asked"
+    # A precision asked of the question: its threshold is fitted on the reads with examples, so
+    # the sharp reads clear it where the blind ones can't.
+    asked = measure_examples(shown_list, blind, sharp, correct, groups, 1.0, 0.8)
+    refused = measure_examples(shown_list, sharp, blind, correct, groups, 1.0, 0.8)
+    assert asked.abstention is not None and asked.abstention.scope == "question"
+    assert asked.abstention.threshold is not None
+    assert refused.abstention is not None
+    assert refused.abstention.coverage < asked.abstention.coverage
 
 
 def test_the_content_free_cache_tells_reads_with_examples_apart():

@@ -70,8 +70,9 @@ class LeansOnOneQuestion(DecisionBackend):
         return one_read(scores)
 
 
-def write_labels(path):
-    """120 team labels, 60 priority labels (balanced), 5 mood labels (too few for a map)."""
+def write_labels(path, asked: dict | None = None):
+    """120 team labels, 60 priority labels (balanced), 5 mood labels (too few for a map);
+    ``asked``: each line of those questions (by instructions) asks that precision."""
     rows = [
         (f"ticket {i} about {t}", TEAM, t, f"t{i}")
         for i in range(120)
@@ -87,9 +88,13 @@ def write_labels(path):
         for i in range(5)
         for m in [("calm", "cross", "glad")[i % 3]]
     ]
+    precision = {name: {"precision": p} for name, p in (asked or {}).items()}
     path.write_text(
         "\n".join(
-            json.dumps({"state": s, "question": q, "expected": e, "group": g, "id": g})
+            json.dumps(
+                {"state": s, "question": q, "expected": e, "group": g, "id": g}
+                | precision.get(q["instructions"], {})
+            )
             for s, q, e, g in rows
         )
         + "\n"
@@ -97,8 +102,8 @@ def write_labels(path):
     return path
 
 
-async def calibrated_service(tmp_path, **env):
-    configured = settings(tmp_path, write_labels(tmp_path / "labels.jsonl"))
+async def calibrated_service(tmp_path, asked=None, **env):
+    configured = settings(tmp_path, write_labels(tmp_path / "labels.jsonl", asked))
     if env:
         configured = Settings.from_env(
             {
@@ -216,3 +221,46 @@ async def test_a_precision_asked_of_a_type_gives_each_answer_its_verdict(
     record = json.loads(saved.read_text())
     assert record["key"]["precision"] == {"choice": 0.8}
     assert record["abstention"]["choice"]["precision_asked"] == 0.8
+
+
+async def test_a_precision_asked_of_one_question_gets_a_threshold_of_its_own(
+    tmp_path, caplog
+):
+    """The file asks the priority question for 0.8 and the type for 0.9: priority answers are
+    judged by a threshold fitted on its own labels, read as it is served (its map takes its lean
+    out), the other questions by the type's."""
+    service, calibrated, configured, backend = await calibrated_service(
+        tmp_path,
+        {"Which priority?": 0.8},
+        VLLM_TYPED_DECISIONS_PRECISION="choice=0.9",
+    )
+    priority, team = compiled(PRIORITY), compiled(TEAM)
+    (key,) = calibrated.question_abstention
+    assert key == question_key(priority) and key in calibrated.maps
+    own = calibrated.question_abstention[key]
+    assert (own.scope, own.precision_asked, own.labels) == ("question", 0.8, 60)
+    assert own.threshold is not None and own.precision_bound >= 0.8
+    assert (
+        "decision calibration (choice, 'Which priority?'): precision 0.8" in caplog.text
+    )
+    typed = calibrated.abstention["choice"]
+    assert typed.scope == "type" and typed.precision_asked == 0.9
+
+    answers = (
+        await service.decide(ask("a new request about high", [priority, team]))
+    ).results
+    verdict, other = answers[0].abstention, answers[1].abstention
+    assert verdict is not None and other is not None
+    assert (verdict.scope, verdict.precision, verdict.threshold) == (
+        "question",
+        0.8,
+        own.threshold,
+    )
+    assert verdict.abstain == (not own.clears(max(answers[0].probabilities)))
+    assert (other.scope, other.precision) == ("type", 0.9)
+    (saved,) = (tmp_path / "saved").glob("calibration-*.json")
+    assert json.loads(saved.read_text())["question_abstention"][key]["scope"] == (
+        "question"
+    )
+    again = await startup_calibration(backend, configured, MODEL)
+    assert again.question_abstention == calibrated.question_abstention

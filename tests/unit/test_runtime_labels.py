@@ -213,6 +213,40 @@ async def test_a_restart_answers_with_the_saved_refit(tmp_path, caplog):
     assert restarted.calibrated.maps_version == 2
 
 
+async def test_a_precision_in_the_labels_file_refits_that_questions_threshold(
+    tmp_path, caplog
+):
+    caplog.set_level(logging.INFO)
+    service, backend, labels = await served(tmp_path)
+    assert (await answer(service)).abstention is None, "no precision asked yet"
+    asked = [
+        json.dumps(json.loads(row) | {"precision": 0.8})
+        for row in lines(PRIORITY, "request", PRIORITIES, 60)
+    ]
+    write(labels, asked)
+    assert await LiveLabels(service, poll_s=0).check()
+    key = question_key(compiled(PRIORITY))
+    rule = service.calibrated.question_abstention[key]
+    assert (rule.scope, rule.precision_asked, rule.labels) == ("question", 0.8, 60)
+    assert rule.threshold is not None, "read under its refitted map, the lean is out"
+    verdict = (await answer(service)).abstention
+    assert verdict is not None and (verdict.scope, verdict.threshold) == (
+        "question",
+        rule.threshold,
+    )
+    assert "decision labels: refit 1 (choice, 'Which priority?'): precision 0.8" in (
+        caplog.text
+    )
+    # Saved with the refit: a restart judges answers by it from the start.
+    restarted, _, _ = await served(tmp_path, Counting())
+    assert restarted.calibrated.question_abstention == {key: rule}
+    # A file that no longer asks the precision takes the question's threshold away.
+    write(labels, lines(PRIORITY, "request", PRIORITIES, 60))
+    assert await LiveLabels(restarted, poll_s=0).check()
+    assert restarted.calibrated.question_abstention == {}
+    assert (await answer(restarted)).abstention is None
+
+
 async def test_the_watcher_runs_in_the_background_and_stops_on_close(tmp_path):
     service, backend, labels = await served(tmp_path)
     task = watch(service, poll_s=0.01)

@@ -84,7 +84,7 @@ class ExamplesAudit(QuestionMapAudit):
 
 class AbstentionReport(BaseModel):
     """``extra.abstention``: whether this answer clears the confidence threshold fitted for the
-    precision the operator asked of its type (``abstain`` False) or not, with what the threshold was
+    precision the operator asked of its type or question (``abstain`` False) or not, with what the threshold was
     fitted for and reached on held-out labels (calibration/abstention.py). ``threshold`` None: no
     threshold reaches the precision, every answer abstains, ``reason`` says why."""
 
@@ -95,6 +95,8 @@ class AbstentionReport(BaseModel):
     coverage: float
     labels: int
     reason: str | None = None
+    # "type": fitted on the question type's labelled answers; "question": on this question's own.
+    scope: str = "type"
 
 
 class BackendReport(BaseModel):

@@ -260,6 +260,7 @@ async def startup_calibration(
                 fits.question_reads,
                 fits.question_maps,
                 fits.abstention,
+                question_abstention=fits.question_abstention,
             )
         )
         return True
@@ -318,6 +319,7 @@ async def startup_calibration(
             fits.abstention,
             key=key,
             examples=fits.kept_examples(),
+            question_abstention=fits.question_abstention,
         ),
         settings,
     )

@@ -222,4 +222,5 @@ async def measure(
         [item.correct for item in items],
         groups,
         map_scale(fits.reads, temperatures, kind, key),
+        next((i.precision for i in items if i.precision is not None), None),
     )

@@ -18,6 +18,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration import (
     question_file,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
+    question_thresholds,
     type_thresholds,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
@@ -122,13 +123,16 @@ async def fitted_record(
     }
     picked = [i for i, kind in enumerate(types) if len(asked[kind]) > 1]
 
+    scales = [
+        map_scale(reads, temperatures, t, k) for t, k in zip(types, keys, strict=True)
+    ]
     maps = await asyncio.to_thread(
         question_maps,
         [keys[i] for i in picked],
         [scores[i] for i in picked],
         [correct[i] for i in picked],
         [groups[i] for i in picked],
-        [map_scale(reads, temperatures, types[i], keys[i]) for i in picked],
+        [scales[i] for i in picked],
     )
     # Where the operator asked a type for a precision: the confidence threshold that reaches it.
     precisions = {
@@ -140,8 +144,23 @@ async def fitted_record(
     abstention = await asyncio.to_thread(
         type_thresholds, types, scores, correct, groups, precisions
     )
+    # And each question the file itself asks a precision of, on that question's labels.
+    question_abstention = await asyncio.to_thread(
+        question_thresholds,
+        keys,
+        scores,
+        correct,
+        groups,
+        scales,
+        maps.keys(),
+        questions.precisions(),
+    )
     return record.model_copy(
-        update={"question_maps": maps, "abstention": abstention}
+        update={
+            "question_maps": maps,
+            "abstention": abstention,
+            "question_abstention": question_abstention,
+        }
     ).model_dump(mode="json")
 
 
@@ -256,21 +275,30 @@ def log_lines(
             for name, entry in record.by_type.items()
         ]
         + [
-            (False, qmap.log_line("{}, {!r}".format(*json.loads(key)[:2])))
+            (False, qmap.log_line(question_name(key)))
             for key, qmap in record.question_maps.items()
         ]
         + [
-            (False, shown.log_line("{}, {!r}".format(*json.loads(key)[:2])))
+            (False, shown.log_line(question_name(key)))
             for key, shown in record.question_examples.items()
         ]
         + [
             (rule.threshold is None, rule.log_line(name))
             for name, rule in record.abstention.items()
         ]
+        + [
+            (rule.threshold is None, rule.log_line(question_name(key)))
+            for key, rule in record.question_abstention.items()
+        ]
     )
     if stage == FIRST_PASS:
         return [(refused, "decision first-pass " + line[9:]) for refused, line in lines]
     return lines
+
+
+def question_name(key: str) -> str:
+    """How log lines name a question: its type and instructions (bias.question_key's first two)."""
+    return "{}, {!r}".format(*json.loads(key)[:2])
 
 
 def log(record: CalibrationRecord, loaded: bool, stage: str = FULL) -> None:

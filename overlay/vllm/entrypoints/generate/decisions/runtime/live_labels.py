@@ -20,11 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from vllm.entrypoints.generate.decisions.decide.calibration import (
     question_file,
     store,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
+    Abstention,
+    question_thresholds,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
@@ -44,6 +48,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, r
 from vllm.entrypoints.generate.decisions.decide.reports import LABELS_FILE, STARTUP
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
+from vllm.entrypoints.generate.decisions.runtime.fitting import question_name
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -72,6 +77,8 @@ class SavedLabels(BaseModel):
     version: int
     maps: dict[str, QuestionMap]
     reads: list[LabelRead]
+    # The threshold of each question the labels file asks a precision of.
+    abstention: dict[str, Abstention] = Field(default_factory=dict)
 
 
 def load_saved(settings: Settings, key: Any) -> SavedLabels | None:
@@ -105,6 +112,7 @@ def restored(calibrated: Calibrated, settings: Settings) -> Calibrated:
         calibrated,
         maps={**calibrated.maps, **saved.maps},
         maps_version=saved.version,
+        question_abstention={**calibrated.question_abstention, **saved.abstention},
     )
 
 
@@ -121,9 +129,13 @@ class LiveLabels:
         # Reads by (state's SHA-256, question key): each labelled line is read once.
         self.reads: dict[tuple[str, str], LabelRead] = {}
         saved = load_saved(service.settings, service.calibrated.key)
+        # Startup's thresholds: a refit's are laid over these, not over the last refit's.
+        self.startup_abstention = dict(service.calibrated.question_abstention)
         if saved is not None:
             self.fitted_sha256 = saved.sha256
             self.reads = {(r.state_sha256, r.question): r for r in saved.reads}
+            for key in saved.abstention:
+                self.startup_abstention.pop(key, None)
 
     async def run(self) -> None:
         """Look at the file every ``poll_s`` seconds until cancelled; a fault is logged, not fatal."""
@@ -168,15 +180,20 @@ class LiveLabels:
             for item in labelled.questions
             if _key(item) in self.reads
         ]
-        maps = await asyncio.to_thread(
-            question_maps,
+        columns = (
             [r.question for _, r in rows],
             [r.scores for _, r in rows],
             [item.correct for item, _ in rows],
             [item.group for item, _ in rows],
             [r.scale for _, r in rows],
         )
-        return await self._swap(maps, labelled.sha256, len(fresh), len(rows))
+        maps = await asyncio.to_thread(question_maps, *columns)
+        thresholds = await asyncio.to_thread(
+            question_thresholds, *columns, maps.keys(), labelled.precisions()
+        )
+        return await self._swap(
+            maps, thresholds, labelled.sha256, len(fresh), len(rows)
+        )
 
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
         """Each line read as a request reads its question without a map; a line that fails is left
@@ -231,9 +248,15 @@ class LiveLabels:
         await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
 
     async def _swap(
-        self, fitted: dict[str, QuestionMap], sha256: str, fresh: int, rows: int
+        self,
+        fitted: dict[str, QuestionMap],
+        thresholds: dict[str, Abstention],
+        sha256: str,
+        fresh: int,
+        rows: int,
     ) -> bool:
-        """The refit in force from the next request on: startup's maps, updated with ``fitted``."""
+        """The refit in force from the next request on: startup's maps and thresholds, updated with
+        ``fitted`` and ``thresholds``."""
         calibrated = self.service.calibrated
         version = calibrated.maps_version + 1
         maps = {
@@ -242,7 +265,10 @@ class LiveLabels:
         }
         startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
         self.service.calibrated = replace(
-            calibrated, maps={**startup, **maps}, maps_version=version
+            calibrated,
+            maps={**startup, **maps},
+            maps_version=version,
+            question_abstention={**self.startup_abstention, **thresholds},
         )
         self.fitted_sha256 = sha256
         logger.info(
@@ -254,27 +280,31 @@ class LiveLabels:
             rows,
             len(maps),
         )
+        for key, rule in thresholds.items():
+            line = rule.log_line(
+                question_name(key), f"decision labels: refit {version}"
+            )
+            (logger.info if rule.threshold is not None else logger.warning)("%s", line)
         if calibrated.key is not None:
-            await asyncio.to_thread(self._save, calibrated.key, version, maps, sha256)
+            saved = SavedLabels(
+                labels_file=self.path,
+                sha256=sha256,
+                version=version,
+                maps=maps,
+                reads=list(self.reads.values()),
+                abstention=thresholds,
+            )
+            await asyncio.to_thread(self._save, calibrated.key, saved)
         return True
 
-    def _save(
-        self, key: Any, version: int, maps: dict[str, QuestionMap], sha256: str
-    ) -> None:
-        saved = SavedLabels(
-            labels_file=self.path,
-            sha256=sha256,
-            version=version,
-            maps=maps,
-            reads=list(self.reads.values()),
-        )
+    def _save(self, key: Any, saved: SavedLabels) -> None:
         directory = Path(self.service.settings.calibration_dir)
         try:
             store.save(directory, key, saved.model_dump(), KIND)
         except OSError as exc:
             logger.warning(
                 "decision labels: refit %d not saved (%sCALIBRATION_DIR=%s): %s",
-                version,
+                saved.version,
                 PREFIX,
                 directory,
                 exc,

@@ -11,8 +11,8 @@ the precision, that every answer abstains and why. Pure functions: testable with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Annotated
+from collections.abc import Collection, Mapping, Sequence
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,6 +23,9 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     FloatArray,
     IntArray,
     cross_validated_probabilities,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    held_out,
 )
 from vllm.entrypoints.generate.decisions.decide.reports import AbstentionReport
 
@@ -61,6 +64,8 @@ class Abstention(BaseModel):
     labels: int = Field(ge=0)
     groups: int = Field(ge=0)
     reason: str | None = None
+    # Whom it was fitted for: a question type's answers, or one question's the operator's file names.
+    scope: Literal["type", "question"] = "type"
 
     @property
     def abstains_always(self) -> bool:
@@ -70,14 +75,12 @@ class Abstention(BaseModel):
         """Whether an answer with this calibrated confidence is given (True) or abstains (False)."""
         return self.threshold is not None and confidence >= self.threshold
 
-    def log_line(self, name: str) -> str:
-        """The line startup logs for the type ``name``'s threshold."""
+    def log_line(self, name: str, source: str = "decision calibration") -> str:
+        """The line ``source`` logs for ``name``'s threshold (a type's, or a question's)."""
         if self.threshold is None:
-            return (
-                f"decision calibration ({name}): every answer abstains: {self.reason}"
-            )
+            return f"{source} ({name}): every answer abstains: {self.reason}"
         return (
-            f"decision calibration ({name}): precision {self.precision_asked:g} above confidence "
+            f"{source} ({name}): precision {self.precision_asked:g} above confidence "
             f"{self.threshold:.3f} (held-out precision {self.precision_reached:.3f}, lower bound "
             f"{self.precision_bound:.3f}; {self.coverage:.0%} of {self.labels} labelled answers answered)"
         )
@@ -92,7 +95,23 @@ class Abstention(BaseModel):
             coverage=self.coverage,
             labels=self.labels,
             reason=self.reason,
+            scope=self.scope,
         )
+
+
+def abstains(precision: float, labels: int, groups: int, reason: str) -> Abstention:
+    """The rule under which every answer abstains, and why."""
+    return Abstention(
+        precision_asked=precision,
+        threshold=None,
+        precision_reached=None,
+        precision_bound=None,
+        coverage=0.0,
+        answered=0,
+        labels=labels,
+        groups=groups,
+        reason=reason,
+    )
 
 
 def wilson_lower(hits: FloatArray, answered: FloatArray) -> FloatArray:
@@ -227,17 +246,7 @@ def fit_abstention(
     labels = int(confidence.size)
 
     def abstain(reason: str) -> Abstention:
-        return Abstention(
-            precision_asked=precision,
-            threshold=None,
-            precision_reached=None,
-            precision_bound=None,
-            coverage=0.0,
-            answered=0,
-            labels=labels,
-            groups=count,
-            reason=reason,
-        )
+        return abstains(precision, labels, count, reason)
 
     if labels < min_answered:
         return abstain(
@@ -302,4 +311,61 @@ def type_thresholds(
             for row, i in zip(held_out, rows, strict=False)
         ]
         fitted[kind] = fit_abstention(confidences, right, kept, asked)
+    return fitted
+
+
+def held_out_threshold(
+    log_probabilities: FloatArray,
+    correct: Sequence[int],
+    groups: Sequence[str],
+    precision: float,
+) -> Abstention:
+    """The threshold for one question from its labels' held-out log-probabilities (one row per
+    label, options in its order): the answer is each row's top option, its confidence that
+    option's probability."""
+    probabilities = np.exp(log_probabilities)
+    hits = probabilities.argmax(axis=1) == np.asarray(correct)
+    return fit_abstention(
+        probabilities.max(axis=1).tolist(), hits.tolist(), groups, precision
+    )
+
+
+def question_thresholds(
+    keys: Sequence[str],
+    scores: Sequence[Sequence[float]],
+    correct: Sequence[int],
+    groups: Sequence[str],
+    scales: Sequence[float],
+    kept: Collection[str],
+    precision: Mapping[str, float],
+) -> dict[str, Abstention]:
+    """The threshold for each question ``precision`` asks a precision of (by key; answer ``i`` is of
+    the question ``keys[i]``, its type's map of scale ``scales[i]``), fitted on that question's own
+    labels alone: the precision is asked of it, so other questions' answers are no evidence. Each
+    label is scored as the question is served: by its own map fitted on the other folds where its
+    map was ``kept``, else by its type's map."""
+    rows: dict[str, list[int]] = {}
+    for index, key in enumerate(keys):
+        rows.setdefault(key, []).append(index)
+    fitted = {}
+    for key, asked in precision.items():
+        picked = rows.get(key, [])
+        labelled = [groups[i] for i in picked]
+        answers = [correct[i] for i in picked]
+        if len(set(labelled)) < 2:
+            rule = abstains(
+                asked,
+                len(picked),
+                len(set(labelled)),
+                "the question's labels come from fewer than two groups, so none can be held "
+                "out to fit a threshold on",
+            )
+        else:
+            own, typed = held_out(
+                [scores[i] for i in picked], answers, labelled, scales[picked[0]]
+            )
+            rule = held_out_threshold(
+                own if key in kept else typed, answers, labelled, asked
+            )
+        fitted[key] = rule.model_copy(update={"scope": "question"})
     return fitted

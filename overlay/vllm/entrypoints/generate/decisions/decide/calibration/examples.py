@@ -20,6 +20,10 @@ from functools import cached_property
 
 from pydantic import BaseModel
 
+from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
+    Abstention,
+    held_out_threshold,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
     QuestionMap,
     compared,
@@ -53,6 +57,9 @@ class QuestionExamples(MapFigures):
     examples: list[ShownExample]
     scale: float
     bias: list[float]
+    # Where the operator's file asks the question a precision: its threshold on answers read with
+    # these examples (their held-out reads under the examples' map), which then replaces its own.
+    abstention: Abstention | None = None
 
     @property
     def kept(self) -> bool:
@@ -110,16 +117,23 @@ def measure_examples(
     correct: Sequence[int],
     groups: Sequence[str],
     scale: float,
+    precision: float | None = None,
 ) -> QuestionExamples:
     """``examples`` measured on a question's labels: ``plain`` each label's scores read without
     examples and ``shown`` read with examples from the other folds (both as its type corrects
-    them); ``scale`` the type's (both maps are pulled toward it)."""
+    them); ``scale`` the type's (both maps are pulled toward it); ``precision`` the one the
+    operator asks of the question, if any."""
     base, _ = held_out(plain, correct, groups, scale)
     with_examples, _ = held_out(shown, correct, groups, scale)
     fitted_scale, fitted_bias = fit_map(shown, correct, scale)
+    rule = None
+    if precision is not None:
+        rule = held_out_threshold(with_examples, correct, groups, precision)
+        rule = rule.model_copy(update={"scope": "question"})
     return QuestionExamples(
         examples=list(examples),
         scale=fitted_scale,
         bias=fitted_bias,
+        abstention=rule,
         **compared(with_examples, base, correct, groups),
     )

@@ -5,13 +5,16 @@
 
 ``expected`` is the correct option: a choice key; yes/no or true/false for noul; the level number for
 score. Questions that share a ``group`` stay in one cross-validation fold (a line without a group is its
-own group).
+own group). An optional ``"precision"`` (between 0 and 1) asks that question's answers for that precision
+(calibration/abstention.py); the lines of one question must not ask two.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vllm.entrypoints.generate.decisions.decide.backends.registry import question_type
+from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -45,6 +49,9 @@ class LabelledQuestion:
     raw: dict[
         str, Any
     ]  # the question as the file gives it, for tools that send it over the wire
+    precision: float | None = (
+        None  # the precision the operator asks of this question's answers
+    )
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,14 @@ class QuestionFile:
     name: str
     sha256: str
     questions: tuple[LabelledQuestion, ...]
+
+    def precisions(self) -> dict[str, float]:
+        """The precision asked of each question whose lines ask one, by bias.question_key."""
+        return {
+            question_key(item.question): item.precision
+            for item in self.questions
+            if item.precision is not None
+        }
 
 
 def correct_index(question: CompiledQuestion, expected: Any) -> int:
@@ -102,7 +117,13 @@ def parse_line(number: int, line: str) -> LabelledQuestion:
         group = str(record.get("group") or identifier)
         correct = correct_index(question, record["expected"])
         return LabelledQuestion(
-            content_text(state), question, correct, group, identifier, raw
+            content_text(state),
+            question,
+            correct,
+            group,
+            identifier,
+            raw,
+            asked_precision(record.get("precision")),
         )
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         detail = (
@@ -111,6 +132,34 @@ def parse_line(number: int, line: str) -> LabelledQuestion:
             else str(exc).splitlines()[0]
         )
         raise QuestionFileError(f"line {number}: {detail}") from None
+
+
+def asked_precision(value: Any) -> float | None:
+    """A line's ``precision``: absent, or a number strictly between 0 and 1."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0.0 < value < 1.0
+    ):
+        raise ValueError(f"precision must be a number between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def one_precision_per_question(lines: Sequence[tuple[int, LabelledQuestion]]) -> None:
+    """Refuses a file whose lines ask one question for two precisions, naming both lines."""
+    asked: dict[str, tuple[int, float]] = {}
+    for number, item in lines:
+        if item.precision is None:
+            continue
+        first = asked.setdefault(question_key(item.question), (number, item.precision))
+        if first[1] != item.precision:
+            raise QuestionFileError(
+                f"line {number}: precision {item.precision:g} for a question line {first[0]} "
+                f"asks {first[1]:g} of"
+            )
 
 
 def load(source: str) -> QuestionFile:
@@ -131,5 +180,7 @@ def load(source: str) -> QuestionFile:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise QuestionFileError(f"{name} has no questions")
-    questions = tuple(parse_line(n, line) for n, line in lines)
+    parsed = [(n, parse_line(n, line)) for n, line in lines]
+    one_precision_per_question(parsed)
+    questions = tuple(item for _, item in parsed)
     return QuestionFile(name, hashlib.sha256(data).hexdigest(), questions)

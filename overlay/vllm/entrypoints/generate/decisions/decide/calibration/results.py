@@ -127,6 +127,8 @@ class CalibrationRecord(Fit):
     question_maps: dict[str, QuestionMap] = Field(default_factory=dict)
     # The confidence threshold for each question type the operator asked a precision of.
     abstention: dict[str, Abstention] = Field(default_factory=dict)
+    # The threshold for each question the operator's file asks a precision of (by bias.question_key).
+    question_abstention: dict[str, Abstention] = Field(default_factory=dict)
     # Each labelled question's in-context examples as measured, kept or not (by bias.question_key).
     question_examples: dict[str, QuestionExamples] = Field(default_factory=dict)
 

@@ -72,6 +72,22 @@ class Calibrated:
     key: Mapping[str, Any] | None = None
     # Questions' kept in-context examples (with the map fitted on reads with them), by question key.
     examples: Mapping[str, QuestionExamples] = field(default_factory=dict)
+    # The confidence threshold of each question the operator asked a precision of, by question key.
+    question_abstention: Mapping[str, Abstention] = field(default_factory=dict)
+
+    def abstention_for(
+        self, question: CompiledQuestion, examples: QuestionExamples | None = None
+    ) -> Abstention | None:
+        """The rule an answer to ``question`` is judged by (``examples``: the ones it was read
+        with): where the operator asked the question a precision, its own, fitted on answers read
+        as this one was; else its type's (None: no precision asked)."""
+        if examples is not None and examples.abstention is not None:
+            return examples.abstention
+        if self.question_abstention:
+            own = self.question_abstention.get(question_key(question))
+            if own is not None:
+                return own
+        return self.abstention.get(question.qtype.name)
 
 
 @dataclass(frozen=True)

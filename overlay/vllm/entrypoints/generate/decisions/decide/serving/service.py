@@ -474,8 +474,8 @@ class DecisionService:
             option_logits={o.key: s for o, s in zip(options, done.raw, strict=True)},
             facts=facts_json(reading.meta),
         )
-        # The threshold is fitted on the type's calibrated answers, so it applies only to a calibrated T.
-        abstention = calibrated.abstention.get(question.qtype.name)
+        # The threshold is fitted on calibrated answers, so it applies only to a calibrated T.
+        abstention = calibrated.abstention_for(question, how.examples)
         return Answer(
             question=question,
             probabilities=probabilities,
