@@ -17,11 +17,14 @@ from tools.quality.labels_figures import (
     LETTERS_MAP,
     NO_LABELS,
     QUESTION_MAP,
+    TYPE_T,
+    TYPE_T_MAP,
     Lines,
     abstention_figures,
     draw_labels,
     evaluate,
     fit_maps,
+    fitted_temperatures,
     majority,
     one_answer,
     with_maps,
@@ -241,3 +244,38 @@ def test_reads_of_another_model_are_refused(tmp_path):
         "letters": {},
         "shown": {},
     }
+
+
+def overconfident_lines(prefix: str, count: int, seed: int) -> Lines:
+    """A yes/no question read right 70% of the time, each answer at a confidence of about 0.98
+    (scores 4 nats apart): overconfident, as a model read on another domain than its calibration
+    set's is."""
+    rng = random.Random(seed)
+    out = Lines([], [])
+    for i in range(count):
+        yes = rng.random() < 0.5
+        says_yes = yes if rng.random() < 0.7 else not yes
+        margin = 4.0 + rng.uniform(-0.5, 0.5)
+        out.items.append(line(PLAIN, "yes" if yes else "no", f"{prefix}{i}"))
+        out.readings.append(
+            Reading([margin if says_yes else 0.0, 0.0 if says_yes else margin], 1.0)
+        )
+    return out
+
+
+def test_the_labels_as_calibration_file_refit_the_types_t():
+    """Given as the server's calibration file, the labels refit an overconfident type's T (here far
+    above 1), which takes held-out ECE down where the maps alone (pulled toward T = 1) leave it."""
+    labels = overconfident_lines("L", 200, seed=0)
+    heldout = overconfident_lines("H", 400, seed=1)
+    fitted = fitted_temperatures(labels, range(120))
+    assert fitted["noul"] > 2.0
+    assert fitted_temperatures(labels, range(30)) == {"noul": 1.0}, "too few: T = 1"
+    rows = evaluate(labels, heldout, splits=2, per_question=120, precision=0.8)["rows"]
+    ece = {row: rows[row]["types"]["noul"]["ece_calibrated"]["mean"] for row in rows}
+    assert ece[NO_LABELS] > 0.2
+    assert ece[TYPE_T] < 0.08 and ece[TYPE_T_MAP] < 0.08
+    accuracy = rows[TYPE_T]["types"]["noul"]["accuracy"]["mean"]
+    assert accuracy == rows[NO_LABELS]["types"]["noul"]["accuracy"]["mean"], (
+        "a T moves no answer"
+    )

@@ -26,10 +26,12 @@ from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
     Abstention,
     fit_abstention,
 )
+from vllm.entrypoints.generate.decisions.decide.calibration.by_type import fit_types
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
+    calibrate,
     fold_of_groups,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
@@ -38,9 +40,14 @@ from vllm.entrypoints.generate.decisions.decide.calibration.question_map import 
 )
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
+from vllm.entrypoints.generate.decisions.runtime.fitting import MIN_ANSWERED
 
 NO_LABELS = "no labels"
 QUESTION_MAP = "labels -> per-question map"
+# The labels as the server's calibration file (VLLM_TYPED_DECISIONS_CALIBRATION=FILE): each type's T
+# refitted on them, then the per-question maps pulled toward it.
+TYPE_T = "labels -> type T"
+TYPE_T_MAP = "labels -> type T + per-question map"
 BATCH = "batch calibration"
 LETTERS = "letter logprobs"
 LETTERS_MAP = "letter logprobs -> per-question map"
@@ -76,6 +83,43 @@ def draw_labels(items: Sequence[Item], per_question: int, seed: str) -> list[int
         for name in names[:per_question]:
             chosen.extend(by_group[name])
     return sorted(chosen)
+
+
+def fitted_temperatures(labels: Lines, chosen: Sequence[int]) -> dict[str, float]:
+    """Each type's T as a server given the ``chosen`` labelled lines as its calibration file fits it
+    (runtime/fitting.py): server-wide on all of them, then each type with MIN_ANSWERED answered lines
+    its own, by the same keep rules; a type without a fit of its own gets the server-wide T."""
+    rows = [i for i in chosen if not labels.readings[i].error]
+    types = [labels.items[i].question.qtype.name for i in rows]
+    columns = (
+        [labels.readings[i].scores for i in rows],
+        [labels.items[i].correct for i in rows],
+        [labels.items[i].group for i in rows],
+    )
+    # Too few lines: the server's calibration fails and answers at T = 1.
+    if len(rows) < MIN_ANSWERED:
+        return dict.fromkeys(types, 1.0)
+    server = calibrate(*columns).applied_temperature
+    fits = fit_types(set(types), types, *columns, MIN_ANSWERED)
+    return {
+        name: fit.result.applied_temperature
+        if fit.result is not None and fit.fallback is None
+        else server
+        for name, fit in fits.items()
+    }
+
+
+def at_temperatures(lines: Lines, temperatures: dict[str, float]) -> Lines:
+    """``lines`` read at each type's T from ``temperatures`` (the scores unchanged)."""
+    return Lines(
+        lines.items,
+        [
+            Reading(r.scores, temperatures.get(i.question.qtype.name, 1.0), r.seconds)
+            if not r.error
+            else r
+            for i, r in zip(lines.items, lines.readings, strict=True)
+        ],
+    )
 
 
 def _answered_by_question(labels: Lines, chosen: Sequence[int]) -> dict[str, list[int]]:
@@ -325,13 +369,19 @@ def evaluate(
     if letters is not None:
         reads[(LETTERS, LETTERS_MAP)] = letters
     rows: dict[str, list[dict[str, Any]]] = {
-        name: [] for pair in reads for name in pair
+        name: [] for pair in [*reads, (TYPE_T, TYPE_T_MAP)] for name in pair
     }
-    drawn = []
+    drawn, temperatures = [], []
     for split in range(splits):
         chosen = draw_labels(labels.items, per_question, f"{seed}-{split}")
         drawn.append(len(chosen))
-        for (as_read, mapped), (given, asked) in reads.items():
+        fitted = fitted_temperatures(labels, chosen)
+        temperatures.append(fitted)
+        refitted = tuple(at_temperatures(lines, fitted) for lines in (labels, heldout))
+        for (as_read, mapped), (given, asked) in [
+            *reads.items(),
+            ((TYPE_T, TYPE_T_MAP), refitted),
+        ]:
             figures_ = split_figures(given, asked, chosen, precision, seed)
             rows[as_read].append(figures_[0])
             rows[mapped].append(figures_[1])
@@ -339,6 +389,7 @@ def evaluate(
         "rows": {name: summary(values) for name, values in rows.items()},
         "majority": majority(heldout.items),
         "labels_drawn": summary(drawn),
+        "type_temperatures": summary(temperatures),
     }
     if off is not None:
         results["rows"][BATCH] = summary(
