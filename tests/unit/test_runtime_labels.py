@@ -64,15 +64,16 @@ class Counting(LeansOnOneQuestion):
         return await super().read(question, context)
 
 
-async def served(tmp_path, backend=None):
-    """A service calibrated at startup on team and mood labels (no priority question), watching
-    ``labels.jsonl`` (empty)."""
+async def served(tmp_path, backend=None, startup=()):
+    """A service calibrated at startup on team and mood labels (no priority question unless
+    ``startup`` has some lines), watching ``labels.jsonl`` (empty)."""
     calibration = tmp_path / "calibration.jsonl"
     teams = ("billing", "sales", "technical")
     write(
         calibration,
         lines(TEAM, "ticket", teams, 120)
-        + lines(MOOD, "note", ("calm", "cross", "glad"), 5),
+        + lines(MOOD, "note", ("calm", "cross", "glad"), 5)
+        + list(startup),
     )
     labels = tmp_path / "labels.jsonl"
     if not labels.exists():
@@ -131,7 +132,8 @@ async def test_a_label_added_applies_from_the_next_request(tmp_path, caplog):
     assert after.fields["choice"] == "high"
     assert (
         "decision labels: refit 1 from "
-        f"{labels}: 30 new lines read (30 in all), 1 question maps kept" in caplog.text
+        f"{labels}: 30 new lines read (30 in all, with 0 labels of the same questions from "
+        "the calibration file), 1 question maps kept" in caplog.text
     )
     assert not await watcher.check(), "no change, no refit"
 
@@ -155,6 +157,35 @@ async def test_a_label_added_applies_from_the_next_request(tmp_path, caplog):
     )
     content = json.loads(saved.read_text())
     assert content["version"] == 2 and len(content["reads"]) == 39
+
+
+async def test_a_question_in_both_files_is_refitted_on_the_labels_of_both(
+    tmp_path, caplog
+):
+    """6 priority labels in the calibration file are too few for a map; 6 more in the labels
+    file (one of them an input the calibration file labelled too, which counts once, with the
+    labels file's answer) make 11, enough: the refit pools them."""
+    caplog.set_level(logging.INFO)
+    startup = lines(PRIORITY, "request", PRIORITIES, 6)
+    service, backend, labels = await served(tmp_path, startup=startup)
+    key = question_key(compiled(PRIORITY))
+    assert key not in service.calibrated.maps, "6 labels: too few at startup"
+    kept = [r for r in service.calibrated.labelled if r.question == key]
+    assert len(kept) == 6 and {r.group for r in kept} == {
+        f"request{i}" for i in range(6)
+    }
+    write(labels, lines(PRIORITY, "request", PRIORITIES, 6, start=5))
+    assert await LiveLabels(service, poll_s=0).check()
+    assert len(backend.label_reads) == 6, "startup's reads are not read again"
+    own = service.calibrated.maps[key]
+    assert (own.labels, own.source) == (11, "labels file")
+    assert "6 new lines read (6 in all, with 5 labels of the same questions" in (
+        caplog.text
+    )
+    # Saved in the calibration record, so a restart pools them too.
+    (record,) = (tmp_path / "saved").glob("calibration-*.json")
+    saved = json.loads(record.read_text())["labelled"]
+    assert sum(r["question"] == key for r in saved) == 6
 
 
 async def test_a_request_in_flight_keeps_the_maps_it_started_with(tmp_path):

@@ -320,6 +320,7 @@ async def startup_calibration(
             key=key,
             examples=fits.kept_examples(),
             question_abstention=fits.question_abstention,
+            labelled=tuple(fits.labelled),
         ),
         settings,
     )

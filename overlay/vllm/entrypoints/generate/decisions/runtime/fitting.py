@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,12 +24,14 @@ from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    LabelledRead,
     question_maps,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
 )
 from vllm.entrypoints.generate.decisions.decide.prior_modes import AUTO
+from vllm.entrypoints.generate.decisions.decide.read_context import sha256_of
 from vllm.entrypoints.generate.decisions.decide.reading.read import QuestionRead
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     FIRST_PASS,
@@ -134,6 +137,21 @@ async def fitted_record(
         [groups[i] for i in picked],
         [scales[i] for i in picked],
     )
+    # Each question labelled twice or more (an operator's, not a calibration set's one-off), kept
+    # with its answers so that a labels file's refit can pool with them.
+    times = Counter(keys[i] for i in picked)
+    labelled = [
+        LabelledRead(
+            state_sha256=sha256_of(answered[i][0].state),
+            question=keys[i],
+            scores=scores[i],
+            scale=scales[i],
+            correct=correct[i],
+            group=groups[i],
+        )
+        for i in picked
+        if times[keys[i]] > 1
+    ]
     # Where the operator asked a type for a precision: the confidence threshold that reaches it.
     precisions = {
         kind: value
@@ -160,6 +178,7 @@ async def fitted_record(
             "question_maps": maps,
             "abstention": abstention,
             "question_abstention": question_abstention,
+            "labelled": labelled,
         }
     ).model_dump(mode="json")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    LabelledRead,
     QuestionMap,
     question_maps,
 )
@@ -58,16 +60,6 @@ CONCURRENCY = 8  # label reads in flight at once
 KIND = "labels"  # the saved file: labels-<the calibration key's digest>.json
 
 
-class LabelRead(BaseModel):
-    """One labelled input's read of one question: the corrected scores its type's T divides, and
-    ``1 / T``, the scale its map is pulled toward."""
-
-    state_sha256: str
-    question: str
-    scores: list[float]
-    scale: float
-
-
 class SavedLabels(BaseModel):
     """What a refit saves: the labels file and its content's hash, the version, the maps fitted
     from it, and every read so far."""
@@ -76,7 +68,7 @@ class SavedLabels(BaseModel):
     sha256: str
     version: int
     maps: dict[str, QuestionMap]
-    reads: list[LabelRead]
+    reads: list[LabelledRead]
     # The threshold of each question the labels file asks a precision of.
     abstention: dict[str, Abstention] = Field(default_factory=dict)
 
@@ -127,7 +119,7 @@ class LiveLabels:
         self.seen: tuple[int, int] | None = None
         self.fitted_sha256: str | None = None
         # Reads by (state's SHA-256, question key): each labelled line is read once.
-        self.reads: dict[tuple[str, str], LabelRead] = {}
+        self.reads: dict[tuple[str, str], LabelledRead] = {}
         saved = load_saved(service.settings, service.calibrated.key)
         # Startup's thresholds: a refit's are laid over these, not over the last refit's.
         self.startup_abstention = dict(service.calibrated.question_abstention)
@@ -163,7 +155,7 @@ class LiveLabels:
         if seen is not None and seen[1] == 0:
             return False  # an empty file: no labels yet
         try:
-            labelled = await asyncio.to_thread(question_file.load, self.path)
+            labels_file = await asyncio.to_thread(question_file.load, self.path)
         except question_file.QuestionFileError as exc:
             logger.warning(
                 "decision labels (%sLABELS): %s; the question maps in force stay",
@@ -171,28 +163,33 @@ class LiveLabels:
                 exc,
             )
             return False
-        if labelled.sha256 == self.fitted_sha256:
+        if labels_file.sha256 == self.fitted_sha256:
             return False
-        fresh = [item for item in labelled.questions if _key(item) not in self.reads]
+        fresh = [item for item in labels_file.questions if _key(item) not in self.reads]
         await self._read(fresh)
         rows = [
             (item, self.reads[_key(item)])
-            for item in labelled.questions
+            for item in labels_file.questions
             if _key(item) in self.reads
         ]
+        # A question the calibration file labelled too is refitted on its labels from both files.
+        startup = pooled(
+            self.service.calibrated.labelled, [_key(item) for item, _ in rows]
+        )
+        labelled = [(item.correct, item.group, read) for item, read in rows] + startup
         columns = (
-            [r.question for _, r in rows],
-            [r.scores for _, r in rows],
-            [item.correct for item, _ in rows],
-            [item.group for item, _ in rows],
-            [r.scale for _, r in rows],
+            [read.question for _, _, read in labelled],
+            [read.scores for _, _, read in labelled],
+            [correct for correct, _, _ in labelled],
+            [group for _, group, _ in labelled],
+            [read.scale for _, _, read in labelled],
         )
         maps = await asyncio.to_thread(question_maps, *columns)
         thresholds = await asyncio.to_thread(
-            question_thresholds, *columns, maps.keys(), labelled.precisions()
+            question_thresholds, *columns, maps.keys(), labels_file.precisions()
         )
         return await self._swap(
-            maps, thresholds, labelled.sha256, len(fresh), len(rows)
+            maps, thresholds, labels_file.sha256, len(fresh), len(rows), len(startup)
         )
 
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
@@ -238,7 +235,7 @@ class LiveLabels:
                     logger.debug("decision labels: %s skipped: %s", item.id, exc)
                     return
             state, key = _key(item)
-            self.reads[state, key] = LabelRead(
+            self.reads[state, key] = LabelledRead(
                 state_sha256=state,
                 question=key,
                 scores=done.scores,
@@ -254,6 +251,7 @@ class LiveLabels:
         sha256: str,
         fresh: int,
         rows: int,
+        pooled: int,
     ) -> bool:
         """The refit in force from the next request on: startup's maps and thresholds, updated with
         ``fitted`` and ``thresholds``."""
@@ -272,12 +270,13 @@ class LiveLabels:
         )
         self.fitted_sha256 = sha256
         logger.info(
-            "decision labels: refit %d from %s: %d new lines read (%d in all), %d question "
-            "maps kept",
+            "decision labels: refit %d from %s: %d new lines read (%d in all, with %d labels of "
+            "the same questions from the calibration file), %d question maps kept",
             version,
             self.path,
             fresh,
             rows,
+            pooled,
             len(maps),
         )
         for key, rule in thresholds.items():
@@ -309,6 +308,23 @@ class LiveLabels:
                 directory,
                 exc,
             )
+
+
+def pooled(
+    startup: Sequence[LabelledRead], lines: Sequence[tuple[str, str]]
+) -> list[tuple[int, str, LabelledRead]]:
+    """Startup's labelled reads of the questions the labels file asks, as (answer, group, read), but
+    an input the file labels itself: its label there is the one in force."""
+    own = set(lines)
+    asked = {question for _, question in own}
+    return [
+        (read.correct, read.group, read)
+        for read in startup
+        if read.question in asked
+        and (read.state_sha256, read.question) not in own
+        and read.correct is not None
+        and read.group is not None
+    ]
 
 
 def _key(item: question_file.LabelledQuestion) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel
 
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
     ITERATIONS,
@@ -104,6 +105,20 @@ class QuestionMap(MapFigures):
 
     def probabilities(self, scores: Sequence[float]) -> list[float]:
         return np.exp(self.log_probabilities(scores)).tolist()
+
+
+class LabelledRead(BaseModel):
+    """One labelled input's read of one question, as a map is fitted on it: the corrected scores its
+    type's T divides and ``1 / T``, the scale the map is pulled toward; and, for startup's reads
+    (kept in the calibration record so a labels file's refit can pool with them), its answer and
+    group. A labels file's reads take those from the file's current lines instead."""
+
+    state_sha256: str
+    question: str
+    scores: list[float]
+    scale: float
+    correct: int | None = None
+    group: str | None = None
 
 
 def _floored(scores: Sequence[Sequence[float]], width: int | None = None) -> FloatArray:

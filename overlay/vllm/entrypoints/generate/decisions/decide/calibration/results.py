@@ -26,6 +26,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     CalibrationResult,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    LabelledRead,
     QuestionMap,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
@@ -131,6 +132,9 @@ class CalibrationRecord(Fit):
     question_abstention: dict[str, Abstention] = Field(default_factory=dict)
     # Each labelled question's in-context examples as measured, kept or not (by bias.question_key).
     question_examples: dict[str, QuestionExamples] = Field(default_factory=dict)
+    # The reads of every question the file labels twice or more (of a type it asks as more than one
+    # question), with their labels: a labels file's refit pools its lines of a question with these.
+    labelled: list[LabelledRead] = Field(default_factory=list)
 
     def kept_examples(self) -> dict[str, QuestionExamples]:
         """The questions whose examples the keep rule kept: they are asked with them."""

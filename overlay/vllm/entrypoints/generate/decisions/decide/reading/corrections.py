@@ -30,6 +30,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
     QuestionExamples,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    LabelledRead,
     QuestionMap,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
@@ -74,6 +75,8 @@ class Calibrated:
     examples: Mapping[str, QuestionExamples] = field(default_factory=dict)
     # The confidence threshold of each question the operator asked a precision of, by question key.
     question_abstention: Mapping[str, Abstention] = field(default_factory=dict)
+    # Startup's labelled reads (CalibrationRecord.labelled), which a labels file's refit pools with.
+    labelled: tuple[LabelledRead, ...] = ()
 
     def abstention_for(
         self, question: CompiledQuestion, examples: QuestionExamples | None = None
