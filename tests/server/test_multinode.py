@@ -214,7 +214,7 @@ def test_run_batch_as_node_0(tmp_path):
             )
         )
     source.write_text("\n".join(lines) + "\n")
-    # The reads of an input hashing to replica 1 are sent to that rank (host.py, data_parallel_rank), which
+    # The reads of an input hashing to replica 1 are sent to that rank (vllm_host.py, data_parallel_rank), which
     # only node 1 holds: with inputs of both kinds, every line answered means both nodes served.
     assert {replica(state) for state in states} == {"0", "1"}
     rpc_port = free_port()

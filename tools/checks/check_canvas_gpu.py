@@ -51,7 +51,9 @@ def main() -> int:
     import vllm
     from tests.canvas_reference import DiffusionGemmaHost
     from vllm import LLM, SamplingParams
-    from vllm.entrypoints.generate.decisions.decide.host import canvas_read_args
+    from vllm.entrypoints.generate.decisions.decide.engine_requests import (
+        canvas_read_args,
+    )
     from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
         BUILT_IN_CANVAS_READ,
     )

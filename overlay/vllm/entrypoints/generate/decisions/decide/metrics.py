@@ -99,7 +99,7 @@ REASONS = (
 )
 LEVELS = ("request", "question")
 
-# Engine reads (host.py), by what they ask of the engine.
+# Engine reads (vllm_host.py), by what they ask of the engine.
 READ_KINDS = ("exact", "top_k", "canvas", "pool", "generate")
 TEMPERATURE_SOURCES = ("configured", "calibrated", "default")
 

@@ -24,11 +24,11 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     choose_backend,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
-from vllm.entrypoints.generate.decisions.decide.host import VllmHost
 from vllm.entrypoints.generate.decisions.decide.metrics import init_metrics
 from vllm.entrypoints.generate.decisions.decide.serving.readiness import Readiness
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.runtime.adapters import (
     ServedModels,
     weights_sha256,
