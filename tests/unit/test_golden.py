@@ -12,6 +12,7 @@ and delete the old version's files. A change the probe misses fails here under t
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import sys
@@ -192,6 +193,43 @@ async def prompts_for(template: str | None) -> dict[str, list[str]]:
         await backend.read(question, context)
         rendered[name] = sorted(host.decode(prompt) for prompt, _ in host.reads)
     return rendered
+
+
+@functools.cache
+def smollm2_tokenizer():
+    return AutoTokenizer.from_pretrained(model_path("smollm2-135m-instruct"))
+
+
+async def example_prompts(template: str | None, state: str) -> list[list[int]]:
+    """The token ids of examples_choice's prompts about ``state`` (in read order)."""
+    question, _ = CASES["examples_choice"]
+    host = TokenizerHost(smollm2_tokenizer(), chat_template=template)
+    backend = LogitBackend(host, LogitOptions(logprobs="exact"))
+    backend.prompts.system_role = await takes_system_role(host)
+    context = ReadContext.about(state, "prefix").with_examples(
+        EXAMPLES["examples_choice"]
+    )
+    await backend.read(question, context)
+    return [list(prompt) for prompt, _ in host.reads]
+
+
+def test_examples_sit_in_the_prefix_every_input_shares():
+    """Two inputs asked the same question with the same examples: their prompts agree up to the
+    last example's answer, so the engine's prefix cache prefills the examples once."""
+    for template in TEMPLATES.values():
+        first = asyncio.run(example_prompts(template, STATE))
+        second = asyncio.run(example_prompts(template, "Ticket: Refund my order."))
+        assert len(first) == len(second) > 0
+        for a, b in zip(first, second, strict=True):
+            shared = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)),
+            )
+            common = smollm2_tokenizer().decode(a[:shared])
+            # Both examples, each answered, are shared; the input's own words are not.
+            assert common.count("Answer: ") == 2, common
+            assert "The app crashes on start." in common, common
+            assert common.endswith("Document:\nTicket:"), common
 
 
 def rendered() -> dict[str, dict[str, list[str]]]:
