@@ -78,7 +78,7 @@ def draw_labels(items: Sequence[Item], per_question: int, seed: str) -> list[int
     return sorted(chosen)
 
 
-def _answered_by_question(labels: Lines, chosen: Sequence[int]) -> dict[str, list[int]]:
+def answered_by_question(labels: Lines, chosen: Sequence[int]) -> dict[str, list[int]]:
     by_question: dict[str, list[int]] = defaultdict(list)
     for i in chosen:
         if not labels.readings[i].error:
@@ -92,7 +92,7 @@ def fit_maps(
     """Per question among ``chosen`` labelled lines (answered ones): its map where the keep rule keeps
     one, else None (the type's softmax(scores / T) serves it)."""
     maps: dict[str, QuestionMap | None] = {}
-    for question, rows in _answered_by_question(labels, chosen).items():
+    for question, rows in answered_by_question(labels, chosen).items():
         maps[question] = choose_question_map(
             [labels.readings[i].scores for i in rows],
             [labels.items[i].correct for i in rows],
@@ -129,7 +129,7 @@ def cross_validated(labels: Lines, chosen: Sequence[int], folds: int = FOLDS) ->
     """The chosen labelled lines (answered ones), each served by the maps fitted on the other folds of
     its question's labels (groups kept within a fold): what abstention may be fitted on."""
     out = Lines([], [])
-    for rows in _answered_by_question(labels, chosen).values():
+    for rows in answered_by_question(labels, chosen).values():
         fold = fold_of_groups([labels.items[i].group for i in rows], folds)
         for f in sorted(set(fold)):
             training = [i for i, g in zip(rows, fold, strict=True) if g != f]
