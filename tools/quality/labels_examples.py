@@ -38,6 +38,7 @@ from tools.quality.labels_figures import (
     figures,
     fit_maps,
     fit_rules,
+    fold_maps,
     served,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
@@ -268,7 +269,7 @@ def cross_validated_examples(
                 else None
             )
             use = shown is not None and (always or shown.kept)
-            maps = {} if use else fit_maps(labels, training, folds)
+            maps = {} if use else fold_maps(labels, rows, training, folds)
             for i in tested:
                 out.items.append(labels.items[i])
                 out.readings.append(
