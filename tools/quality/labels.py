@@ -19,8 +19,9 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
 
 - ``no labels``: the answers as the server gives them (softmax(scores / T));
 - ``labels -> per-question map``: per question, ``choose_question_map`` fitted on the drawn labels'
-  scores with scale 1/T, as the server fits an operator's file; a held-out answer is served by the
-  map where the keep rule kept it, else as in ``no labels``;
+  scores with scale 1/T, as the server fits an operator's file (no map for a question with fewer than
+  8 drawn labels, MIN_LABELS, as the server); a held-out answer is served by the map where the keep
+  rule kept it, else as in ``no labels``;
 - ``batch calibration``: accuracy.py's batch row on the held-out lines' uncorrected reads (each answer's
   log-softmax minus the mean over the held-out answers to its question): needs the whole batch first
   and no labels, so it does not vary with the split;
