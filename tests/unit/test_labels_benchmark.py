@@ -21,6 +21,7 @@ from tools.quality.labels_figures import (
     TYPE_T_MAP,
     Lines,
     abstention_figures,
+    cross_validated,
     draw_labels,
     evaluate,
     fit_maps,
@@ -110,6 +111,24 @@ def test_a_leaning_question_gets_a_kept_map_that_raises_heldout_accuracy():
     assert results["labels_drawn"]["mean"] == 20
     assert rows[QUESTION_MAP]["types"]["noul"]["labelled"]["mean"] == 1
     assert LETTERS not in rows
+
+
+def test_fewer_labels_than_the_server_fits_a_map_on_get_none():
+    labels = leaning_lines("L", 30, seed=0)
+    assert fit_maps(labels, range(20))[question_id(labels.items[0])] is not None
+    # 7 labels: the server fits no map (question_maps' minimum), nor in any fold for abstention
+    assert fit_maps(labels, range(7)) == {question_id(labels.items[0]): None}
+
+    def as_served(count: int) -> dict[str, Reading]:
+        validated = cross_validated(labels, range(count))
+        return dict(
+            zip((i.state for i in validated.items), validated.readings, strict=True)
+        )
+
+    plain = {labels.items[i].state: labels.readings[i] for i in range(20)}
+    few = as_served(7)
+    assert len(few) == 7 and few == {s: plain[s] for s in few}
+    assert as_served(20) != plain
 
 
 def test_letter_reads_get_the_same_rows_as_ours():

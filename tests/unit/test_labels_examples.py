@@ -13,13 +13,25 @@ from tests.unit.test_labels_benchmark import LEANING, line
 from tools.quality.accuracy_figures import Reading
 from tools.quality.labels import line_key
 from tools.quality.labels_examples import (
+    ALWAYS,
+    EXAMPLES,
     CachedReader,
     NotRead,
+    SplitExamples,
+    cross_validated_examples,
     examples_readings,
+    examples_rows,
     shown_key,
     split_examples,
 )
-from tools.quality.labels_figures import Lines, fit_maps, served
+from tools.quality.labels_figures import Lines, cross_validated, fit_maps, served
+from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
+    FOLDS,
+    fold_of_groups,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    fit_map,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
     QuestionsUsed,
@@ -107,3 +119,47 @@ def test_no_line_is_read_with_itself_among_its_examples():
         expected = split.shown[h] if measured.kept else served(reading, maps[question])
         assert readings[h] == expected
         assert always[h] == split.shown[h]
+
+
+def test_labels_are_served_from_the_other_folds_for_abstention():
+    labels, heldout = lines("l", 30), lines("h", 10)
+    chosen = list(range(20))
+    split = asyncio.run(split_examples(labels, heldout, chosen, 4, FakeReader(), FITS))
+    # every drawn label was read with examples from the other folds, as measure read it
+    assert set(split.labelled) == set(chosen)
+    (question,) = split.scales
+    always = cross_validated_examples(labels, chosen, split, always=True)
+    assert sorted(item.state for item in always.items) == sorted(
+        labels.items[i].state for i in chosen
+    )
+    # served with examples, under the map fitted on the other folds' reads with examples only
+    fold = fold_of_groups([labels.items[i].group for i in chosen], FOLDS)
+    by_state = dict(zip((i.state for i in always.items), always.readings, strict=True))
+    for i, f in zip(chosen, fold, strict=True):
+        training = [j for j, g in zip(chosen, fold, strict=True) if g != f]
+        scale, bias = fit_map(
+            [split.labelled[j] for j in training],
+            [labels.items[j].correct for j in training],
+            split.scales[question],
+        )
+        own = [scale * s + b for s, b in zip(split.labelled[i], bias, strict=True)]
+        got = by_state[labels.items[i].state].scores
+        # log-probabilities of the same map: equal up to the normalising constant
+        assert [g - got[0] for g in got] == pytest.approx([o - own[0] for o in own])
+    # a question with no measured examples is served as the map row's cross-validation serves it
+    plain = cross_validated_examples(labels, chosen, SplitExamples(), always=True)
+    expected = cross_validated(labels, chosen)
+    assert plain.readings == expected.readings
+    assert [i.state for i in plain.items] == [i.state for i in expected.items]
+
+
+def test_example_rows_carry_abstention_figures_when_asked():
+    labels, heldout = lines("l", 30), lines("h", 10)
+    rows = asyncio.run(
+        examples_rows(labels, heldout, 1, 20, 4, FakeReader(), FITS, precision=0.8)
+    )
+    for name in (EXAMPLES, ALWAYS):
+        entry = rows[name][0]["types"]["noul"]
+        assert "abstention_rate" in entry and "precision_reached" in entry
+    bare = asyncio.run(examples_rows(labels, heldout, 1, 20, 4, FakeReader(), FITS))
+    assert "abstention_rate" not in bare[EXAMPLES][0]["types"]["noul"]

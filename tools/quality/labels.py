@@ -19,8 +19,9 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
 
 - ``no labels``: the answers as the server gives them (softmax(scores / T));
 - ``labels -> per-question map``: per question, ``choose_question_map`` fitted on the drawn labels'
-  scores with scale 1/T, as the server fits an operator's file; a held-out answer is served by the
-  map where the keep rule kept it, else as in ``no labels``;
+  scores with scale 1/T, as the server fits an operator's file (no map for a question with fewer than
+  8 drawn labels, MIN_LABELS, as the server); a held-out answer is served by the map where the keep
+  rule kept it, else as in ``no labels``;
 - ``batch calibration``: accuracy.py's batch row on the held-out lines' uncorrected reads (each answer's
   log-softmax minus the mean over the held-out answers to its question): needs the whole batch first
   and no labels, so it does not vary with the split;
@@ -31,15 +32,18 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
 - ``letter logprobs -> per-question map``: the map row's fitting on the letter reads of the drawn labels
   (scale 1: the letter reads have no T); abstention as for the map row: what labels buy a user's own
   read.
-- ``labels -> in-context examples`` and ``in-context examples, always`` (with ``--examples N``;
+- ``labels -> examples + map`` and ``examples + map, always`` (with ``--examples N``;
   labels_examples.py): per question, the drawn labels read again with examples from the other folds,
   measured against their plain reads (``runtime/examples_pass.measure``, the server's own code), then
   the held-out lines read with the examples the server would serve; the first row serves those reads
-  (under the examples' map) where the keep rule kept them, else as the map row; the second for every
-  measured question. These reads need the engine per split: started in process (calibration off) with
+  (under the examples' map) where the keep rule kept them, else as the map row (the issue's "both":
+  per-question map and examples, each where kept; examples never go without their map, so there is no
+  examples-only row); the second for every measured question. These reads need the engine per split: started in process (calibration off) with
   the layouts and corrections of ``--saved-calibration`` (the record the cached plain reads were served
   under), cached in ``--reads`` by line and examples; ``--examples-questions N`` limits them to N
-  questions taken in turn per type. No abstention figures for them.
+  questions taken in turn per type. Abstention as for the map row: each drawn label served as the row
+  would serve it from the other folds (its read with examples from the other folds, which ``measure``
+  asks anyway, under the examples and map measured on the other folds).
 
 Figures, on the held-out lines: accuracy (the served top option), the majority answer (each held-out
 question's most common answer; a bar, it has seen the labels), mean accuracy per question, log loss,
@@ -240,6 +244,7 @@ def example_rows(
                 fits,
                 args.seed,
                 questions,
+                args.precision,
             )
         finally:
             print(f"{cached.asked} reads with examples asked", file=sys.stderr)

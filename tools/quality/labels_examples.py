@@ -8,9 +8,13 @@ code, through its ShownReader), then each held-out line of the question is read 
 server would serve (picked from all the drawn labels). The reads are cached by line and examples
 (``shown_key``), so a rerun, or the offline figures, ask nothing twice.
 
-Rows: ``labels -> in-context examples`` serves a held-out line with its question's examples and their
-map where the keep rule kept them, else as the map row does; ``in-context examples, always`` serves
-every measured question with its examples and the map fitted on the reads with them, no keep rule.
+Rows: ``labels -> examples + map`` serves a held-out line with its question's examples and their
+map where the keep rule kept them, else as the map row does (its question's map where kept); this is
+the issue's "both" row, and there is no row of examples without a map, since the server serves none:
+examples always come with the map fitted on the reads with them. ``examples + map, always`` serves
+every measured question with its examples and that map, no keep rule. Abstention for both rows is
+fitted per type on the drawn labels served as the row would serve them from the other folds
+(cross_validated_examples), from the reads ``measure`` asked anyway: no read more.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ from tools.quality.accuracy_figures import Reading, question_id
 from tools.quality.labels_figures import (
     Item,
     Lines,
+    answered_by_question,
     draw_labels,
     figures,
     fit_maps,
+    fit_rules,
+    fold_maps,
     served,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
@@ -40,6 +47,11 @@ from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
     QuestionExamples,
+    measure_examples,
+)
+from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
+    FOLDS,
+    fold_of_groups,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
     MIN_LABELS,
@@ -53,9 +65,10 @@ from vllm.entrypoints.generate.decisions.runtime.examples_pass import (
     ShownReader,
     measure,
 )
+from vllm.entrypoints.generate.decisions.runtime.fitting import map_scale
 
-EXAMPLES = "labels -> in-context examples"
-ALWAYS = "in-context examples, always"
+EXAMPLES = "labels -> examples + map"
+ALWAYS = "examples + map, always"
 
 
 class NotRead(LookupError):
@@ -104,11 +117,33 @@ class CachedReader(ShownReader):
 
 @dataclass
 class SplitExamples:
-    """One split's measured examples per question (None: a read with them was refused) and each
-    held-out line's reading with its question's served examples (under their map)."""
+    """One split's measured examples per question (None: a read with them was refused), each
+    held-out line's reading with its question's served examples (under their map), each drawn
+    label's scores as ``measure`` read them (with examples from the other folds, by label index) and
+    the scale each measured question's maps are pulled toward."""
 
     measured: dict[str, QuestionExamples | None] = field(default_factory=dict)
     shown: dict[int, Reading] = field(default_factory=dict)
+    labelled: dict[int, list[float]] = field(default_factory=dict)
+    scales: dict[str, float] = field(default_factory=dict)
+
+
+class Noting(ShownReader):
+    """A ShownReader that notes the scores of every item it reads (by the item's identity)."""
+
+    def __init__(self, inner: ShownReader) -> None:
+        self.inner = inner
+        self.noted: dict[int, list[float] | None] = {}
+
+    async def scores(
+        self,
+        reads: dict[str, TypeReads],
+        item: Item,
+        examples: tuple[Example, ...],
+    ) -> list[float] | None:
+        scores = await self.inner.scores(reads, item, examples)
+        self.noted[id(item)] = scores
+        return scores
 
 
 async def split_examples(
@@ -131,17 +166,26 @@ async def split_examples(
     temperatures = fits.temperatures()
 
     async def one(question: str, indices: list[int]) -> None:
+        key = question_key(labels.items[indices[0]].question)
+        noting = Noting(reader)
         measured = await measure(
-            question_key(labels.items[indices[0]].question),
+            key,
             [(labels.items[i], labels.readings[i].scores) for i in indices],
             count,
-            reader,
+            noting,
             fits,
             temperatures,
         )
         out.measured[question] = measured
         if measured is None:
             return
+        out.scales[question] = map_scale(
+            fits.reads, temperatures, labels.items[indices[0]].question.qtype.name, key
+        )
+        for i in indices:
+            scores = noting.noted.get(id(labels.items[i]))
+            if scores is not None:
+                out.labelled[i] = scores
         shown_map = measured.map
         asked = [
             h for h, item in enumerate(heldout.items) if question_id(item) == question
@@ -188,6 +232,51 @@ def examples_readings(
         out.append(
             split.shown[h] if use else served(reading, maps.get(question_id(item)))
         )
+    return out
+
+
+def cross_validated_examples(
+    labels: Lines,
+    chosen: Sequence[int],
+    split: SplitExamples,
+    always: bool,
+    folds: int = FOLDS,
+) -> Lines:
+    """The chosen labelled lines (answered ones), each served as the row would serve it from the other
+    folds of its question's labels alone (groups within a fold, the folds ``measure`` read them over):
+    for a measured question, its examples measured again on the other folds' reads with and without
+    examples; where kept (``always``: measured), the line's read with examples from the other folds
+    under the map fitted on the other folds' reads with examples; else the line as the map row's
+    cross-validation serves it (labels_figures.cross_validated). What abstention may be fitted on,
+    with no new read. One leak: another fold's label was read with this label among its examples."""
+    out = Lines([], [])
+    for question, rows in answered_by_question(labels, chosen).items():
+        fold = fold_of_groups([labels.items[i].group for i in rows], folds)
+        measured = question in split.scales and all(i in split.labelled for i in rows)
+        for f in sorted(set(fold)):
+            training = [i for i, g in zip(rows, fold, strict=True) if g != f]
+            tested = [i for i, g in zip(rows, fold, strict=True) if g == f]
+            shown = (
+                measure_examples(
+                    [],
+                    [labels.readings[i].scores for i in training],
+                    [split.labelled[i] for i in training],
+                    [labels.items[i].correct for i in training],
+                    [labels.items[i].group for i in training],
+                    split.scales[question],
+                )
+                if measured and len({labels.items[i].group for i in training}) > 1
+                else None
+            )
+            use = shown is not None and (always or shown.kept)
+            maps = {} if use else fold_maps(labels, rows, training, folds)
+            for i in tested:
+                out.items.append(labels.items[i])
+                out.readings.append(
+                    Reading(shown.map.log_probabilities(split.labelled[i]), 1.0)
+                    if use and shown is not None
+                    else served(labels.readings[i], maps.get(question))
+                )
     return out
 
 
@@ -251,9 +340,11 @@ async def examples_rows(
     fits: CalibrationRecord,
     seed: int = 0,
     questions: set[str] | None = None,
+    precision: float | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Both example rows' figures per split (the splits labels_figures.evaluate draws), with no
-    abstention figures: those would need cross-validated reads with examples of the labels."""
+    """Both example rows' figures per split (the splits labels_figures.evaluate draws); with
+    ``precision``, abstention fitted per type on the drawn labels as the row serves them
+    cross-validated (cross_validated_examples), as the map row's is."""
     rows: dict[str, list[dict[str, Any]]] = {EXAMPLES: [], ALWAYS: []}
     for split in range(splits):
         chosen = draw_labels(labels.items, per_question, f"{seed}-{split}")
@@ -262,11 +353,16 @@ async def examples_rows(
         )
         maps = fit_maps(labels, chosen)
         for name, always in ((EXAMPLES, False), (ALWAYS, True)):
+            rules = None
+            if precision is not None:
+                validated = cross_validated_examples(labels, chosen, measured, always)
+                rules = fit_rules(validated.items, validated.readings, precision)
             rows[name].append(
                 figures(
                     heldout,
                     examples_readings(heldout, maps, measured, always),
                     seed,
+                    rules=rules,
                     maps=as_maps(measured, always),
                 )
             )

@@ -35,6 +35,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     fold_of_groups,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    MIN_LABELS,
     QuestionMap,
     choose_question_map,
 )
@@ -122,7 +123,7 @@ def at_temperatures(lines: Lines, temperatures: dict[str, float]) -> Lines:
     )
 
 
-def _answered_by_question(labels: Lines, chosen: Sequence[int]) -> dict[str, list[int]]:
+def answered_by_question(labels: Lines, chosen: Sequence[int]) -> dict[str, list[int]]:
     by_question: dict[str, list[int]] = defaultdict(list)
     for i in chosen:
         if not labels.readings[i].error:
@@ -131,12 +132,19 @@ def _answered_by_question(labels: Lines, chosen: Sequence[int]) -> dict[str, lis
 
 
 def fit_maps(
-    labels: Lines, chosen: Sequence[int], folds: int = FOLDS
+    labels: Lines,
+    chosen: Sequence[int],
+    folds: int = FOLDS,
+    minimum: int = MIN_LABELS,
 ) -> dict[str, QuestionMap | None]:
     """Per question among ``chosen`` labelled lines (answered ones): its map where the keep rule keeps
-    one, else None (the type's softmax(scores / T) serves it)."""
+    one, else None (the type's softmax(scores / T) serves it); none for a question with fewer than
+    ``minimum`` of them, as the server fits none (question_maps)."""
     maps: dict[str, QuestionMap | None] = {}
-    for question, rows in _answered_by_question(labels, chosen).items():
+    for question, rows in answered_by_question(labels, chosen).items():
+        if len(rows) < minimum:
+            maps[question] = None
+            continue
         maps[question] = choose_question_map(
             [labels.readings[i].scores for i in rows],
             [labels.items[i].correct for i in rows],
@@ -169,15 +177,26 @@ def confidence(reading: Reading) -> tuple[float, int]:
     return probabilities[top], top
 
 
+def fold_maps(
+    labels: Lines, rows: Sequence[int], training: Sequence[int], folds: int = FOLDS
+) -> dict[str, QuestionMap | None]:
+    """The maps one fold's labels are served by: fitted on ``training`` (the other folds of a
+    question's answered labels ``rows``), none where the question has fewer than MIN_LABELS in all."""
+    return (
+        fit_maps(labels, training, folds, minimum=0) if len(rows) >= MIN_LABELS else {}
+    )
+
+
 def cross_validated(labels: Lines, chosen: Sequence[int], folds: int = FOLDS) -> Lines:
     """The chosen labelled lines (answered ones), each served by the maps fitted on the other folds of
-    its question's labels (groups kept within a fold): what abstention may be fitted on."""
+    its question's labels (groups kept within a fold): what abstention may be fitted on. A question
+    the server fits no map for (fewer than MIN_LABELS labels) gets none in any fold either."""
     out = Lines([], [])
-    for rows in _answered_by_question(labels, chosen).values():
+    for rows in answered_by_question(labels, chosen).values():
         fold = fold_of_groups([labels.items[i].group for i in rows], folds)
         for f in sorted(set(fold)):
             training = [i for i, g in zip(rows, fold, strict=True) if g != f]
-            maps = fit_maps(labels, training, folds)
+            maps = fold_maps(labels, rows, training, folds)
             for i in (i for i, g in zip(rows, fold, strict=True) if g == f):
                 out.items.append(labels.items[i])
                 out.readings.append(
