@@ -22,6 +22,9 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
   scores with scale 1/T, as the server fits an operator's file (no map for a question with fewer than
   8 drawn labels, MIN_LABELS, as the server); a held-out answer is served by the map where the keep
   rule kept it, else as in ``no labels``;
+- ``labels -> type T`` and ``labels -> type T + per-question map``: the labels as the server's
+  calibration file: each type's T refitted on the drawn labels by the server's own rules
+  (``calibrate``, ``fit_types``; T = 1 where none is kept), then the two rows above at those T;
 - ``batch calibration``: accuracy.py's batch row on the held-out lines' uncorrected reads (each answer's
   log-softmax minus the mean over the held-out answers to its question): needs the whole batch first
   and no labels, so it does not vary with the split;
@@ -59,7 +62,10 @@ usage: python -m tools.quality.labels [--model PATH] [--port N] [--labels FILE] 
                                       [--reads FILE] [--splits N] [--labels-per-question K]
                                       [--precision P] [--json OUT] [--seed N]
                                       [--examples N --saved-calibration FILE]
-                                      [--examples-questions N]
+                                      [--examples-questions N] [--map-scale-prior S]
+
+``--map-scale-prior S`` (development only) fits the maps with another strength of the prior on their
+scale than the server's (question_map.SCALE_PENALTY, 4), to see what a looser or tighter map would do.
 """
 
 from __future__ import annotations
@@ -103,7 +109,10 @@ from tools.quality.labels_figures import (
     summary,
     table,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.calibration import (
+    question_file,
+    question_map,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
 )
@@ -313,7 +322,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--seed", type=int, default=0, help="the splits' draws")
+    parser.add_argument(
+        "--map-scale-prior",
+        type=float,
+        help="development only: the maps' scale prior strength (the server's: "
+        f"{question_map.SCALE_PENALTY:g})",
+    )
     args = parser.parse_args()
+    if args.map_scale_prior is not None:
+        question_map.SCALE_PENALTY = args.map_scale_prior
     command = shlex.join([sys.executable, "-m", "tools.quality.labels", *sys.argv[1:]])
     try:
         files = {
