@@ -277,7 +277,8 @@ def in_english(server: VllmServer, question: dict = IN_ENGLISH) -> dict:
 def labels_while_serving(server: VllmServer, labels, saved_dir) -> None:
     """20 labelled lines of a new question appended to the watched labels file: within two minutes
     an answer about it uses the map refitted from them (version 1, from the labels file), logged and
-    saved beside the calibration record; before, its type's reads."""
+    saved beside the calibration record, read by one API-server process and loaded by the other;
+    before, its type's reads."""
     before = in_english(server)["extra"]["audit"]
     assert "question_map" not in before
     assert before["temperature_scope"] != "noul:question"
@@ -296,7 +297,14 @@ def labels_while_serving(server: VllmServer, labels, saved_dir) -> None:
     assert qmap is not None, "no refit from the labels file within 120 s"
     assert (qmap["source"], qmap["version"], qmap["labels"]) == ("labels file", 1, 20)
     assert audit["temperature_scope"] == "noul:question"
-    assert "decision labels: refit 1 from " in server.log.read_text()
+    # One of the two API-server processes read the 20 lines and refitted; the other loaded its refit.
+    deadline = time.monotonic() + 60
+    while "loaded from another API-server process" not in server.log.read_text():
+        assert time.monotonic() < deadline, "the other process never loaded the refit"
+        time.sleep(1)
+    log = server.log.read_text()
+    assert log.count("20 new lines read (20 in all") == 1, log[-3000:]
+    assert log.count("refit 1 from ") == 2
     (saved,) = saved_dir.glob("labels-*.json")
     assert json.loads(saved.read_text())["version"] == 1
 

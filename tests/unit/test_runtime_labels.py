@@ -188,6 +188,36 @@ async def test_a_question_in_both_files_is_refitted_on_the_labels_of_both(
     assert sum(r["question"] == key for r in saved) == 6
 
 
+async def test_one_api_server_process_refits_and_the_others_load_it(tmp_path, caplog):
+    """Two API-server processes of one server (one calibration record) watch the same file: the
+    first to see the change reads and refits; the other loads that refit, reading nothing, and
+    answers with the same maps; a line added later is read once, by whichever refits."""
+    caplog.set_level(logging.INFO)
+    first, first_backend, labels = await served(tmp_path)
+    second, second_backend, _ = await served(tmp_path, Counting())
+    assert first.calibrated.key == second.calibrated.key
+    watchers = LiveLabels(first, poll_s=0), LiveLabels(second, poll_s=0)
+    write(labels, lines(PRIORITY, "request", PRIORITIES, 30))
+    assert await watchers[0].check() and await watchers[1].check()
+    assert len(first_backend.label_reads) == 30 and second_backend.label_reads == []
+    assert second.calibrated.maps == first.calibrated.maps
+    assert second.calibrated.maps_version == first.calibrated.maps_version == 1
+    assert (
+        "refit 1 from " in caplog.text
+        and "loaded from another API-server process" in (caplog.text)
+    )
+    write(
+        labels,
+        lines(PRIORITY, "request", PRIORITIES, 30)
+        + lines(PRIORITY, "request", PRIORITIES, 1, start=30),
+    )
+    assert await watchers[1].check() and await watchers[0].check()
+    assert second_backend.label_reads == ["request 30 about low"], "only the new line"
+    assert len(first_backend.label_reads) == 30
+    assert first.calibrated.maps == second.calibrated.maps
+    assert first.calibrated.maps_version == 2
+
+
 async def test_a_request_in_flight_keeps_the_maps_it_started_with(tmp_path):
     service, backend, labels = await served(tmp_path)
     watcher = LiveLabels(service, poll_s=0)

@@ -7,8 +7,8 @@ question labelled at least MIN_LABELS times gets its map refitted (calibration/q
 worker thread), and a new :class:`Calibrated` with those maps replaces the one in force as one
 object: a request in flight keeps the one it started with. Each refit is saved beside the calibration
 record (``labels-<key>.json``: the maps, the reads and the file's hash), so a restart with the same
-labels file answers with them from the start and reads only lines added since. Nothing of it runs on
-the request path.
+labels file answers with them from the start and reads only lines added since; with several API-server
+processes one refits and the others load its saved refit. Nothing of it runs on the request path.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, r
 from vllm.entrypoints.generate.decisions.decide.reports import LABELS_FILE, STARTUP
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
+from vllm.entrypoints.generate.decisions.runtime.deployment_lock import once_per_server
 from vllm.entrypoints.generate.decisions.runtime.fitting import question_name
 from vllm.logger import init_logger
 
@@ -165,6 +166,39 @@ class LiveLabels:
             return False
         if labels_file.sha256 == self.fitted_sha256:
             return False
+        calibrated = self.service.calibrated
+        if calibrated.key is None:  # no saved calibration to share the refit under
+            return self._apply(await self._refit(labels_file), loaded=False)
+        settings = self.service.settings
+        # One API-server process of this server refits; the others wait for its saved refit.
+        record, loaded = await once_per_server(
+            Path(settings.calibration_dir),
+            dict(calibrated.key),
+            KIND,
+            settings.startup_wait,
+            lambda: self._refit_record(labels_file),
+            lambda saved: (
+                saved.get("labels_file") == self.path
+                and saved.get("sha256") == labels_file.sha256
+            ),
+        )
+        try:
+            refit = SavedLabels.model_validate(record)
+        except ValidationError:
+            logger.warning(
+                "decision labels: a malformed saved refit; the maps in force stay"
+            )
+            return False
+        return self._apply(refit, loaded)
+
+    async def _refit_record(
+        self, labels_file: question_file.QuestionFile
+    ) -> dict[str, Any]:
+        return (await self._refit(labels_file)).model_dump()
+
+    async def _refit(self, labels_file: question_file.QuestionFile) -> SavedLabels:
+        """The file's new lines read, every labelled question's map and threshold fitted: the next
+        refit, not yet in force."""
         fresh = [item for item in labels_file.questions if _key(item) not in self.reads]
         await self._read(fresh)
         rows = [
@@ -188,9 +222,57 @@ class LiveLabels:
         thresholds = await asyncio.to_thread(
             question_thresholds, *columns, maps.keys(), labels_file.precisions()
         )
-        return await self._swap(
-            maps, thresholds, labels_file.sha256, len(fresh), len(rows), len(startup)
+        version = self.service.calibrated.maps_version + 1
+        logger.info(
+            "decision labels: refit %d from %s: %d new lines read (%d in all, with %d labels of "
+            "the same questions from the calibration file), %d question maps kept",
+            version,
+            self.path,
+            len(fresh),
+            len(rows),
+            len(startup),
+            len(maps),
         )
+        for key, rule in thresholds.items():
+            line = rule.log_line(
+                question_name(key), f"decision labels: refit {version}"
+            )
+            (logger.info if rule.threshold is not None else logger.warning)("%s", line)
+        return SavedLabels(
+            labels_file=self.path,
+            sha256=labels_file.sha256,
+            version=version,
+            maps={
+                key: qmap.model_copy(update={"version": version, "source": LABELS_FILE})
+                for key, qmap in maps.items()
+            },
+            reads=list(self.reads.values()),
+            abstention=thresholds,
+        )
+
+    def _apply(self, refit: SavedLabels, loaded: bool) -> bool:
+        """``refit`` in force from the next request on: startup's maps and thresholds, updated with
+        its own; ``loaded``: another API-server process of this server made it (its reads are
+        adopted, so this one reads only lines added after)."""
+        calibrated = self.service.calibrated
+        startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
+        self.service.calibrated = replace(
+            calibrated,
+            maps={**startup, **refit.maps},
+            maps_version=refit.version,
+            question_abstention={**self.startup_abstention, **refit.abstention},
+        )
+        self.fitted_sha256 = refit.sha256
+        if loaded:
+            self.reads = {(r.state_sha256, r.question): r for r in refit.reads}
+            logger.info(
+                "decision labels: refit %d from %s loaded from another API-server process "
+                "(%d question maps)",
+                refit.version,
+                self.path,
+                len(refit.maps),
+            )
+        return True
 
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
         """Each line read as a request reads its question without a map; a line that fails is left
@@ -198,7 +280,7 @@ class LiveLabels:
         service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
         calibrated = service.calibrated
         asked = Asked(service.settings.debias)
-        # Each API-server process reads the same lines: engine request ids unique to this refit.
+        # Engine request ids unique to this refit: a later one, or another process, may read a line again.
         refit = uuid.uuid4().hex[:8]
 
         async def one(index: int, item: question_file.LabelledQuestion) -> None:
@@ -243,71 +325,6 @@ class LiveLabels:
             )
 
         await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
-
-    async def _swap(
-        self,
-        fitted: dict[str, QuestionMap],
-        thresholds: dict[str, Abstention],
-        sha256: str,
-        fresh: int,
-        rows: int,
-        pooled: int,
-    ) -> bool:
-        """The refit in force from the next request on: startup's maps and thresholds, updated with
-        ``fitted`` and ``thresholds``."""
-        calibrated = self.service.calibrated
-        version = calibrated.maps_version + 1
-        maps = {
-            key: qmap.model_copy(update={"version": version, "source": LABELS_FILE})
-            for key, qmap in fitted.items()
-        }
-        startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
-        self.service.calibrated = replace(
-            calibrated,
-            maps={**startup, **maps},
-            maps_version=version,
-            question_abstention={**self.startup_abstention, **thresholds},
-        )
-        self.fitted_sha256 = sha256
-        logger.info(
-            "decision labels: refit %d from %s: %d new lines read (%d in all, with %d labels of "
-            "the same questions from the calibration file), %d question maps kept",
-            version,
-            self.path,
-            fresh,
-            rows,
-            pooled,
-            len(maps),
-        )
-        for key, rule in thresholds.items():
-            line = rule.log_line(
-                question_name(key), f"decision labels: refit {version}"
-            )
-            (logger.info if rule.threshold is not None else logger.warning)("%s", line)
-        if calibrated.key is not None:
-            saved = SavedLabels(
-                labels_file=self.path,
-                sha256=sha256,
-                version=version,
-                maps=maps,
-                reads=list(self.reads.values()),
-                abstention=thresholds,
-            )
-            await asyncio.to_thread(self._save, calibrated.key, saved)
-        return True
-
-    def _save(self, key: Any, saved: SavedLabels) -> None:
-        directory = Path(self.service.settings.calibration_dir)
-        try:
-            store.save(directory, key, saved.model_dump(), KIND)
-        except OSError as exc:
-            logger.warning(
-                "decision labels: refit %d not saved (%sCALIBRATION_DIR=%s): %s",
-                saved.version,
-                PREFIX,
-                directory,
-                exc,
-            )
 
 
 def pooled(
