@@ -39,6 +39,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.question_map import 
     QuestionMap,
     choose_question_map,
 )
+from vllm.entrypoints.generate.decisions.decide.calibration.results import TypeRecord
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 from vllm.entrypoints.generate.decisions.runtime.fitting import MIN_ANSWERED
@@ -103,9 +104,7 @@ def fitted_temperatures(labels: Lines, chosen: Sequence[int]) -> dict[str, float
     server = calibrate(*columns).applied_temperature
     fits = fit_types(set(types), types, *columns, MIN_ANSWERED)
     return {
-        name: fit.result.applied_temperature
-        if fit.result is not None and fit.fallback is None
-        else server
+        name: TypeRecord.of(fit, server).applied_temperature
         for name, fit in fits.items()
     }
 

@@ -320,14 +320,15 @@ def held_out_threshold(
     groups: Sequence[str],
     precision: float,
 ) -> Abstention:
-    """The threshold for one question from its labels' held-out log-probabilities (one row per
-    label, options in its order): the answer is each row's top option, its confidence that
-    option's probability."""
+    """The threshold for one question (scope ``question``) from its labels' held-out
+    log-probabilities (one row per label, options in its order): the answer is each row's top
+    option, its confidence that option's probability."""
     probabilities = np.exp(log_probabilities)
     hits = probabilities.argmax(axis=1) == np.asarray(correct)
-    return fit_abstention(
+    rule = fit_abstention(
         probabilities.max(axis=1).tolist(), hits.tolist(), groups, precision
     )
+    return rule.model_copy(update={"scope": "question"})
 
 
 def question_thresholds(
@@ -353,19 +354,18 @@ def question_thresholds(
         labelled = [groups[i] for i in picked]
         answers = [correct[i] for i in picked]
         if len(set(labelled)) < 2:
-            rule = abstains(
+            fitted[key] = abstains(
                 asked,
                 len(picked),
                 len(set(labelled)),
                 "the question's labels come from fewer than two groups, so none can be held "
                 "out to fit a threshold on",
-            )
-        else:
-            own, typed = held_out(
-                [scores[i] for i in picked], answers, labelled, scales[picked[0]]
-            )
-            rule = held_out_threshold(
-                own if key in kept else typed, answers, labelled, asked
-            )
-        fitted[key] = rule.model_copy(update={"scope": "question"})
+            ).model_copy(update={"scope": "question"})
+            continue
+        own, typed = held_out(
+            [scores[i] for i in picked], answers, labelled, scales[picked[0]]
+        )
+        fitted[key] = held_out_threshold(
+            own if key in kept else typed, answers, labelled, asked
+        )
     return fitted

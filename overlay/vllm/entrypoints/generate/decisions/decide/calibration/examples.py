@@ -126,14 +126,14 @@ def measure_examples(
     base, _ = held_out(plain, correct, groups, scale)
     with_examples, _ = held_out(shown, correct, groups, scale)
     fitted_scale, fitted_bias = fit_map(shown, correct, scale)
-    rule = None
-    if precision is not None:
-        rule = held_out_threshold(with_examples, correct, groups, precision)
-        rule = rule.model_copy(update={"scope": "question"})
     return QuestionExamples(
         examples=list(examples),
         scale=fitted_scale,
         bias=fitted_bias,
-        abstention=rule,
+        abstention=(
+            held_out_threshold(with_examples, correct, groups, precision)
+            if precision is not None
+            else None
+        ),
         **compared(with_examples, base, correct, groups),
     )

@@ -49,9 +49,8 @@ class LabelledQuestion:
     raw: dict[
         str, Any
     ]  # the question as the file gives it, for tools that send it over the wire
-    precision: float | None = (
-        None  # the precision the operator asks of this question's answers
-    )
+    # The precision the operator asks of this question's answers (None: none asked).
+    precision: float | None = None
 
 
 @dataclass(frozen=True)
