@@ -25,6 +25,7 @@ from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
 from vllm.entrypoints.generate.decisions.decide.prompting.labels import word_labels
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
     SYSTEM_PROMPT,
+    YES_NO_SYSTEM_PROMPT,
     messages,
     question_text,
 )
@@ -51,12 +52,11 @@ WORDS = LogitOptions(labels="words", logprobs="exact")
 DIGITS = [str(i) for i in range(1, 10)]
 
 
-def yes_no(when_yes=None):
+def yes_no(when_yes=None, when_no=None):
+    criteria = {"true": when_yes, "false": when_no}
+    criteria = {key: text for key, text in criteria.items() if text}
     return NOUL.compile(
-        NoulQuestion(
-            instructions="Is this urgent?",
-            criteria={"true": when_yes} if when_yes else None,
-        )
+        NoulQuestion(instructions="Is this urgent?", criteria=criteria or None)
     )
 
 
@@ -189,12 +189,6 @@ async def test_a_blank_label_is_refused(smollm2_tokenizer):
     ("question", "lines", "instruction"),
     [
         (
-            yes_no("time-sensitive"),
-            ["- Yes: time-sensitive", "- No"],
-            "Answer with Yes or No.",
-        ),
-        (reversed_options(yes_no()), ["- No", "- Yes"], "Answer with No or Yes."),
-        (
             score("Calm", "Angry", "Furious"),
             ["1. Calm", "2. Angry", "3. Furious"],
             "Answer with one number (1-3).",
@@ -210,7 +204,7 @@ async def test_a_blank_label_is_refused(smollm2_tokenizer):
             "Answer with one of: billing, technical, sales.",
         ),
     ],
-    ids=["yes-no", "no-yes", "score", "reversed-score", "choice"],
+    ids=["score", "reversed-score", "choice"],
 )
 def test_option_lines_and_instruction_in_words(question, lines, instruction):
     text = question_text(question, word_labels(question), words=True)
@@ -218,6 +212,28 @@ def test_option_lines_and_instruction_in_words(question, lines, instruction):
     assert head == f"Question: {question.instructions}"
     assert options.splitlines() == ["Options:", *lines]
     assert answer == instruction
+
+
+@pytest.mark.parametrize(
+    ("question", "lines"),
+    [
+        (
+            yes_no("time-sensitive", "Can wait"),
+            ["Yes: time-sensitive.", "No: Can wait."],
+        ),
+        (
+            reversed_options(yes_no("Late!", "On time.")),
+            ["No: On time.", "Yes: Late!"],
+        ),
+        (yes_no("time-sensitive"), ["Yes: time-sensitive."]),
+        (yes_no(), []),
+    ],
+    ids=["both", "reversed", "one-criterion", "none"],
+)
+def test_a_yes_no_question_in_words_says_what_each_answer_means(question, lines):
+    """No options list and no answer instruction: its frame's instructions ask for Yes or No."""
+    text = question_text(question, word_labels(question), words=True)
+    assert text.splitlines() == [f"Question: {question.instructions}", *lines]
 
 
 def test_letters_are_listed_as_before():
@@ -239,6 +255,18 @@ def test_both_layouts_share_the_system_prompt_and_the_state():
     )
 
 
+def test_a_yes_no_question_in_words_has_a_frame_of_its_own():
+    """Asked in words, a yes/no question's instructions ask for Yes or No and the state is ``Text``;
+    in letters it is framed as every other question."""
+    question = yes_no("time-sensitive")
+    words = messages("The state.", question, ["Yes", "No"], words=True)
+    letters = messages("The state.", question, ["A", "B"])
+    assert words[0] == {"role": "system", "content": YES_NO_SYSTEM_PROMPT}
+    assert words[1]["content"].startswith("Text:\nThe state.\n\nQuestion: ")
+    assert letters[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert letters[1]["content"].startswith("Document:\nThe state.\n\nQuestion: ")
+
+
 # --- reads ----------------------------------------------------------------------------------------
 
 
@@ -258,9 +286,10 @@ async def read(tokenizer, question, options=WORDS, **host_args):
 async def test_a_yes_no_question_reads_yes_and_no(smollm2_tokenizer):
     reading, prompt, labels = await read(smollm2_tokenizer, yes_no())
     assert reading.audit.label_layout == "words" and labels == ["Yes", "No"]
-    assert "- Yes\n- No\n\nAnswer with Yes or No." in prompt and prompt.endswith(
-        ANSWER_CUE
+    assert prompt.endswith(
+        f"Text:\nCard charged twice!\n\nQuestion: Is this urgent?<|im_end|>\n<|im_start|>assistant\n{ANSWER_CUE}"
     )
+    assert f"system\n{YES_NO_SYSTEM_PROMPT}<|im_end|>" in prompt
 
 
 async def test_a_score_reads_its_level_numbers(smollm2_tokenizer):

@@ -14,6 +14,8 @@ from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     stencil_check,
 )
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+    DOCUMENT_FRAME,
+    YES_NO_FRAME,
     chat,
     question_text,
 )
@@ -62,21 +64,37 @@ def body(question):
     return question_text(question, labels)
 
 
-async def test_stencil_prompts_are_the_full_rendering(any_tokenizer):
+@pytest.mark.parametrize("frame", [DOCUMENT_FRAME, YES_NO_FRAME])
+async def test_stencil_prompts_are_the_full_rendering(any_tokenizer, frame):
     host = TokenizerHost(any_tokenizer)
     pool = StencilPool(host, enabled=await stencil_check(host))
     assert pool.enabled
     shared = 0
     for state in STATES:
-        shared += await build_stencil(host, state) is not None
+        shared += await build_stencil(host, state, frame=frame) is not None
         for question in QUESTIONS:
-            expected = await host.render_chat(chat(state, body(question)))
-            assert await pool.prompt_ids(state, body(question)) == expected, (
-                state[:40],
-                question.instructions,
-            )
+            expected = await host.render_chat(chat(state, body(question), frame=frame))
+            assert await pool.prompt_ids(state, body(question), frame=frame) == (
+                expected
+            ), (state[:40], question.instructions)
     # only states with no clean cut near their end go without
     assert shared >= len(STATES) - 3
+
+
+async def test_each_frame_of_a_state_has_its_own_stencil(smollm2_tokenizer):
+    """Reads about one state in flight together, in both frames: each prompt is its own frame's."""
+    host = TokenizerHost(smollm2_tokenizer)
+    pool = StencilPool(host)
+    state = "A long state. " * 300
+    question = body(QUESTIONS[0])
+    frames = [DOCUMENT_FRAME, YES_NO_FRAME] * 4
+    prompts = await asyncio.gather(
+        *(pool.prompt_ids(state, question, frame=frame) for frame in frames)
+    )
+    assert host.renders == 2 and not pool._shared
+    for frame, ids in zip(frames, prompts, strict=True):
+        assert ids == await host.render_chat(chat(state, question, frame=frame))
+    assert prompts[0] != prompts[1]
 
 
 async def test_questions_in_flight_share_one_rendering(smollm2_tokenizer):

@@ -63,9 +63,13 @@ usage: python -m tools.quality.labels [--model PATH] [--port N] [--labels FILE] 
                                       [--precision P] [--json OUT] [--seed N]
                                       [--examples N --saved-calibration FILE]
                                       [--examples-questions N] [--map-scale-prior S]
+                                      [--layout words|letters]
 
 ``--map-scale-prior S`` (development only) fits the maps with another strength of the prior on their
 scale than the server's (question_map.SCALE_PENALTY, 4), to see what a looser or tighter map would do.
+``--layout L`` (development only) asks the server's reads in label layout L
+(``extra.backend_options.labels``) instead of each type's kept one, to see what the maps would buy on
+that layout's reads; give it a ``--reads`` file of its own (the cache doesn't know the layout).
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ from tools.quality.accuracy import (
     wait_ready,
 )
 from tools.quality.accuracy_figures import Reading, question_id
-from tools.quality.accuracy_rows import RowRefused, Servers
+from tools.quality.accuracy_rows import OURS, RowRefused, Servers
 from tools.quality.labels_examples import (
     CachedReader,
     NotRead,
@@ -328,9 +332,16 @@ def main() -> int:
         help="development only: the maps' scale prior strength (the server's: "
         f"{question_map.SCALE_PENALTY:g})",
     )
+    parser.add_argument(
+        "--layout",
+        choices=("letters", "words"),
+        help="development only: ask the server's reads in this label layout",
+    )
     args = parser.parse_args()
     if args.map_scale_prior is not None:
         question_map.SCALE_PENALTY = args.map_scale_prior
+    if args.layout is not None:
+        OURS["default"] = {"backend_options": {"labels": args.layout}}
     command = shlex.join([sys.executable, "-m", "tools.quality.labels", *sys.argv[1:]])
     try:
         files = {

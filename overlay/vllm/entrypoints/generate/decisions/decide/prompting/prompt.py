@@ -2,8 +2,11 @@
 """The logit backend's prompt: the state first, then the criterion, then labelled options.
 
 The state comes first so that every question about one state shares a token prefix, which vLLM's
-prefix cache then prefills once; the system prompt is the same for every label layout, so questions
-about one state share it whichever layout each uses. The instructions go in a system message, or, for
+prefix cache then prefills once. Every question is framed alike (the same instructions, the state
+under ``Document:``) except a yes/no question in words: a small model reads a plain Yes or No asked
+for in the instructions, the state as ``Text:`` and the criteria as ``Yes: ...`` and ``No: ...`` far
+better than an options list (docs/quality.md, "A yes/no frame"), so those questions share the state's
+prefix with each other, not with the rest. The instructions go in a system message, or, for
 chat templates with no system role (they refuse one or drop it), at the head of the user turn
 (``system_role=False``). ``RENDER_VERSION`` names this exact text: it is derived from it, a hash of
 a fixed probe (a question of each type, both label layouts, both instruction placements, the two-stage
@@ -12,7 +15,8 @@ saved calibrations measured with the old text are not reused. tests/golden pins 
 for byte under the version's name.
 
 Options are listed by layout (labels.py): letters as ``A. text``; words as ``- word: description``,
-or, for an ordered scale, numbered ``1. text``.
+or, for an ordered scale, numbered ``1. text``; a yes/no question in words says what each answer
+means, ``Yes: description.``, with no list and no answer instruction (its frame's instructions ask).
 
 A question the operator labelled may be asked with answered examples (in-context examples): earlier
 turns asking the same question about other documents, each answered ``Answer: <label>`` in the read's
@@ -44,6 +48,33 @@ SYSTEM_PROMPT = (
     "You answer questions about a document. Each question lists its options. "
     "Reply with the label of the one option that fits best, and nothing else."
 )
+YES_NO_SYSTEM_PROMPT = "Read the text and answer Yes or No."
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What a prompt puts around the state and the question: the instructions and the state's
+    heading (see the module's docstring for why yes/no questions in words have a frame of their own)."""
+
+    yes_no: bool = False
+
+    @property
+    def instructions(self) -> str:
+        return YES_NO_SYSTEM_PROMPT if self.yes_no else SYSTEM_PROMPT
+
+    @property
+    def heading(self) -> str:
+        return "Text" if self.yes_no else "Document"
+
+
+DOCUMENT_FRAME = Frame()
+YES_NO_FRAME = Frame(yes_no=True)
+
+
+def frame_for(question: CompiledQuestion, words: bool) -> Frame:
+    return (
+        YES_NO_FRAME if words and question.qtype.name == NOUL.name else DOCUMENT_FRAME
+    )
 
 
 def answer_instruction(
@@ -77,6 +108,15 @@ def question_text(
     question: CompiledQuestion, labels: Sequence[str], words: bool = False
 ) -> str:
     """The question's text with ``labels``; ``words``: they are the words layout's (labels.py)."""
+    if frame_for(question, words).yes_no:
+        return "\n".join(
+            [f"Question: {question.instructions}".rstrip()]
+            + [
+                f"{option.text}{'' if option.text[-1] in '.!?' else '.'}"
+                for option in question.options
+                if option.description
+            ]
+        )
     numbered = words and question.qtype.ordered
     word_lines = words and not numbered
     lines = [f"Question: {question.instructions}".rstrip(), "", "Options:"]
@@ -107,8 +147,14 @@ def messages(
     examples: Sequence[Shown] = (),
 ) -> list[dict[str, str]]:
     """Chat messages for one question; everything before the question text depends only on the
-    examples and the state."""
-    return chat(state, question_text(question, labels, words), system_role, examples)
+    examples, the state and the question's frame."""
+    return chat(
+        state,
+        question_text(question, labels, words),
+        system_role,
+        examples,
+        frame_for(question, words),
+    )
 
 
 def chat(
@@ -116,27 +162,31 @@ def chat(
     question_body: str,
     system_role: bool = True,
     examples: Sequence[Shown] = (),
+    frame: Frame = DOCUMENT_FRAME,
 ) -> list[dict[str, str]]:
-    """The chat around a question's text: the instructions, the answered ``examples`` (a user turn and
-    the assistant's answer each), then the state and ``question_body``."""
+    """The chat around a question's text: the frame's instructions, the answered ``examples`` (a user
+    turn and the assistant's answer each), then the state and ``question_body``."""
     turns = []
     for shown in examples:
         turns.append(
-            {"role": "user", "content": user_turn(shown.state, shown.question_body)}
+            {
+                "role": "user",
+                "content": user_turn(shown.state, shown.question_body, frame),
+            }
         )
         turns.append({"role": "assistant", "content": f"{ANSWER_CUE} {shown.answer}"})
-    turns.append({"role": "user", "content": user_turn(state, question_body)})
+    turns.append({"role": "user", "content": user_turn(state, question_body, frame)})
     if not system_role:
         turns[0] = {
             "role": "user",
-            "content": f"{SYSTEM_PROMPT}\n\n{turns[0]['content']}",
+            "content": f"{frame.instructions}\n\n{turns[0]['content']}",
         }
         return turns
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *turns]
+    return [{"role": "system", "content": frame.instructions}, *turns]
 
 
-def user_turn(state: str, question_body: str) -> str:
-    return f"Document:\n{state}\n\n{question_body}"
+def user_turn(state: str, question_body: str, frame: Frame = DOCUMENT_FRAME) -> str:
+    return f"{frame.heading}:\n{state}\n\n{question_body}"
 
 
 def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion:

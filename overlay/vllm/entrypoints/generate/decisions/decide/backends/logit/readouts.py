@@ -50,6 +50,7 @@ from vllm.entrypoints.generate.decisions.decide.prompting.labels import (
 )
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
     Shown,
+    frame_for,
     option_check,
     question_text,
 )
@@ -127,7 +128,10 @@ async def labelled_slot(
     if words and (labels := word_labels(question)) is not None:
         body = question_text(question, labels, words=True)
         rendered = await prompts.prompt_ids(
-            state, body, shown(examples, question, body, labels)
+            state,
+            body,
+            shown(examples, question, body, labels),
+            frame_for(question, words=True),
         )
         slot = placer.place_words(rendered, labels)
         if slot is not None:

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
 from vllm.entrypoints.generate.decisions.decide.host import BackendHost
-from vllm.entrypoints.generate.decisions.decide.prompting.prompt import Shown, chat
+from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
+    DOCUMENT_FRAME,
+    YES_NO_FRAME,
+    Frame,
+    Shown,
+    chat,
+)
 
 # Stands in for the question text while the template is rendered; a state containing it is rendered
 # question by question instead.
@@ -73,12 +79,18 @@ def check_fits(host: BackendHost, tokens: int, chars: int) -> None:
 
 
 async def build_stencil(
-    host: BackendHost, state: str, system_role: bool = True
+    host: BackendHost,
+    state: str,
+    system_role: bool = True,
+    frame: Frame = DOCUMENT_FRAME,
 ) -> Stencil | None:
-    """The stencil for ``state``, or None where this host, template or state can't have one."""
+    """The stencil for ``state`` in ``frame``, or None where this host, template or state can't have
+    one."""
     if PLACEHOLDER in state:
         return None
-    rendered = await host.render_chat_text(chat(state, PLACEHOLDER, system_role))
+    rendered = await host.render_chat_text(
+        chat(state, PLACEHOLDER, system_role, frame=frame)
+    )
     if rendered is None or rendered.count(PLACEHOLDER) != 1:
         return None
     head, closing = rendered.split(PLACEHOLDER)
@@ -116,24 +128,29 @@ class _Shared:
 
 @dataclass
 class StencilPool:
-    """Shares one stencil among the reads in flight about the same state; it is dropped when the
-    last of them has its prompt, so nothing outlives the requests that use it."""
+    """Shares one stencil among the reads in flight about the same state in the same frame; it is
+    dropped when the last of them has its prompt, so nothing outlives the requests that use it."""
 
     host: BackendHost
     enabled: bool = True
     # Whether the chat template takes the instructions as a system message (chat_template.py).
     system_role: bool = True
-    _shared: dict[str, _Shared] = field(default_factory=dict)
+    _shared: dict[tuple[str, Frame], _Shared] = field(default_factory=dict)
 
     @asynccontextmanager
-    async def stencil(self, state: str) -> AsyncIterator[Stencil | None]:
+    async def stencil(
+        self, state: str, frame: Frame = DOCUMENT_FRAME
+    ) -> AsyncIterator[Stencil | None]:
         if not self.enabled:
             yield None
             return
-        shared = self._shared.get(state)
+        key = (state, frame)
+        shared = self._shared.get(key)
         if shared is None:
-            shared = self._shared[state] = _Shared(
-                asyncio.ensure_future(build_stencil(self.host, state, self.system_role))
+            shared = self._shared[key] = _Shared(
+                asyncio.ensure_future(
+                    build_stencil(self.host, state, self.system_role, frame)
+                )
             )
             shared.build.add_done_callback(_observe)
         shared.users += 1
@@ -141,11 +158,15 @@ class StencilPool:
             yield await asyncio.shield(shared.build)
         finally:
             shared.users -= 1
-            if shared.users == 0 and self._shared.get(state) is shared:
-                del self._shared[state]
+            if shared.users == 0 and self._shared.get(key) is shared:
+                del self._shared[key]
 
     async def prompt_ids(
-        self, state: str, question_body: str, examples: Sequence[Shown] = ()
+        self,
+        state: str,
+        question_body: str,
+        examples: Sequence[Shown] = (),
+        frame: Frame = DOCUMENT_FRAME,
     ) -> list[int]:
         """The rendered prompt of one question, through the shared stencil where there is one; a
         question with answered examples is rendered whole (its prefix is its examples, not the state)."""
@@ -156,12 +177,14 @@ class StencilPool:
                 len(state) + sum(len(e.state) + len(e.question_body) for e in examples),
             )
             return await self.host.render_chat(
-                chat(state, question_body, self.system_role, examples)
+                chat(state, question_body, self.system_role, examples, frame)
             )
-        async with self.stencil(state) as stencil:
+        async with self.stencil(state, frame) as stencil:
             if stencil is not None:
                 return await stencil.prompt_ids_async(self.host, question_body)
-        return await self.host.render_chat(chat(state, question_body, self.system_role))
+        return await self.host.render_chat(
+            chat(state, question_body, self.system_role, frame=frame)
+        )
 
 
 def _observe(build: asyncio.Future[Stencil | None]) -> None:
@@ -190,13 +213,14 @@ async def stencil_check(host: BackendHost, system_role: bool = True) -> bool:
     text fails it; a host without text rendering or offsets has no stencil at all)."""
     shared = 0
     for state in CHECK_STATES:
-        stencil = await build_stencil(host, state, system_role)
-        if stencil is None:
-            continue
-        for body in CHECK_QUESTIONS:
-            if stencil.prompt_ids(host, body) != await host.render_chat(
-                chat(state, body, system_role)
-            ):
-                return False
-        shared += 1
+        for frame in (DOCUMENT_FRAME, YES_NO_FRAME):
+            stencil = await build_stencil(host, state, system_role, frame)
+            if stencil is None:
+                continue
+            for body in CHECK_QUESTIONS:
+                if stencil.prompt_ids(host, body) != await host.render_chat(
+                    chat(state, body, system_role, frame=frame)
+                ):
+                    return False
+            shared += 1
     return shared > 0
