@@ -72,6 +72,7 @@ YES_NO_FRAME = Frame(yes_no=True)
 
 
 def frame_for(question: CompiledQuestion, words: bool) -> Frame:
+    """The frame ``question`` is asked in, in words (``words``) or in letters."""
     return (
         YES_NO_FRAME if words and question.qtype.name == NOUL.name else DOCUMENT_FRAME
     )

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The state's part of the prompt, rendered and tokenized once for every question about it.
 
-Every question about one state shares the text before its question (template head, system prompt,
-the state) and after it (the template's closing of the user turn). A :class:`Stencil` renders the chat
-once with a placeholder where the question goes, tokenizes the head once, and cuts it at a *seam*: a
-token boundary well before the state's end where tokenizing afresh reproduces the head's own tokens.
+Every question about one state in one frame (prompt.Frame) shares the text before its question
+(template head, system prompt, the state) and after it (the template's closing of the user turn). A
+:class:`Stencil` renders the chat once with a placeholder where the question goes, tokenizes the head
+once, and cuts it at a *seam*: a token boundary well before the state's end where tokenizing afresh
+reproduces the head's own tokens.
 A question's prompt is then the head's tokens up to the seam plus the tokens of a short text (the few
 characters from the seam, the question, the closing), so a 4,000-token state is tokenized once per
 request rather than once per question.
