@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from tools.quality.accuracy_figures import Reading, metrics, question_id
+from tools.quality.accuracy_figures import Reading, ece_floor, metrics, question_id
 from tools.quality.labels import line_key, load_reads, missing
 from tools.quality.labels_figures import (
     LETTERS,
@@ -298,3 +298,17 @@ def test_the_labels_as_calibration_file_refit_the_types_t():
     assert accuracy == rows[NO_LABELS]["types"]["noul"]["accuracy"]["mean"], (
         "a T moves no answer"
     )
+
+
+def test_the_ece_floor_is_what_a_calibrated_model_shows_on_as_many_answers():
+    """At confidence 0.5 each answer is a fair coin, so ECE is |hits - n/2| / n, whose mean is about
+    0.4 / sqrt(n); confident answers leave less room, and more answers shrink it."""
+    assert ece_floor([0.5] * 100, seed=0, draws=2000) == pytest.approx(
+        0.0399, abs=0.003
+    )
+    assert ece_floor([0.5] * 400, seed=0, draws=2000) == pytest.approx(
+        0.0199, abs=0.002
+    )
+    assert ece_floor([0.95] * 100, seed=0) < ece_floor([0.6] * 100, seed=0)
+    # reproducible for a seed
+    assert ece_floor([0.5] * 100, seed=1) == ece_floor([0.5] * 100, seed=1)

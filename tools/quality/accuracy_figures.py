@@ -1,6 +1,7 @@
 """The figures and the table of tools/quality/accuracy.py: accuracy against the majority baseline, log loss,
-Brier, ECE raw and calibrated, each question's most-picked share, collapsed questions, cost; and batch
-calibration, computed from another row's answers."""
+Brier, ECE raw and calibrated (and the ECE a calibrated model would show on as many answers), each
+question's most-picked share, collapsed questions, cost; and batch calibration, computed from another
+row's answers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
@@ -19,6 +22,8 @@ from vllm.entrypoints.generate.decisions.decide.scoring import (
 LOG_FLOOR = -100.0  # batch calibration: log-probabilities below this count as this
 COLLAPSE_SHARE = 0.8
 COLLAPSE_ACCURACY = 0.5
+# Perfectly calibrated answer sets drawn for each ECE floor.
+FLOOR_DRAWS = 400
 
 
 @dataclass
@@ -86,6 +91,22 @@ def calibration_error(
     return maths.ece(top, hits), maths.bootstrap_interval(top, hits, groups, seed=seed)
 
 
+def ece_floor(top: list[float], seed: int, draws: int = FLOOR_DRAWS) -> float:
+    """The ECE a perfectly calibrated model would show, on average, with these top probabilities on
+    this many answers: each answer drawn right with its own top probability, ``draws`` times. An ECE
+    near it is sampling noise; a goal below it can't be shown on a set this size."""
+    rng = np.random.default_rng(seed)
+    confidence = np.asarray(top, dtype=float)
+    return float(
+        np.mean(
+            [
+                maths.ece(confidence, rng.random(confidence.size) < confidence)
+                for _ in range(draws)
+            ]
+        )
+    )
+
+
 def per_question(
     questions: list[str], correct: list[int], picked: list[int]
 ) -> dict[str, Any]:
@@ -147,6 +168,7 @@ def metrics(
         "brier_raw": brier(raw, correct),
         "ece_raw": calibration_error(raw, hits, groups, seed),
         "ece_calibrated": calibration_error(served, hits, groups, seed),
+        "ece_floor": ece_floor([max(p) for p in served], seed),
         "seconds_per_decision": seconds,
     }
 

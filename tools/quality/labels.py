@@ -50,7 +50,8 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
 
 Figures, on the held-out lines: accuracy (the served top option), the majority answer (each held-out
 question's most common answer; a bar, it has seen the labels), mean accuracy per question, log loss,
-calibrated ECE (10 bins), collapsed questions (accuracy.py's rule: one option takes over 80% of a
+calibrated ECE (10 bins) and its floor (the mean ECE a perfectly calibrated model with the same
+confidences shows on as many answers: accuracy_figures.ece_floor), collapsed questions (accuracy.py's rule: one option takes over 80% of a
 question's answers while it is right less than half the time), ``one answer`` (questions whose every
 held-out input got the same answer), maps kept, and abstention at ``--precision P``: per type, the
 threshold ``fit_abstention`` finds on the drawn labels' held-out confidences (for the map row,

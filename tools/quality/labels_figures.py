@@ -425,6 +425,7 @@ TYPE_COLUMNS = [
     ("mean acc/q", "mean_accuracy_per_question", "{:.3f}"),
     ("log loss", "log_loss", "{:.3f}"),
     ("ECE", "ece_calibrated", "{:.3f}"),
+    ("ECE floor", "ece_floor", "{:.3f}"),
     ("collapsed", "collapsed", "{:.1f}"),
     ("one answer", "one_answer", "{:.1f}"),
     ("labelled", "labelled", "{:.0f}"),
