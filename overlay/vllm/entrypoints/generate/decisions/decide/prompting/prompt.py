@@ -4,7 +4,7 @@
 The state comes first so that every question about one state shares a token prefix, which vLLM's
 prefix cache then prefills once. Every question is framed alike (the same instructions, the state
 under ``Document:``) except a yes/no question in words: a small model reads a plain Yes or No asked
-for in the instructions, the state as ``Text:`` and the criteria as ``Yes: ...`` and ``No: ...`` far
+for in the instructions, the state as ``Text:`` and the criteria as ``Yes: ...`` and ``No: ...``
 better than an options list (docs/quality.md, "A yes/no frame"), so those questions share the state's
 prefix with each other, not with the rest. The instructions go in a system message, or, for
 chat templates with no system role (they refuse one or drop it), at the head of the user turn
