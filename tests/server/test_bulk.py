@@ -6,6 +6,7 @@ giving each line exactly once with the answers of an uninterrupted run (itself r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -171,10 +172,8 @@ def run_batch(
     target: Path,
     in_flight: int = 64,
     replicas: int = 1,
-    niceness: int = 0,
 ) -> subprocess.Popen:
     command = [
-        *(["nice", "-n", str(niceness)] if niceness else []),
         str(Path(sys.executable).parent / "vllm"),
         "run-batch",
         "-i",
@@ -323,21 +322,28 @@ def test_every_line_is_answered_or_refused_in_place(reference):
 def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
     source, expected = reference
     target = tmp_path / "killed.jsonl"
-    # One line in flight and a fast poll, so the kill lands mid-run however fast the engine is here;
-    # the run yields the CPU to this poll (a busy 2-core machine once starved it while the tiny model
-    # answered all 406 lines in 6 s).
-    process = run_batch(source, target, in_flight=1, niceness=15)
+    # One line in flight, and the run held stopped but for 50 ms slices that a shell times, not this
+    # process: lines are counted only while the run is stopped, so it can't finish between a count and
+    # the kill, however fast the engine is or however long this process waits (a poll alone lost that
+    # race once).
+    process = run_batch(source, target, in_flight=1)
+    group = process.pid
+    os.killpg(group, signal.SIGSTOP)
+    slice_ = f"kill -s CONT -- -{group}; sleep 0.05; kill -s STOP -- -{group}"
     deadline = time.monotonic() + 300
-    while not target.exists() or len(target.read_text().splitlines()) < LINES // 6:
-        assert process.poll() is None, target.with_suffix(".log").read_text(
-            errors="replace"
-        )[-3000:]
-        assert time.monotonic() < deadline, (
-            "the batch wrote too few lines to kill it mid-run"
-        )
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    try:
+        while not target.exists() or len(target.read_text().splitlines()) < LINES // 6:
+            assert process.poll() is None, target.with_suffix(".log").read_text(
+                errors="replace"
+            )[-3000:]
+            assert time.monotonic() < deadline, (
+                "the batch wrote too few lines to kill it mid-run"
+            )
+            subprocess.run(["sh", "-c", slice_], check=True)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a run that died is reaped
+            os.killpg(group, signal.SIGKILL)
+        process.wait()
     written = len(target.read_text().splitlines())
     assert written < len(source.read_bytes().splitlines()), (
         "the run had finished before the kill"
