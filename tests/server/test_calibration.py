@@ -1,5 +1,6 @@
 """Startup calibration on a real server with a small question file: 503 while it runs, answers with
-the fitted T, the saved result reused on restart, a failure -> the default T.
+the fitted T, the saved result reused on restart, a failure -> the default T (and, where the model's
+scores caused it, no measuring again on restart).
 The first two servers run two API-server processes (``--api-server-count 2``): the calibration and the
 startup check are done once and shared, both workers answer both endpoints alike, and a restart loads
 the saved result in both."""
@@ -510,21 +511,60 @@ def both_workers_answer_alike(server: VllmServer) -> None:
     )
 
 
-def test_a_failure_gives_the_default_temperature_and_a_warning(tmp_path, saved_dir):
+def contradicting_lines(count: int) -> list[str]:
+    """``count`` inputs, each asked one yes/no question twice with opposite answers: no T makes those
+    likelier than a coin does, so the fit runs to the range's top on any model and any CPU."""
+    question = {"type": "noul", "instructions": "Is this message urgent?"}
+    return [
+        json.dumps(
+            {
+                "state": json.loads(line)["state"],
+                "question": question,
+                "expected": expected,
+                "group": f"{i}-{expected}",
+            }
+        )
+        for i, line in enumerate(bundled_lines(count))
+        for expected in ("yes", "no")
+    ]
+
+
+def test_a_failure_gives_the_default_temperature_a_warning_and_no_remeasuring(
+    tmp_path, saved_dir
+):
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("\n".join(bundled_lines(30)) + "\n")
-    warning = "only 30 of 30 questions were answered (need 50)"
-    server, _ = start(tmp_path, "failing", questions, saved_dir)
-    try:
-        deadline = time.monotonic() + 10
-        while warning not in server.log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert warning in server.log.read_text()
+    questions.write_text("\n".join(contradicting_lines(30)) + "\n")
+    warning = (
+        "decision calibration failed, T=1.0 (default): the fitted T=20.000 is at the edge of "
+        "[0.05, 20]"
+    )
+
+    def answers_at_the_default(server: VllmServer) -> None:
         answer = audit(server)
         assert (answer["calibration_temperature"], answer["temperature_source"]) == (
             1.0,
             "default",
         )
         assert answer["temperature_scope"] == "server"
+
+    server, _ = start(tmp_path, "failing", questions, saved_dir)
+    try:
+        deadline = time.monotonic() + 10
+        while warning not in server.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert warning in server.log.read_text()
+        answers_at_the_default(server)
+    finally:
+        server.stop()
+    # The model's scores would put T there again: a restart reads nothing and says why.
+    server, _ = start(tmp_path, "failing-again", questions, saved_dir)
+    try:
+        log = server.log.read_text()
+        assert (
+            "decision calibration: the saved result for this deployment is a failure, T=1.0 "
+            "(default): the fitted T=20.000 is at the edge" in log
+        ), log[-3000:]
+        assert "decision calibration: reading" not in log
+        answers_at_the_default(server)
     finally:
         server.stop()

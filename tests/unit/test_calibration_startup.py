@@ -19,6 +19,7 @@ from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     Temperature,
 )
+from vllm.entrypoints.generate.decisions.runtime import deployment_lock
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import ScriptedBackend
@@ -353,7 +354,9 @@ async def test_bad_files_give_the_default_with_a_warning(
     assert needle in caplog.text
 
 
-async def test_too_few_answered_questions_give_the_default(tmp_path, caplog):
+async def test_too_few_answered_questions_give_the_default(
+    tmp_path, caplog, monkeypatch
+):
     source = write_questions(tmp_path / "q.jsonl", 60)
     refusing = ScriptedBackend(lambda q: None if expected_of(q) else overconfident(q))
     result = await calibrated_temperatures(refusing, settings(tmp_path, source), MODEL)
@@ -361,9 +364,15 @@ async def test_too_few_answered_questions_give_the_default(tmp_path, caplog):
         result.server.source == "default"
         and "only 20 of 60 questions were answered" in caplog.text
     )
+    # a fault may have refused those reads: a restart measures again, and fits
+    monkeypatch.setattr(deployment_lock, "_RUN", "a-restart")
+    again = await calibrated_temperatures(
+        ScriptedBackend(overconfident), settings(tmp_path, source), MODEL
+    )
+    assert again.server.source == "calibrated"
 
 
-async def test_an_edge_temperature_is_a_failure(tmp_path, caplog):
+async def test_an_edge_temperature_is_a_lasting_failure(tmp_path, caplog, monkeypatch):
     source = write_questions(tmp_path / "q.jsonl", 120)
     always_wrong = ScriptedBackend(
         lambda q: [0.0 if i == expected_of(q) else 9.0 for i in range(3)]
@@ -376,6 +385,24 @@ async def test_an_edge_temperature_is_a_failure(tmp_path, caplog):
         and not result.by_type
         and "edge" in caplog.text
     )
+    # the model's scores put T there, and would again: a restart reads nothing and says why
+    monkeypatch.setattr(deployment_lock, "_RUN", "a-restart")
+    caplog.clear()
+    reads = []
+    counting = ScriptedBackend(lambda q: reads.append(q) or overconfident(q))
+    again = await calibrated_temperatures(counting, settings(tmp_path, source), MODEL)
+    assert again.server == Temperature(1.0, "default", "server") and not reads
+    (saved,) = (tmp_path / "saved").glob("calibration-*.json")
+    assert re.search(
+        r"decision calibration: the saved result for this deployment is a failure, "
+        r"T=1\.0 \(default\): the fitted T=20\.000 is at the edge of \[0\.05, 20\].*; "
+        rf"delete {re.escape(str(saved))} to measure again",
+        caplog.text,
+    ), caplog.text
+    # deleting it measures again
+    saved.unlink()
+    fresh = await calibrated_temperatures(counting, settings(tmp_path, source), MODEL)
+    assert fresh.server.source == "calibrated" and reads
 
 
 def test_the_bundled_set_loads_and_maps_answers():

@@ -203,6 +203,9 @@ def test_majority_baseline_per_question():
     assert shares == {question_id(items[0]): 0.75, question_id(items[4]): 0.5}
     hits = metrics(items, [Reading([1.0, 0.0])] * 6, 0)
     assert hits["majority_baseline"] == pytest.approx(4 / 6)
+    # right on 4 of 6 at a stated 0.73 each: underconfident, and the figures show which way
+    assert hits["accuracy"] == pytest.approx(4 / 6)
+    assert hits["mean_confidence"] == pytest.approx(1 / (1 + math.exp(-1.0)))
 
 
 def test_abstention_figures():

@@ -155,12 +155,15 @@ def metrics(
     served = [softmax(r.scores, r.temperature) for _, r in answered]
     picked = [top_index(p) for p in served]
     hits = [p == c for p, c in zip(picked, correct, strict=True)]
+    top = [max(p) for p in served]
     scaled = [[s / r.temperature for s in r.scores] for _, r in answered]
     seconds = sum(r.seconds for r in readings) / len(readings)
     return {
         "questions": len(answered),
         "failed": len(items) - len(answered),
         "accuracy": sum(hits) / len(hits),
+        # beside accuracy it says which way ECE errs: under it, the answers are underconfident
+        "mean_confidence": sum(top) / len(top),
         **per_question([question_id(item) for item, _ in answered], correct, picked),
         "log_loss": maths.nll(scaled, correct, 1.0),
         "log_loss_raw": maths.nll([r.scores for _, r in answered], correct, 1.0),
@@ -168,7 +171,7 @@ def metrics(
         "brier_raw": brier(raw, correct),
         "ece_raw": calibration_error(raw, hits, groups, seed),
         "ece_calibrated": calibration_error(served, hits, groups, seed),
-        "ece_floor": ece_floor([max(p) for p in served], seed),
+        "ece_floor": ece_floor(top, seed),
         "seconds_per_decision": seconds,
     }
 

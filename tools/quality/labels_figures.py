@@ -421,6 +421,7 @@ def evaluate(
 TYPE_COLUMNS = [
     ("n", "questions", "{:.0f}"),
     ("accuracy", "accuracy", "{:.3f}"),
+    ("confidence", "mean_confidence", "{:.3f}"),
     ("majority", "majority_baseline", "{:.3f}"),
     ("mean acc/q", "mean_accuracy_per_question", "{:.3f}"),
     ("log loss", "log_loss", "{:.3f}"),

@@ -22,6 +22,7 @@ from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.calibration import (
     question_file,
     results,
+    store,
 )
 from vllm.entrypoints.generate.decisions.decide.calibration.results import (
     CalibrationRecord,
@@ -295,11 +296,18 @@ async def startup_calibration(
         progress.waiting if progress is not None else None,
     )
     if "failed" in record:
-        if loaded:
+        if loaded and this_run(record):
             logger.warning(
                 "decision calibration failed in another API-server process of this server, "
                 "T=1.0 (default): %s",
                 record["failed"],
+            )
+        elif loaded:
+            logger.warning(
+                "decision calibration: the saved result for this deployment is a failure, "
+                "T=1.0 (default): %s; delete %s to measure again",
+                record["failed"],
+                store.path_for(Path(settings.calibration_dir), key),
             )
         return Calibrated(Temperatures(DEFAULT))
     fits = CalibrationRecord.model_validate(record)
@@ -358,10 +366,10 @@ def calibration_key(
 
 
 def reusable(saved: dict[str, Any], settings: Settings) -> bool:
-    """A saved fit that validates and whose temperatures the server's range admits, or this run's failure
-    (an earlier run's failure is tried again)."""
+    """A saved fit that validates and whose temperatures the server's range admits, this run's failure,
+    or an earlier run's lasting one (any other failure is measured again)."""
     if "failed" in saved:
-        return this_run(saved)
+        return this_run(saved) or saved.get("lasting") is True
     try:
         record = CalibrationRecord.model_validate(saved)
     except ValidationError as exc:

@@ -97,6 +97,7 @@ async def fitted_record(
             f"the fitted T={result.temperature:.3f} is at the edge of [0.05, 20], which points to "
             "broken scores",
             full,
+            lasting=True,
         )
     # Every type in the file, in file order: one with no answered question is reported as too few.
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
@@ -325,10 +326,13 @@ def log(record: CalibrationRecord, loaded: bool, stage: str = FULL) -> None:
         (logger.warning if refused else logger.info)(line)
 
 
-def failed(reason: str, warn: bool = True) -> dict[str, Any]:
-    """This run's failure, saved so the other API-server processes of this server don't measure again
-    (a restart does); the server applies T = 1.0 (default). ``warn``: say so (a first pass's failure
-    is said where it is taken, since the full calibration follows)."""
+def failed(reason: str, warn: bool = True, lasting: bool = False) -> dict[str, Any]:
+    """This run's failure, saved so the other API-server processes of this server don't measure again;
+    the server applies T = 1.0 (default). A ``lasting`` one (the model's scores on this question set
+    put T at the range's edge: no fault a restart mends) spares later runs too, until its file is
+    deleted; any other (too few answers, which faults may cause) is measured again by a restart.
+    ``warn``: say so (a first pass's failure is said where it is taken, since the full calibration
+    follows)."""
     if warn:
         logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
-    return {"failed": reason, "run": run_id()}
+    return {"failed": reason, "run": run_id(), **({"lasting": True} if lasting else {})}
