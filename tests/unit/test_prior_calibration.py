@@ -48,7 +48,7 @@ from vllm.entrypoints.generate.decisions.decide.temperature import (
     Temperature,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.runtime import calibration as run
+from vllm.entrypoints.generate.decisions.runtime import calibration_reads
 from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import one_read
@@ -555,7 +555,7 @@ async def test_a_questions_layouts_are_read_in_turn_and_the_order_of_reads_chang
             "letters",
             "words",
         ]
-    monkeypatch.setattr(run, "CONCURRENCY", 1)
+    monkeypatch.setattr(calibration_reads, "CONCURRENCY", 1)
     second = await startup_calibration(
         narrow, settings(tmp_path / "b", source, prior="auto"), MODEL
     )

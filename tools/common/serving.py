@@ -110,6 +110,14 @@ def serve(
     )
 
 
+async def served_model(http: httpx.AsyncClient) -> str:
+    """The name the server at ``http`` serves its model under (``/v1/models``): what a request's
+    ``model`` names, "m" for the servers these tools start, whatever an operator chose for theirs."""
+    response = await http.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
 def startup_seconds(url: str, process: subprocess.Popen) -> float:
     """Seconds from /health answering to the first answered decision."""
     probe = {

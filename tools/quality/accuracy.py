@@ -20,8 +20,10 @@ Rows (--rows picks some, by name):
   A server that refuses a row's ``extra`` (400 or 422, e.g. one without ``prior``) makes that row
   unavailable; the reason is printed and the other rows go on.
   An answer's scores are ``extra.audit.prior.adjusted_logits`` when a correction applied, else
-  ``extra.backend.option_logits``; its T is ``extra.audit.calibration_temperature``. Raw
-  probabilities are softmax(scores), calibrated (the served ones) softmax(scores / T).
+  ``extra.backend.option_logits``, plus T times the bias of its question's own map where the
+  operator's labels gave it one (``extra.audit.question_map``, or ``examples``); its T is
+  ``extra.audit.calibration_temperature``. Raw probabilities are softmax(scores), calibrated (the
+  served ones) softmax(scores / T).
 - ``batch``: batch calibration, computed here from the ``off`` row's answers (what a bulk run over
   the whole file could do): each answer's log-softmax scores minus the mean log-softmax over all the
   answers to the same question (the same question JSON) in the file (log-probabilities floored at
@@ -57,6 +59,8 @@ Rows (--rows picks some, by name):
 Metrics per row, per question type and overall (``all``), over the answered questions:
 
 - ``n``, ``accuracy`` (the served probabilities' top option, the first on a tie);
+- ``confidence``: the served top probability, averaged: under ``accuracy``, the answers are
+  underconfident; over it, overconfident;
 - ``majority``: the share a predictor would get right that answers every question (same question
   JSON) with the correct option most common among that question's answers here: the sum over distinct
   questions of that option's count, over n. It has seen the labels, so it is a bar to clear, not a
@@ -68,6 +72,9 @@ Metrics per row, per question type and overall (``all``), over the answered ques
 - ``top share``: for each distinct question asked at least twice, the share of its answers that
   went to its most-picked option, averaged over those questions; ``collapsed``: how many of them had
   one option take more than 80% of their answers while being right less than half the time;
+- ``abstains`` and ``precision``, where the server answers ``extra.abstention`` (an operator's
+  VLLM_TYPED_DECISIONS_PRECISION, or a ``precision`` in its calibration file): the share of answers
+  that abstained, and the accuracy of the others;
 - seconds per decision, and the ratio to the first row: per question, the rows run one after another
   in a shuffled order, the questions in a shuffled order, --concurrency questions in flight, so each
   row meets the same load and prefix cache; a row's time is the sum of its own requests' times.
@@ -91,7 +98,7 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import add_server_arguments, target
+from tools.common.serving import add_server_arguments, served_model, target
 from tools.quality.accuracy_figures import (
     Reading,
     batch_calibrated,
@@ -134,34 +141,27 @@ def on_first_pass(response: httpx.Response) -> bool:
 
 async def wait_ready(url: str, seconds: float = 1800) -> None:
     """Until a decision request is answered on the full calibration: not a 503 (the startup
-    calibration), nor an answer on a first pass that the full calibration will replace."""
-    probe = {
-        "model": "m",
-        "state": "x",
-        "questions": {"q": {"type": "noul", "instructions": "?"}},
-    }
+    calibration), nor an answer on a first pass that the full calibration will replace. The request
+    names the model the server serves, whatever its name (``/v1/models``, up before decisions are)."""
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         while True:
             try:
+                probe = {
+                    "model": await served_model(http),
+                    "state": "x",
+                    "questions": {"q": {"type": "noul", "instructions": "?"}},
+                }
                 response = await http.post("/v1/systemone", json=probe)
-                if response.status_code not in (404, 503) and not on_first_pass(
-                    response
-                ):
+                if response.status_code != 503 and not on_first_pass(response):
                     return
-            except httpx.TransportError:
+            except (httpx.TransportError, httpx.HTTPStatusError):
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"no decision answer from {url} within {seconds:.0f} s"
                 )
             await asyncio.sleep(2)
-
-
-async def served_model(http: httpx.AsyncClient) -> str:
-    response = await http.get("/v1/models")
-    response.raise_for_status()
-    return response.json()["data"][0]["id"]
 
 
 # A question every row can ask, to find the rows a server refuses whatever the question.

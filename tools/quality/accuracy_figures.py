@@ -35,6 +35,9 @@ class Reading:
     temperature: float = 1.0
     seconds: float = 0.0
     error: str | None = None
+    abstained: bool | None = (
+        None  # the answer's extra.abstention.abstain, where it has one
+    )
 
 
 def question_id(item: question_file.LabelledQuestion) -> str:
@@ -172,7 +175,21 @@ def metrics(
         "ece_raw": calibration_error(raw, hits, groups, seed),
         "ece_calibrated": calibration_error(served, hits, groups, seed),
         "ece_floor": ece_floor(top, seed),
+        **abstention([r.abstained for _, r in answered], hits),
         "seconds_per_decision": seconds,
+    }
+
+
+def abstention(abstained: list[bool | None], hits: list[bool]) -> dict[str, Any]:
+    """The share of answers that abstained and the accuracy of the others, where the server said
+    (``extra.abstention``, an operator's VLLM_TYPED_DECISIONS_PRECISION); nothing where it didn't."""
+    said = [(a, h) for a, h in zip(abstained, hits, strict=True) if a is not None]
+    if not said:
+        return {}
+    answered = [h for a, h in said if not a]
+    return {
+        "abstention_rate": 1 - len(answered) / len(said),
+        "precision_reached": sum(answered) / len(answered) if answered else None,
     }
 
 
@@ -201,6 +218,7 @@ COLUMNS = [
     "type",
     "n",
     "accuracy",
+    "confidence",
     "majority",
     "mean acc/q",
     "log loss",
@@ -209,6 +227,8 @@ COLUMNS = [
     "ECE calibrated [95%]",
     "top share",
     "collapsed",
+    "abstains",
+    "precision",
     "s/decision",
     "ratio",
 ]
@@ -230,11 +250,14 @@ def table_line(
         else "-"
     )
     share = "-" if m["top_share"] is None else f"{m['top_share']:.2f}"
+    abstains = m.get("abstention_rate")
+    precision = m.get("precision_reached")
     cells = [
         row,
         kind,
         str(m["questions"]),
         f"{m['accuracy']:.3f}",
+        f"{m['mean_confidence']:.3f}",
         f"{m['majority_baseline']:.3f}",
         f"{m['mean_accuracy_per_question']:.3f}",
         f"{m['log_loss']:.3f}",
@@ -243,6 +266,8 @@ def table_line(
         ece_cell(m["ece_calibrated"]),
         share,
         str(m["collapsed"]),
+        "-" if abstains is None else f"{abstains:.2f}",
+        "-" if precision is None else f"{precision:.3f}",
         f"{seconds:.3f}",
         ratio,
     ]

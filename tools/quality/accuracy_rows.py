@@ -86,18 +86,37 @@ async def post(
 
 
 def served_scores(answer: dict[str, Any], keys: Sequence[str]) -> list[float]:
-    """An answer's scores in option order: the corrected ones when a correction applied."""
-    prior = answer["extra"]["audit"].get("prior")
+    """An answer's scores in option order, whose softmax over its T is what it served: the corrected
+    ones when a correction applied, and where the operator's labels gave its question a map of its own
+    (``audit.question_map``, or ``audit.examples`` where it was asked with in-context examples: served
+    ``softmax(scores / T + bias)``) each plus T times its bias."""
+    audit = answer["extra"]["audit"]
+    prior = audit.get("prior")
     adjusted = prior.get("adjusted_logits") if isinstance(prior, dict) else None
     logits = adjusted or answer["extra"]["backend"]["option_logits"]
-    return [-math.inf if logits.get(k) is None else float(logits[k]) for k in keys]
+    scores = [-math.inf if logits.get(k) is None else float(logits[k]) for k in keys]
+    question_map = audit.get("question_map") or audit.get("examples")
+    if not isinstance(question_map, dict):
+        return scores
+    temperature = float(audit.get("calibration_temperature") or 1.0)
+    bias = question_map["bias"]
+    return [s + temperature * float(bias[k]) for s, k in zip(scores, keys, strict=True)]
+
+
+def abstained(answer: dict[str, Any]) -> bool | None:
+    """Whether the answer abstained (``extra.abstention``), None where the server said nothing."""
+    said = answer["extra"].get("abstention")
+    return bool(said["abstain"]) if isinstance(said, dict) else None
 
 
 async def ask_ours(
-    http: httpx.AsyncClient, item: question_file.LabelledQuestion, extra: dict[str, Any]
+    http: httpx.AsyncClient,
+    item: question_file.LabelledQuestion,
+    extra: dict[str, Any],
+    model: str,
 ) -> Reading:
     body = {
-        "model": "m",
+        "model": model,
         "state": item.state,
         "questions": {"q": item.raw},
         "extra": {"detail": "full", **extra},
@@ -105,7 +124,9 @@ async def ask_ours(
     answer = (await post(http, "/v1/systemone", body))["answers"]["q"]
     keys = [option.key for option in item.question.options]
     temperature = answer["extra"]["audit"].get("calibration_temperature") or 1.0
-    return Reading(served_scores(answer, keys), float(temperature))
+    return Reading(
+        served_scores(answer, keys), float(temperature), abstained=abstained(answer)
+    )
 
 
 def chat_prompt(item: question_file.LabelledQuestion) -> str:
@@ -203,7 +224,7 @@ class Servers:
 
     async def ask(self, row: str, item: question_file.LabelledQuestion) -> Reading:
         if row in OURS:
-            return await ask_ours(self.ours, item, OURS[row])
+            return await ask_ours(self.ours, item, OURS[row], self.model)
         if row == "generation":
             return await ask_generation(self.ours, item, self.model)
         if row == "letters":

@@ -87,14 +87,13 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import target
+from tools.common.serving import served_model, target
 from tools.quality.accuracy import (
     DEFAULT_QUESTIONS,
     SHAPE_ERRORS,
     add_started_server_arguments,
     calibrated_env,
     report,
-    served_model,
     wait_ready,
 )
 from tools.quality.accuracy_figures import Reading, question_id

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import add_server_arguments, target
+from tools.common.serving import add_server_arguments, served_model, target
 from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
 
 CONFIGS = {
@@ -62,10 +62,14 @@ CONFIGS = {
 
 
 async def ask(
-    http: httpx.AsyncClient, state: str, question: dict[str, Any], extra: dict[str, Any]
+    http: httpx.AsyncClient,
+    model: str,
+    state: str,
+    question: dict[str, Any],
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
     body = {
-        "model": "m",
+        "model": model,
         "state": state,
         "questions": {"q": question},
         "extra": {**extra, "detail": "full"},
@@ -110,12 +114,14 @@ async def run_configs(
     }
     spent = dict.fromkeys(configs, 0.0)
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+        model = await served_model(http)
 
         async def under(index: int, extra: dict[str, Any]) -> dict[str, Any]:
             item = items[index]
-            main = await ask(http, item.state, item.raw, extra)
+            main = await ask(http, model, item.state, item.raw, extra)
             others = [
-                await ask(http, item.state, v, extra) for v in variants.get(index, [])
+                await ask(http, model, item.state, v, extra)
+                for v in variants.get(index, [])
             ]
             keys = [o.key for o in item.question.options]
             scores = [
@@ -266,6 +272,7 @@ async def cost(
     }
     times: dict[str, list[float]] = {name: [] for name in configs}
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+        model = await served_model(http)
         for r in range(rounds):
             names = list(configs)
             rng.shuffle(names)
@@ -274,7 +281,7 @@ async def cost(
                     rng.choice(words) for _ in range(750)
                 )
                 started = time.perf_counter()
-                await ask(http, state, question, configs[name])
+                await ask(http, model, state, question, configs[name])
                 times[name].append(time.perf_counter() - started)
     return {name: median(values) for name, values in times.items()}
 

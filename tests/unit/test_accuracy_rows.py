@@ -1,0 +1,81 @@
+"""How tools/quality/accuracy.py reads our answers, without a server: scores whose softmax over the
+answer's T is what the server served, also where an operator's labels gave the question a map of its
+own; and the abstention figures an operator's precision adds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tools.quality.accuracy_figures import Reading, metrics
+from tools.quality.accuracy_rows import abstained, served_scores
+from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+    QuestionMap,
+)
+from vllm.entrypoints.generate.decisions.decide.scoring import softmax
+
+KEYS = ['"a"', '"b"', '"c"']
+LOGITS = {'"a"': -0.4, '"b"': -1.6, '"c"': -2.3}
+FIGURES = {
+    "labels": 20,
+    "log_loss": 0.8,
+    "accuracy": 0.7,
+    "type_log_loss": 1.0,
+    "type_accuracy": 0.6,
+    "gain": [0.05, 0.3],
+}
+
+
+def answer(audit: dict, abstention: dict | None = None) -> dict:
+    extra = {"backend": {"option_logits": LOGITS}, "audit": audit}
+    if abstention is not None:
+        extra["abstention"] = abstention
+    return {"extra": extra}
+
+
+def test_plain_answers_are_their_logits_at_their_t():
+    scores = served_scores(answer({"calibration_temperature": 2.0}), KEYS)
+    assert scores == [LOGITS[k] for k in KEYS]
+
+
+@pytest.mark.parametrize("block", ["question_map", "examples"])
+def test_a_question_map_is_served_as_the_server_computes_it(block):
+    """The server serves a mapped question softmax(scale * s + bias), saying T = 1 / scale and the
+    bias in the audit (``examples`` where it was asked with in-context examples)."""
+    question_map = QuestionMap(scale=1.7, bias=[0.9, -0.2, -0.7], **FIGURES)
+    served = question_map.probabilities([LOGITS[k] for k in KEYS])
+    temperature = 1 / question_map.scale
+    audit = question_map.audit(KEYS).model_dump()
+    read = answer({"calibration_temperature": temperature, block: audit})
+    assert softmax(served_scores(read, KEYS), temperature) == pytest.approx(served)
+    # without the bias the read would be another answer: c, not a, is the map's second choice
+    plain = softmax([LOGITS[k] for k in KEYS], temperature)
+    assert plain != pytest.approx(served, abs=0.01)
+
+
+def test_abstention_figures_where_the_server_gives_them():
+    assert abstained(answer({}, {"abstain": True})) is True
+    assert abstained(answer({})) is None
+    record = {"state": "s", "question": {"type": "noul", "instructions": "q?"}}
+    items = [
+        question_file.parse_line(
+            1, json.dumps({**record, "expected": "yes", "group": g})
+        )
+        for g in "wxyz"
+    ]
+    says_yes, says_no = [0.0, -5.0], [-5.0, 0.0]
+    readings = [
+        Reading(says_yes, abstained=False),
+        Reading(says_no, abstained=False),
+        Reading(says_yes, abstained=False),
+        Reading(says_no, abstained=True),
+    ]
+    figures = metrics(items, readings, 0)
+    assert figures["accuracy"] == 0.5
+    # of the three answered, two are right
+    assert figures["abstention_rate"] == pytest.approx(0.25)
+    assert figures["precision_reached"] == pytest.approx(2 / 3)
+    # a server asked no precision says nothing, and neither do the figures
+    assert "abstention_rate" not in metrics(items, [Reading(says_yes)] * 4, 0)
