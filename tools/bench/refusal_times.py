@@ -36,7 +36,7 @@ def words(chars: int) -> str:
     return (SENTENCE * (chars // len(SENTENCE) + 1))[:chars]
 
 
-def bodies() -> list[tuple[str, str, Any]]:
+def bodies(model: str) -> list[tuple[str, str, Any]]:
     """(what, path, body) for each class of hostile body, at the default limits."""
     noul = {
         "type": "noul",
@@ -59,7 +59,7 @@ def bodies() -> list[tuple[str, str, Any]]:
             "OpenAI, 60 input_json parts",
             "/v1/decisions",
             {
-                "model": "m",
+                "model": model,
                 "questions": [{"type": "predicate", "instructions": "?"}],
                 "input": [
                     {
@@ -84,7 +84,7 @@ def bodies() -> list[tuple[str, str, Any]]:
             "OpenAI, 24 questions of 150 K characters",
             "/v1/decisions",
             {
-                "model": "m",
+                "model": model,
                 "input": "x",
                 "questions": [
                     {"type": "predicate", "instructions": words(150_000)}
@@ -173,7 +173,11 @@ def main() -> None:
         url,
         _,
     ):
-        for what, path, value in bodies():
+        # the OpenAI bodies name the model the server serves, so they get past its model check
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=30)
+        models.raise_for_status()
+        for what, path, value in bodies(models.json()["data"][0]["id"]):
             body = json.dumps(value, separators=(",", ":")).encode()
             refusals, health = measure(url, path, body, args.copies, args.api_key)
             statuses = ", ".join(

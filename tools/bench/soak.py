@@ -26,7 +26,12 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import add_server_arguments, api_and_engine, target
+from tools.common.serving import (
+    add_server_arguments,
+    api_and_engine,
+    served_model,
+    target,
+)
 
 WORDS = [
     "ticket",
@@ -129,7 +134,7 @@ def spoil(rng: random.Random, body: dict[str, Any], jev: bool) -> dict[str, Any]
     return body
 
 
-def case(rng: random.Random) -> Case:
+def case(rng: random.Random, model: str) -> Case:
     path = rng.choice(PATHS)
     jev = path != "/v1/decisions"
     count = rng.choice((1, 1, 2, 4, 8))
@@ -141,7 +146,7 @@ def case(rng: random.Random) -> Case:
             "questions": dict(named),
         }
     else:
-        body = {"model": "m", "input": text, "questions": [q for _, q in named]}
+        body = {"model": model, "input": text, "questions": [q for _, q in named]}
     valid = rng.random() >= 0.1
     return Case(path, body if valid else spoil(rng, body, jev), valid)
 
@@ -239,11 +244,9 @@ async def soak(
     deadline = started + seconds
 
     async def worker(client: httpx.AsyncClient) -> None:
-        model = (
-            (await client.get("/v1/models")).json()["data"][0]["id"] if baseline else ""
-        )
+        model = await served_model(client)
         while time.monotonic() < deadline:
-            c = case(rng)
+            c = case(rng, model)
             c = bare(c, model) if baseline else c
             response = await client.post(c.path, json=c.body)
             if baseline:
