@@ -35,9 +35,8 @@ class Reading:
     temperature: float = 1.0
     seconds: float = 0.0
     error: str | None = None
-    abstained: bool | None = (
-        None  # the answer's extra.abstention.abstain, where it has one
-    )
+    # the answer's extra.abstention.abstain, where it has one
+    abstained: bool | None = None
 
 
 def question_id(item: question_file.LabelledQuestion) -> str:
