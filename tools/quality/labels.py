@@ -48,16 +48,17 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
   would serve it from the other folds (its read with examples from the other folds, which ``measure``
   asks anyway, under the examples and map measured on the other folds).
 
-Figures, on the held-out lines: accuracy (the served top option), the majority answer (each held-out
-question's most common answer; a bar, it has seen the labels), mean accuracy per question, log loss,
-calibrated ECE (10 bins) and its floor (the mean ECE a perfectly calibrated model with the same
-confidences shows on as many answers: accuracy_figures.ece_floor), collapsed questions (accuracy.py's rule: one option takes over 80% of a
+Figures, on the held-out lines: accuracy (the served top option), mean confidence (the served top
+probability), the majority answer (each held-out question's most common answer; a bar, it has seen
+the labels), mean accuracy per question, log loss, calibrated ECE (10 bins) and its floor (the mean
+ECE a perfectly calibrated model with the same confidences shows on as many answers:
+accuracy_figures.ece_floor), collapsed questions (accuracy.py's rule: one option takes over 80% of a
 question's answers while it is right less than half the time), ``one answer`` (questions whose every
 held-out input got the same answer), maps kept, and abstention at ``--precision P``: per type, the
 threshold ``fit_abstention`` finds on the drawn labels' held-out confidences (for the map row,
-cross-validated: each label served by maps fitted on the other folds of its question's labels, groups
-within a fold; for ``no labels``, the type's softmax, which never saw the labels), then the share of
-held-out answers below it (abstains) and the accuracy of the rest (precision).
+cross-validated: each label served by maps fitted on the other folds of its question's labels,
+groups within a fold; for ``no labels``, the type's softmax, which never saw the labels), then the
+share of held-out answers below it (abstains) and the accuracy of the rest (precision).
 
 usage: python -m tools.quality.labels [--model PATH] [--port N] [--labels FILE] [--heldout FILE]
                                       [--reads FILE] [--splits N] [--labels-per-question K]

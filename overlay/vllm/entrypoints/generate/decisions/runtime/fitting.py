@@ -335,4 +335,4 @@ def failed(reason: str, warn: bool = True, lasting: bool = False) -> dict[str, A
     follows)."""
     if warn:
         logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
-    return {"failed": reason, "run": run_id(), **({"lasting": True} if lasting else {})}
+    return {"failed": reason, "run": run_id(), "lasting": lasting}
