@@ -1,15 +1,23 @@
 """How tools/quality/accuracy.py reads our answers, without a server: scores whose softmax over the
 answer's T is what the server served, also where an operator's labels gave the question a map of its
-own; and the abstention figures an operator's precision adds."""
+own; the abstention figures an operator's precision adds; and the two requests of the reasoning
+row."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import httpx
 import pytest
 
 from tools.quality.accuracy_figures import Reading, metrics
-from tools.quality.accuracy_rows import abstained, served_scores
+from tools.quality.accuracy_rows import (
+    REASONING_TOKENS,
+    abstained,
+    ask_reasoning,
+    served_scores,
+)
 from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
     QuestionMap,
@@ -79,3 +87,46 @@ def test_abstention_figures_where_the_server_gives_them():
     assert figures["precision_reached"] == pytest.approx(2 / 3)
     # a server asked no precision says nothing, and neither do the figures
     assert "abstention_rate" not in metrics(items, [Reading(says_yes)] * 4, 0)
+
+
+async def test_the_reasoning_row_continues_its_own_reasoning_to_a_key():
+    """The reasoning is generated first, stopped at ``Answer:``; the answer is then read from the
+    same chat continued after that reasoning, restricted to the keys."""
+    item = question_file.parse_line(
+        1,
+        json.dumps(
+            {
+                "state": "I emailed you last week.",
+                "question": {"type": "noul", "instructions": "Contacted before?"},
+                "expected": "yes",
+                "group": "g",
+            }
+        ),
+    )
+    sent: list[dict] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        if len(sent) == 1:
+            message = {"content": 'They say "I emailed you last week".\n'}
+            return httpx.Response(200, json={"choices": [{"message": message}]})
+        tokens = [{"logprob": math.log(0.9)}, {"logprob": 0.0}]
+        choice = {"message": {"content": " yes"}, "logprobs": {"content": tokens}}
+        return httpx.Response(200, json={"choices": [choice]})
+
+    transport = httpx.MockTransport(reply)
+    async with httpx.AsyncClient(transport=transport, base_url="http://x") as http:
+        reading = await ask_reasoning(http, item, "m")
+    think, answer_it = sent
+    assert think["stop"] == ["Answer:"] and think["max_tokens"] == REASONING_TOKENS
+    assert "reasoning" in think["messages"][0]["content"]
+    assert answer_it["messages"][0] == think["messages"][0]
+    assert answer_it["messages"][1] == {
+        "role": "assistant",
+        "content": 'They say "I emailed you last week".\nAnswer:',
+    }
+    assert answer_it["continue_final_message"] is True
+    assert answer_it["add_generation_prompt"] is False
+    assert answer_it["structured_outputs"] == {"choice": [" yes", " no"]}
+    assert reading.scores == pytest.approx([math.log(0.9), math.log(0.1)])

@@ -40,6 +40,12 @@ Rows (--rows picks some, by name):
   of the generated tokens' logprobs (the key's tokens and the end of text the grammar allows after
   it), and the remaining mass (at least 1e-6, so a certain wrong answer has a finite log loss) is
   shared equally by the other options. No T: calibrated = raw.
+- ``reasoning``: chain of thought on the same server and model, what a user would try when one token
+  is not enough: ``generation``'s chat with its last line asking for two or three sentences of
+  reasoning, quoting the input, and then a line ``Answer: <key>``; the reasoning is generated freely (temperature 0, at most 256 tokens,
+  stopped at ``Answer:``), then the chat is continued after it and ``Answer:``
+  (``continue_final_message``) with the reply restricted to the keys, each after a space, and scored
+  as ``generation`` scores its reply. Two requests a question; no T.
 - ``letters``: the letter-logprob read a user builds on vLLM without our overlay, on the same server:
   the user renders the prompt themselves with the model folder's chat template (--model;
   add_generation_prompt), a system turn and one user turn holding the document, the question and its

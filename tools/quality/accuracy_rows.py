@@ -44,7 +44,9 @@ OURS = {
     "default": {},
     "rotate": extra("off", debias="rotate"),
 }
-ROWS = [*OURS, "batch", "generation", "letters", "upstream"]
+ROWS = [*OURS, "batch", "generation", "reasoning", "letters", "upstream"]
+# The reasoning row's budget for its thinking: long enough for a few sentences, bounded in cost.
+REASONING_TOKENS = 256
 
 
 class RowRefused(Exception):
@@ -129,15 +131,24 @@ async def ask_ours(
     )
 
 
-def chat_prompt(item: question_file.LabelledQuestion) -> str:
-    """The question in plain words, as a user would ask it in a chat."""
+def chat_prompt(item: question_file.LabelledQuestion, think: bool = False) -> str:
+    """The question in plain words, as a user would ask it in a chat; with ``think``, asking for a
+    few sentences of reasoning before a last line ``Answer: <key>`` (asked to think step by step,
+    Qwen2.5-Coder-0.5B answers at once; asked to explain, quoting the input, it reasons first)."""
     question = item.question
     lines = [f"Input:\n{item.state}", ""]
     if question.instructions:
         lines.append(f"Question: {question.instructions}")
     lines.append("Levels, lowest first:" if question.qtype is SCORE else "Options:")
     lines += [f"- {text}" for text in option_texts(question)]
-    lines.append("Answer with one of: " + ", ".join(plain_keys(question)))
+    keys = ", ".join(plain_keys(question))
+    if think:
+        lines.append(
+            "First explain your reasoning in two or three sentences, quoting the input. Then "
+            f"write a last line 'Answer: <one of: {keys}>'."
+        )
+    else:
+        lines.append(f"Answer with one of: {keys}")
     return "\n".join(lines)
 
 
@@ -174,6 +185,51 @@ async def ask_generation(
     return Reading(
         generation_scores(
             choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys
+        )
+    )
+
+
+async def ask_reasoning(
+    http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str
+) -> Reading:
+    """Chain of thought, then the answer read as the generation row reads it: the model writes its
+    reasoning freely (greedy, up to REASONING_TOKENS, stopped at ``Answer:``), then the same chat,
+    continued after the reasoning and ``Answer:``, is restricted to the keys (each after a space)."""
+    keys = plain_keys(item.question)
+    user = {"role": "user", "content": chat_prompt(item, think=True)}
+    thought = await post(
+        http,
+        "/v1/chat/completions",
+        {
+            "model": model,
+            "messages": [user],
+            "temperature": 0,
+            "max_tokens": REASONING_TOKENS,
+            "stop": ["Answer:"],
+        },
+    )
+    reasoning = (thought["choices"][0]["message"]["content"] or "").rstrip()
+    body = {
+        "model": model,
+        "messages": [
+            user,
+            {"role": "assistant", "content": f"{reasoning}\nAnswer:"},
+        ],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "temperature": 0,
+        "max_tokens": max(len(k) for k in keys) + 2,
+        "logprobs": True,
+        "top_logprobs": TOP_LOGPROBS,
+        "structured_outputs": {"choice": [f" {k}" for k in keys]},
+    }
+    choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
+    tokens = (choice.get("logprobs") or {}).get("content") or []
+    return Reading(
+        generation_scores(
+            (choice["message"]["content"] or "").strip(),
+            [t["logprob"] for t in tokens],
+            keys,
         )
     )
 
@@ -227,6 +283,8 @@ class Servers:
             return await ask_ours(self.ours, item, OURS[row], self.model)
         if row == "generation":
             return await ask_generation(self.ours, item, self.model)
+        if row == "reasoning":
+            return await ask_reasoning(self.ours, item, self.model)
         if row == "letters":
             return await ask_letters(self.ours, item, self.model, self.model_path)
         if row == "upstream" and self.upstream is not None:
