@@ -5,12 +5,14 @@ row."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
 import httpx
 import pytest
 
+from tools.quality.accuracy import chosen_rows
 from tools.quality.accuracy_figures import Reading, metrics
 from tools.quality.accuracy_rows import (
     REASONING_TOKENS,
@@ -130,3 +132,10 @@ async def test_the_reasoning_row_continues_its_own_reasoning_to_a_key():
     assert answer_it["add_generation_prompt"] is False
     assert answer_it["structured_outputs"] == {"choice": [" yes", " no"]}
     assert reading.scores == pytest.approx([math.log(0.9), math.log(0.1)])
+
+
+def test_the_reasoning_row_runs_only_when_asked_for():
+    plain = argparse.Namespace(rows=None, upstream_port=None)
+    assert "reasoning" not in chosen_rows(plain) and "generation" in chosen_rows(plain)
+    asked = argparse.Namespace(rows="default,reasoning", upstream_port=None)
+    assert chosen_rows(asked) == ["default", "reasoning"]

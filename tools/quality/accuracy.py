@@ -6,7 +6,8 @@ calibration folder unless --calibration-dir names one a rerun can reuse) unless 
 running one, and waits until decisions answer (503 until the calibration is done). Over a labelled
 file in the calibration format it asks every question once per row, one question per request.
 
-Rows (--rows picks some, by name):
+Rows (--rows picks some, by name; without it every row but ``reasoning``, which costs tens of times
+the others, and ``upstream``, which needs --upstream-port):
 
 - ``off``, ``content-free``, ``fitted``, ``content-free+fitted``: ours on /v1/systemone with letter
   labels (``extra.backend_options.labels`` ``letters``), ``extra.prior`` set to that read correction
@@ -269,7 +270,11 @@ def chosen_rows(args: argparse.Namespace) -> list[str]:
     rows = (
         args.rows.split(",")
         if args.rows
-        else [r for r in ROWS if r != "upstream" or args.upstream_port]
+        else [
+            r
+            for r in ROWS
+            if r != "reasoning" and (r != "upstream" or args.upstream_port)
+        ]
     )
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
