@@ -1,5 +1,5 @@
 """What each row of tools/quality/accuracy.py asks, and how its answer becomes one score per option: ours on
-/v1/systemone per read (``OURS``), vLLM's constrained generation, a user's letter read on
+/v1/systemone per read (``OURS``), vLLM's constrained generation, chain of thought, a user's letter read on
 /v1/completions, upstream vLLM's /v1/systemone. The rows and the figures are described in accuracy.py's
 docstring."""
 
@@ -166,6 +166,19 @@ def generation_scores(
     ]
 
 
+def generated(reply: dict[str, Any], keys: Sequence[str]) -> Reading:
+    """A chat completion restricted to the keys, scored by its generated key's tokens."""
+    choice = reply["choices"][0]
+    tokens = (choice.get("logprobs") or {}).get("content") or []
+    return Reading(
+        generation_scores(
+            (choice["message"]["content"] or "").strip(),
+            [t["logprob"] for t in tokens],
+            keys,
+        )
+    )
+
+
 async def ask_generation(
     http: httpx.AsyncClient, item: question_file.LabelledQuestion, model: str
 ) -> Reading:
@@ -180,13 +193,7 @@ async def ask_generation(
         "top_logprobs": TOP_LOGPROBS,
         "structured_outputs": {"choice": keys},
     }
-    choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
-    tokens = (choice.get("logprobs") or {}).get("content") or []
-    return Reading(
-        generation_scores(
-            choice["message"]["content"] or "", [t["logprob"] for t in tokens], keys
-        )
-    )
+    return generated(await post(http, "/v1/chat/completions", body), keys)
 
 
 async def ask_reasoning(
@@ -223,15 +230,7 @@ async def ask_reasoning(
         "top_logprobs": TOP_LOGPROBS,
         "structured_outputs": {"choice": [f" {k}" for k in keys]},
     }
-    choice = (await post(http, "/v1/chat/completions", body))["choices"][0]
-    tokens = (choice.get("logprobs") or {}).get("content") or []
-    return Reading(
-        generation_scores(
-            (choice["message"]["content"] or "").strip(),
-            [t["logprob"] for t in tokens],
-            keys,
-        )
-    )
+    return generated(await post(http, "/v1/chat/completions", body), keys)
 
 
 async def ask_letters(
