@@ -30,7 +30,15 @@ VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" >&2 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
 echo "waiting for decisions on port $PORT (pid $SERVER)" >&2
-(cd "$ROOT" && "$PY" -m tools.examples.sample_decision --port "$PORT" --wait 900 --server-pid "$SERVER")
+# The sample decision carries the server's key where it has one: --api-key K among the extra args, or
+# VLLM_API_KEY, which vllm serve reads too.
+KEY=${VLLM_API_KEY:-}; PREVIOUS=
+for arg in "$@"; do
+  [ "$PREVIOUS" = --api-key ] && KEY=$arg
+  case $arg in --api-key=*) KEY=${arg#--api-key=} ;; esac
+  PREVIOUS=$arg
+done
+(cd "$ROOT" && VLLM_API_KEY=$KEY "$PY" -m tools.examples.sample_decision --port "$PORT" --wait 900 --server-pid "$SERVER")
 if [ "$ONCE" = 1 ]; then exit 0; fi
 echo "serving on http://127.0.0.1:$PORT (Ctrl-C stops)" >&2
 wait $SERVER

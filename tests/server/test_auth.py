@@ -6,7 +6,10 @@ in tools/test.sh's second pass, on 0.32."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from urllib.parse import urlsplit
 
 import httpx
@@ -14,6 +17,7 @@ import openai
 import pytest
 import typesafe_sdk
 
+from ..conftest import ROOT
 from ..fuzzing import path_variants
 from .conftest import TINY_QWEN_KEY
 
@@ -79,6 +83,31 @@ def test_sdks_send_the_key(keyed_server):
         typesafe_sdk.TypeSafeClient(
             api_key="bad", base_url=keyed_server.url
         ).system_one("x", {"q": typesafe_sdk.Noul(instructions="?")})
+
+
+def sample_decision(port: int, key: str) -> subprocess.CompletedProcess[str]:
+    """tools/serve.sh's sample decision, its key in VLLM_API_KEY as serve.sh passes it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.examples.sample_decision", "--port", str(port)]
+        + ["--wait", "120"],
+        env={**os.environ, "VLLM_API_KEY": key},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_the_sample_decision_sends_the_key(keyed_server):
+    """The README's main job on a server with a key: the sample decision is answered; with the
+    wrong key it stops at once, naming the setting, instead of waiting out --wait."""
+    answered = sample_decision(keyed_server.port, KEY)
+    assert answered.returncode == 0, answered.stderr
+    assert json.loads(answered.stdout)["answers"]
+    refused = sample_decision(keyed_server.port, "bad")
+    assert refused.returncode == 1
+    assert "refused the API key (401)" in refused.stderr
+    assert "VLLM_API_KEY" in refused.stderr
 
 
 def test_systemone_is_ours_with_the_same_probabilities_as_decisions(keyed_server):

@@ -110,6 +110,11 @@ def serve(
     )
 
 
+def key_headers(api_key: str | None) -> dict[str, str]:
+    """What a request to a server started with ``--api-key`` (or ``VLLM_API_KEY``) must carry."""
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 async def served_model(http: httpx.AsyncClient) -> str:
     """The name the server at ``http`` serves its model under (``/v1/models``): what a request's
     ``model`` names, "m" for the servers these tools start, whatever an operator chose for theirs."""

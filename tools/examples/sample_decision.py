@@ -6,7 +6,8 @@ decision startup work is done, so this polls a decision request rather than /hea
 is doing (e.g. "calibration, 120 of 300 questions read, about 40 s left") only when it changes. A 503
 without Retry-After means startup failed: waiting won't help, so the reason is printed at once.
 The decision names the served model as ``GET /v1/models`` lists it first (or --model): a name the server
-doesn't serve is refused 404, as vLLM refuses it.
+doesn't serve is refused 404, as vLLM refuses it. A server started with ``--api-key`` gets the key from
+--api-key or ``VLLM_API_KEY`` (as ``vllm serve`` reads it); one that refuses it ends the wait at once.
 """
 
 from __future__ import annotations
@@ -64,13 +65,13 @@ def retry_after(response: httpx.Response | None) -> float:
         return POLL_S
 
 
-def served_model(port: int) -> str:
+def served_model(port: int, headers: dict[str, str]) -> str:
     """The first model the server lists (its served model name)."""
-    return str(
-        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0][
-            "id"
-        ]
+    response = httpx.get(
+        f"http://127.0.0.1:{port}/v1/models", headers=headers, timeout=30
     )
+    response.raise_for_status()
+    return str(response.json()["data"][0]["id"])
 
 
 def main() -> int:
@@ -85,19 +86,34 @@ def main() -> int:
     parser.add_argument(
         "--model", help="the model to ask (default: the first GET /v1/models lists)"
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY"),
+        help="the server's key, if it has one (default: VLLM_API_KEY)",
+    )
     args = parser.parse_args()
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = f"http://127.0.0.1:{args.port}/v1/decisions"
     deadline = time.monotonic() + args.wait
     said = ""
     while True:
         response: httpx.Response | None = None
         try:
-            sample = {**SAMPLE, "model": args.model or served_model(args.port)}
-            response = httpx.post(url, json=sample, timeout=60)
+            model = args.model or served_model(args.port, headers)
+            sample = {**SAMPLE, "model": model}
+            response = httpx.post(url, json=sample, headers=headers, timeout=60)
             if response.status_code not in (503, 404):
                 break
             if response.status_code == 503 and "retry-after" not in response.headers:
                 break  # startup failed: waiting won't help, the body says why
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code in (401, 403):
+                print(
+                    f"the server refused the API key ({exc.response.status_code}): give "
+                    "its key with --api-key or VLLM_API_KEY",
+                    file=sys.stderr,
+                )
+                return 1
         except (httpx.TransportError, ValueError, KeyError, IndexError):  # not up yet
             pass
         if response is not None and response.status_code == 503:

@@ -86,7 +86,7 @@ Metrics per row, per question type and overall (``all``), over the answered ques
   in a shuffled order, the questions in a shuffled order, --concurrency questions in flight, so each
   row meets the same load and prefix cache; a row's time is the sum of its own requests' times.
 
-usage: python -m tools.quality.accuracy [--model PATH] [--port N] [--questions FILE] [--limit N] [--rows A,B]
+usage: python -m tools.quality.accuracy [--model PATH] [--port N [--api-key KEY]] [--questions FILE] [--limit N] [--rows A,B]
                                         [--concurrency N] [--json OUT] [--seed N] [--upstream-port N]
 """
 
@@ -95,6 +95,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import sys
@@ -105,7 +106,12 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import add_server_arguments, served_model, target
+from tools.common.serving import (
+    add_server_arguments,
+    key_headers,
+    served_model,
+    target,
+)
 from tools.quality.accuracy_figures import (
     Reading,
     batch_calibrated,
@@ -146,12 +152,15 @@ def on_first_pass(response: httpx.Response) -> bool:
     )
 
 
-async def wait_ready(url: str, seconds: float = 1800) -> None:
+async def wait_ready(
+    url: str, seconds: float = 1800, headers: dict[str, str] | None = None
+) -> None:
     """Until a decision request is answered on the full calibration: not a 503 (the startup
     calibration), nor an answer on a first pass that the full calibration will replace. The request
-    names the model the server serves, whatever its name (``/v1/models``, up before decisions are)."""
+    names the model the server serves, whatever its name (``/v1/models``, up before decisions are).
+    A server that refuses the key (none, or the wrong one) ends the wait at once."""
     deadline = time.monotonic() + seconds
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
         while True:
             try:
                 probe = {
@@ -162,7 +171,13 @@ async def wait_ready(url: str, seconds: float = 1800) -> None:
                 response = await http.post("/v1/systemone", json=probe)
                 if response.status_code != 503 and not on_first_pass(response):
                     return
-            except (httpx.TransportError, httpx.HTTPStatusError):
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code in (401, 403):
+                    raise SystemExit(
+                        f"{url} refused the API key ({exc.response.status_code}): give the "
+                        "server's key with --api-key or VLLM_API_KEY"
+                    ) from None
+            except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(
@@ -248,6 +263,11 @@ def add_started_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibration-dir",
         help="the started server's calibration folder, kept for a rerun",
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY"),
+        help="with --port: the server's key (default: VLLM_API_KEY, as `vllm serve` reads it)",
+    )
 
 
 def calibrated_env(args: argparse.Namespace) -> dict[str, str]:
@@ -292,12 +312,13 @@ async def measure(
     asked = [r for r in ROWS if r in rows and r != "batch"] + (
         ["off"] if "batch" in rows and "off" not in rows else []
     )
-    await wait_ready(url)
+    headers = key_headers(args.api_key)
+    await wait_ready(url, headers=headers)
     upstream_url = (
         f"http://127.0.0.1:{args.upstream_port}" if args.upstream_port else None
     )
     async with (
-        httpx.AsyncClient(base_url=url, timeout=600) as ours,
+        httpx.AsyncClient(base_url=url, timeout=600, headers=headers) as ours,
         httpx.AsyncClient(base_url=upstream_url or url, timeout=600) as upstream,
     ):
         servers = Servers(ours, await served_model(ours), args.model)

@@ -88,7 +88,7 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import served_model, target
+from tools.common.serving import key_headers, served_model, target
 from tools.quality.accuracy import (
     DEFAULT_QUESTIONS,
     SHAPE_ERRORS,
@@ -187,12 +187,14 @@ async def ask(
     reads: dict[str, dict[str, Any]],
     concurrency: int,
     model_path: str,
+    api_key: str | None = None,
 ) -> None:
     """Ask each (row, line) once; record its answer or its error in ``reads``."""
-    await wait_ready(url)
+    headers = key_headers(api_key)
+    await wait_ready(url, headers=headers)
     print(f"asking {len(todo)} reads", file=sys.stderr)
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers=headers) as http:
         servers = Servers(http, await served_model(http), model_path)
 
         async def one(row: str, item: question_file.LabelledQuestion) -> None:
@@ -357,7 +359,9 @@ def main() -> int:
     if todo:
         try:
             with target(args, args.serve_port, calibrated_env(args)) as (url, _):
-                asyncio.run(ask(url, todo, reads, args.concurrency, args.model))
+                asyncio.run(
+                    ask(url, todo, reads, args.concurrency, args.model, args.api_key)
+                )
         finally:
             if args.reads:
                 Path(args.reads).write_text(
