@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import threading
 import time
@@ -20,7 +19,12 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import add_server_arguments, target
+from tools.common.serving import (
+    add_key_argument,
+    add_server_arguments,
+    key_headers,
+    target,
+)
 
 SENTENCE = "the quick brown fox jumps over the lazy dog "
 
@@ -127,9 +131,7 @@ def measure(
     url: str, path: str, body: bytes, copies: int, api_key: str | None = None
 ) -> tuple[list[tuple[int, float, str]], list[float]]:
     refusals: list[tuple[int, float, str]] = []
-    headers = {"content-type": "application/json"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
+    headers = {"content-type": "application/json", **key_headers(api_key)}
 
     def send() -> None:
         with httpx.Client(base_url=url, timeout=600) as client:
@@ -163,19 +165,16 @@ def main() -> None:
     parser.add_argument(
         "--copies", type=int, default=1, help="copies of each body sent at once"
     )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("VLLM_API_KEY"),
-        help="with --port: the server's key (VLLM_API_KEY), so the bodies get past it",
-    )
+    add_key_argument(parser)
     args = parser.parse_args()
     with target(args, port=8193, env={"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (
         url,
         _,
     ):
         # the OpenAI bodies name the model the server serves, so they get past its model check
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=30)
+        models = httpx.get(
+            f"{url}/v1/models", headers=key_headers(args.api_key), timeout=30
+        )
         models.raise_for_status()
         for what, path, value in bodies(models.json()["data"][0]["id"]):
             body = json.dumps(value, separators=(",", ":")).encode()

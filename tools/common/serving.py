@@ -110,6 +110,16 @@ def serve(
     )
 
 
+def add_key_argument(parser: argparse.ArgumentParser) -> None:
+    """--api-key, for a running server (--port) started with one; VLLM_API_KEY by default, as
+    ``vllm serve`` reads it."""
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY"),
+        help="with --port: the server's key (default: VLLM_API_KEY)",
+    )
+
+
 def key_headers(api_key: str | None) -> dict[str, str]:
     """What a request to a server started with ``--api-key`` (or ``VLLM_API_KEY``) must carry."""
     return {"authorization": f"Bearer {api_key}"} if api_key else {}

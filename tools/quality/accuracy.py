@@ -43,10 +43,10 @@ the others, and ``upstream``, which needs --upstream-port):
   shared equally by the other options. No T: calibrated = raw.
 - ``reasoning``: chain of thought on the same server and model, what a user would try when one token
   is not enough: ``generation``'s chat with its last line asking for two or three sentences of
-  reasoning, quoting the input, and then a line ``Answer: <key>``; the reasoning is generated freely (temperature 0, at most 256 tokens,
-  stopped at ``Answer:``), then the chat is continued after it and ``Answer:``
-  (``continue_final_message``) with the reply restricted to the keys, each after a space, and scored
-  as ``generation`` scores its reply. Two requests a question; no T.
+  reasoning, quoting the input, and then a line ``Answer: <key>``; the reasoning is generated freely
+  (temperature 0, at most 256 tokens, stopped at ``Answer:``), then the chat is continued after it
+  and ``Answer:`` (``continue_final_message``) with the reply restricted to the keys, each after a
+  space, and scored as ``generation`` scores its reply. Two requests a question; no T.
 - ``letters``: the letter-logprob read a user builds on vLLM without our overlay, on the same server:
   the user renders the prompt themselves with the model folder's chat template (--model;
   add_generation_prompt), a system turn and one user turn holding the document, the question and its
@@ -95,7 +95,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shlex
 import sys
@@ -107,6 +106,7 @@ from typing import Any
 import httpx
 
 from tools.common.serving import (
+    add_key_argument,
     add_server_arguments,
     key_headers,
     served_model,
@@ -263,11 +263,7 @@ def add_started_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibration-dir",
         help="the started server's calibration folder, kept for a rerun",
     )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("VLLM_API_KEY"),
-        help="with --port: the server's key (default: VLLM_API_KEY, as `vllm serve` reads it)",
-    )
+    add_key_argument(parser)
 
 
 def calibrated_env(args: argparse.Namespace) -> dict[str, str]:
