@@ -4,6 +4,7 @@ or a running server they target instead."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -131,6 +132,51 @@ async def served_model(http: httpx.AsyncClient) -> str:
     response = await http.get("/v1/models")
     response.raise_for_status()
     return response.json()["data"][0]["id"]
+
+
+def on_first_pass(response: httpx.Response) -> bool:
+    """Whether a decision response was answered on a calibration's first pass."""
+    if response.status_code != 200:
+        return False
+    answers = response.json().get("answers", {})
+    return any(
+        (a.get("extra") or {}).get("audit", {}).get("calibration_stage") == "first pass"
+        for a in answers.values()
+    )
+
+
+async def wait_ready(
+    url: str, seconds: float = 1800, headers: dict[str, str] | None = None
+) -> None:
+    """Until a decision request is answered on the full calibration: not a 503 (the startup
+    calibration), nor an answer on a first pass that the full calibration will replace. The request
+    names the model the server serves, whatever its name (``/v1/models``, up before decisions are).
+    A server that refuses the key (none, or the wrong one) ends the wait at once."""
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
+        while True:
+            try:
+                probe = {
+                    "model": await served_model(http),
+                    "state": "x",
+                    "questions": {"q": {"type": "noul", "instructions": "?"}},
+                }
+                response = await http.post("/v1/systemone", json=probe)
+                if response.status_code != 503 and not on_first_pass(response):
+                    return
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code in (401, 403):
+                    raise SystemExit(
+                        f"{url} refused the API key ({exc.response.status_code}): give the "
+                        "server's key with --api-key or VLLM_API_KEY"
+                    ) from None
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no decision answer from {url} within {seconds:.0f} s"
+                )
+            await asyncio.sleep(2)
 
 
 def startup_seconds(url: str, process: subprocess.Popen) -> float:

@@ -88,14 +88,13 @@ from typing import Any
 
 import httpx
 
-from tools.common.serving import key_headers, served_model, target
+from tools.common.serving import key_headers, served_model, target, wait_ready
 from tools.quality.accuracy import (
     DEFAULT_QUESTIONS,
     SHAPE_ERRORS,
     add_started_server_arguments,
     calibrated_env,
     report,
-    wait_ready,
 )
 from tools.quality.accuracy_figures import Reading, question_id
 from tools.quality.accuracy_rows import OURS, RowRefused, Servers
