@@ -76,6 +76,13 @@ LENIENT = [
     ("MAX_LEVELS", "7", "max_levels", 7),
     ("MAX_BODY_BYTES", "", "max_body_bytes", settings.DEFAULT_MAX_BODY_BYTES),
     ("MAX_BODY_BYTES", "1_048_576", "max_body_bytes", 1 << 20),
+    (
+        "MAX_BODY_BYTES_IN_FLIGHT",
+        "",
+        "max_body_bytes_in_flight",
+        16 * settings.DEFAULT_MAX_BODY_BYTES,
+    ),
+    ("MAX_BODY_BYTES_IN_FLIGHT", "67108864", "max_body_bytes_in_flight", 1 << 26),
     ("MAX_INPUT_CHARS", "", "max_input_chars", settings.DEFAULT_MAX_INPUT_CHARS),
     ("MAX_INPUT_CHARS", "1", "max_input_chars", 1),
     (
@@ -166,6 +173,7 @@ REFUSED = [
     ("MAX_LEVELS", "ten", "a whole number of at least 2"),
     ("MAX_BODY_BYTES", "32MB", "a whole number of at least 1024"),
     ("MAX_BODY_BYTES", "1000", "a whole number of at least 1024"),
+    ("MAX_BODY_BYTES_IN_FLIGHT", "4194304", "at least 4/3 of VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
     ("MAX_INPUT_CHARS", "-1", "a whole number of at least 1"),
     (
         "MAX_REQUEST_CHARS",

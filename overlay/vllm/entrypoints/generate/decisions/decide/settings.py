@@ -42,6 +42,7 @@ VARIABLES = (
     PREFIX + "MAX_CHOICES",
     PREFIX + "MAX_LEVELS",
     PREFIX + "MAX_BODY_BYTES",
+    PREFIX + "MAX_BODY_BYTES_IN_FLIGHT",
     PREFIX + "MAX_INPUT_CHARS",
     PREFIX + "MAX_REQUEST_CHARS",
     PREFIX + "MAX_JSON_DEPTH",
@@ -69,7 +70,11 @@ SWITCH_WORDS = (
     "1, true, yes or on to switch on; 0, false, no, off or empty to switch off"
 )
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# A decision request is an input and its questions: a few MiB hold any context a model has today.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The body bytes an API-server process holds at once, by default: bodies of 64 KiB and more may hold
+# three quarters of it (http/wire/body.py), room for twelve at the default limit.
+BODIES_IN_FLIGHT_PER_BODY = 16
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
 # A request's input and questions together, by default: room for the longest input and three times its
 # length in questions, which no model's context holds in one prompt today.
@@ -163,6 +168,8 @@ class Settings:
     max_choices: int
     max_levels: int
     max_body_bytes: int
+    # The request-body bytes one API-server process holds at once, received or decoded (body.py).
+    max_body_bytes_in_flight: int
     # The longest input (state) text, in characters, after input items are rendered to text.
     max_input_chars: int
     min_option_mass: float
@@ -218,6 +225,21 @@ class Settings:
             env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1
         )
         low, high = _temperature_range(env)
+        max_body_bytes = _int_at_least(
+            env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024
+        )
+        in_flight = _int_at_least(
+            env,
+            PREFIX + "MAX_BODY_BYTES_IN_FLIGHT",
+            BODIES_IN_FLIGHT_PER_BODY * max_body_bytes,
+            1024,
+        )
+        # a body at the limit must fit in the three quarters large bodies share
+        if in_flight * 3 < max_body_bytes * 4:
+            raise SettingsError(
+                f"{PREFIX}MAX_BODY_BYTES_IN_FLIGHT={in_flight}: at least 4/3 of {PREFIX}MAX_BODY_BYTES "
+                f"({max_body_bytes}) is needed, so that a body at that limit can be taken"
+            )
         temperature = _positive_float(env, PREFIX + "TEMPERATURE")
         if temperature is not None and not low <= temperature <= high:
             raise SettingsError(
@@ -230,9 +252,8 @@ class Settings:
             max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
             max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
             max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
-            max_body_bytes=_int_at_least(
-                env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024
-            ),
+            max_body_bytes=max_body_bytes,
+            max_body_bytes_in_flight=in_flight,
             max_input_chars=max_input_chars,
             min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),

@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Request bodies: a size limit, ``Content-Encoding: gzip`` / ``zstd`` decoding, and strict JSON.
+"""Request bodies: JSON only, a size limit checked before the bytes are held, ``Content-Encoding: gzip``
+/ ``zstd`` decoded as the bytes arrive and held to the same limit, the bytes every request holds at once
+bounded server-wide, and strict JSON.
 
 The TypeSafe SDK compresses bodies over 1 KiB with zstd when its ``zstd`` extra is installed.
-zstd decoding needs ``backports.zstd`` or ``zstandard`` in the server's environment (Python 3.14's
-``compression.zstd`` also works); without one, such a body gets a 415 that says so.
+zstd decoding needs ``backports.zstd`` in the server's environment (or Python 3.14's
+``compression.zstd``); without it, such a body gets a 415 that says so.
 """
 
 from __future__ import annotations
 
-import gzip
+import asyncio
 import json
 import math
 import re
@@ -18,84 +20,238 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from starlette.requests import ClientDisconnect, Request
+
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 
 LIMIT_HINT = f"set {PREFIX}MAX_BODY_BYTES to raise it"
+IN_FLIGHT_VARIABLE = PREFIX + "MAX_BODY_BYTES_IN_FLIGHT"
+# Bodies at least this long are large: they are parsed on a thread of their own (decision_route.py)
+# and may hold only LARGE_SHARE of the bytes in flight, so small requests are still taken meanwhile.
+LARGE_BODY_BYTES = 64 * 1024
+LARGE_SHARE = 0.75
 
 
-def _zstd_decoder() -> Callable[[bytes, int], bytes] | None:
-    """A bounded zstd decompressor from whichever zstd module is installed."""
+def _zstd_stream(limit: int) -> Callable[[bytes], bytes] | None:
+    """A zstd decoder fed chunk by chunk that returns at most ``limit + 1`` bytes in all, from Python
+    3.14's ``compression.zstd`` or ``backports.zstd``; None when neither is installed."""
     for module_name in ("compression.zstd", "backports.zstd"):
         try:
             module: Any = __import__(module_name, fromlist=["ZstdDecompressor"])
         except ImportError:
             continue
-
-        def stdlib_style(data: bytes, limit: int, module: Any = module) -> bytes:
-            decompressor = module.ZstdDecompressor()
-            out = decompressor.decompress(data, max_length=limit + 1)
-            if not decompressor.eof and len(out) <= limit:
-                raise ValueError("truncated zstd frame")
-            return out
-
-        return stdlib_style
-    try:
-        import zstandard
-    except ImportError:
-        return None
-
-    def zstandard_style(data: bytes, limit: int) -> bytes:
-        reader = zstandard.ZstdDecompressor().stream_reader(data)
-        return reader.read(limit + 1)
-
-    return zstandard_style
+        return _bounded(module.ZstdDecompressor(), "zstd frame", limit)
+    return None
 
 
-ZSTD = _zstd_decoder()
+def _bounded(decompressor: Any, what: str, limit: int) -> Callable[[bytes], bytes]:
+    """Feeds ``decompressor`` (zlib's or zstd's, which share these methods) chunk by chunk, asking at
+    most ``limit + 1`` bytes of it in all; an empty chunk ends the stream, which must be complete."""
+    produced = 0
+
+    def feed(chunk: bytes) -> bytes:
+        nonlocal produced
+        if decompressor.eof:
+            if chunk or decompressor.unused_data:
+                raise ValueError(f"data after the end of the {what}")
+            return b""
+        out = decompressor.decompress(chunk, limit + 1 - produced)
+        produced += len(out)
+        if not chunk and not decompressor.eof and produced <= limit:
+            raise ValueError(f"truncated {what}")
+        return out
+
+    return feed
 
 
-def _gzip(data: bytes, limit: int) -> bytes:
-    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = decompressor.decompress(data, limit + 1)
-    if not decompressor.eof and len(out) <= limit:
-        raise gzip.BadGzipFile("truncated gzip stream")
-    return out
+def _gzip_stream(limit: int) -> Callable[[bytes], bytes]:
+    return _bounded(zlib.decompressobj(16 + zlib.MAX_WBITS), "gzip stream", limit)
+
+
+class Decoder:
+    """A body's ``Content-Encoding`` undone as its bytes arrive: :meth:`feed` each chunk, then
+    :meth:`finish`. It refuses as soon as either the bytes received or the bytes decoded pass ``limit``:
+    a small compressed body never grows to more than the limit in memory."""
+
+    def __init__(self, encoding: str | None, limit: int) -> None:
+        self.encoding = (encoding or "identity").strip().lower()
+        self.limit = limit
+        self.received = 0
+        self.parts: list[bytes] = []
+        self.size = 0
+        if self.encoding == "identity":
+            self.decode: Callable[[bytes], bytes] | None = None
+        elif self.encoding == "gzip":
+            self.decode = _gzip_stream(limit)
+        elif self.encoding == "zstd":
+            self.decode = _zstd_stream(limit)
+            if self.decode is None:
+                raise DecisionError(
+                    "zstd request bodies need the backports.zstd package on the server",
+                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                )
+        else:
+            raise DecisionError(
+                f"Content-Encoding {self.encoding[:40]!r} is not supported (use gzip, zstd or none)",
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            )
+
+    def feed(self, chunk: bytes) -> None:
+        """Take ``chunk`` of the body as sent (an empty one ends a compressed body)."""
+        self.received += len(chunk)
+        if self.received > self.limit:
+            raise over_limit(self.received, self.limit)
+        out = chunk if self.decode is None else self._decoded(chunk)
+        self.parts.append(out)
+        self.size += len(out)
+        if self.size > self.limit:
+            raise DecisionError(
+                f"decoded request body is over the limit of {self.limit} bytes ({LIMIT_HINT})",
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            )
+
+    def finish(self) -> bytes:
+        """The whole decoded body, once every chunk was fed."""
+        if self.decode is not None:
+            self.feed(b"")
+        body = b"".join(self.parts)
+        self.parts = [body]
+        return body
+
+    def _decoded(self, chunk: bytes) -> bytes:
+        assert self.decode is not None
+        try:
+            return self.decode(chunk)
+        except Exception:  # the decoder's own text says nothing a client can act on
+            raise DecisionError(
+                f"could not decode the {self.encoding} request body: it is not a complete, valid "
+                f"{self.encoding} stream"
+            ) from None
+
+
+def over_limit(size: int, limit: int) -> DecisionError:
+    return DecisionError(
+        f"request body of {size} bytes is over the limit of {limit} ({LIMIT_HINT})",
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    )
 
 
 def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
-    """The body as JSON bytes: checked against ``limit`` before and after decoding."""
-    if len(raw) > limit:
+    """A body held whole (a bulk line, a test's) as JSON bytes: checked against ``limit`` before and after
+    decoding, as a streamed body is."""
+    decoder = Decoder(encoding, limit)
+    decoder.feed(raw)
+    return decoder.finish()
+
+
+class BodiesInFlight:
+    """The request-body bytes one API-server process holds at once, received or decoded, from the first
+    byte until the request is answered: past ``limit`` a request is refused at once (503, Retry-After)
+    rather than queued. Large bodies share ``LARGE_SHARE`` of it, so small requests still get in."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def claim(self) -> Claim:
+        return Claim(self)
+
+    def take(self, size: int, total: int) -> None:
+        """``size`` more bytes for a body that will then hold ``total``; refused if they don't fit."""
+        room = self.limit if total < LARGE_BODY_BYTES else int(self.limit * LARGE_SHARE)
+        if self.held + size > room:
+            raise ServerBusyError(
+                f"the server holds {self.held} bytes of request bodies, and this one's {size} more would "
+                f"pass its limit of {room} for bodies of this size ({IN_FLIGHT_VARIABLE} sets it); "
+                "retry shortly"
+            )
+        self.held += size
+
+
+class Claim:
+    """One request's share of the bytes in flight; :meth:`release` gives it back."""
+
+    def __init__(self, pool: BodiesInFlight) -> None:
+        self.pool = pool
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        if size > 0:
+            self.pool.take(size, self.size + size)
+            self.size += size
+
+    def shrink_to(self, size: int) -> None:
+        if size < self.size:
+            self.pool.held -= self.size - size
+            self.size = size
+
+    def release(self) -> None:
+        self.shrink_to(0)
+
+
+class ServerBusyError(DecisionError):
+    """Too many bytes of request bodies in flight: a temporary refusal."""
+
+    retry_after = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+def media_type(request: Request) -> None:
+    """Only JSON is decided, as vLLM's own routes take only ``application/json``: a form or text body
+    is what a web page can send without asking the server first (no CORS preflight)."""
+    content_type = request.headers.get("content-type", "")
+    kind = content_type.partition(";")[0].strip().lower()
+    if kind != "application/json":
+        shown = f"{content_type[:60]!r}" if content_type else "none"
         raise DecisionError(
-            f"request body of {len(raw)} bytes is over the limit of {limit} ({LIMIT_HINT})",
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-        )
-    encoding = (encoding or "identity").strip().lower()
-    if encoding == "identity":
-        return raw
-    decoders = {"gzip": _gzip, "zstd": ZSTD}
-    decode = decoders.get(encoding)
-    if encoding == "zstd" and decode is None:
-        raise DecisionError(
-            "zstd request bodies need the backports.zstd or zstandard package on the server",
+            f"Content-Type {shown} is not accepted: send the body as JSON, with "
+            "'Content-Type: application/json'",
             HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
         )
-    if decode is None:
-        raise DecisionError(
-            f"Content-Encoding {encoding!r} is not supported (use gzip, zstd or none)",
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-        )
-    try:
-        body = decode(raw, limit)
-    except Exception:  # the decoder's own text says nothing a client can act on
-        raise DecisionError(
-            f"could not decode the {encoding} request body: it is not a complete, valid {encoding} stream"
-        ) from None
-    if len(body) > limit:
-        raise DecisionError(
-            f"decoded request body is over the limit of {limit} bytes ({LIMIT_HINT})",
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-        )
+
+
+def declared_length(request: Request, limit: int) -> int | None:
+    """The ``Content-Length`` the client declared, refused at once when it is over ``limit``."""
+    text = request.headers.get("content-length")
+    if text is None:
+        return None
+    if not text.isdecimal():
+        raise DecisionError(f"Content-Length {text[:40]!r} is not a number of bytes")
+    if (size := int(text)) > limit:
+        raise over_limit(size, limit)
+    return size
+
+
+async def read_body(
+    request: Request, limit: int, claim: Claim, idle_timeout: float
+) -> bytes:
+    """The body, decoded, each byte claimed before it is kept: the declared length up front, then what
+    arrives or decodes beyond it. Raises DecisionError (413 past the limit, 503 when the server holds
+    too much, 408 when the client stops sending for ``idle_timeout`` seconds) or ClientDisconnect,
+    each before more is read."""
+    decoder = Decoder(request.headers.get("content-encoding"), limit)
+    claim.grow(declared_length(request, limit) or 0)
+    more = True
+    while more:
+        try:
+            message = await asyncio.wait_for(request.receive(), idle_timeout)
+        except TimeoutError:
+            raise DecisionError(
+                f"the request body stopped arriving for {idle_timeout:g} s (the server's idle timeout, "
+                "VLLM_HTTP_TIMEOUT_KEEP_ALIVE)",
+                HTTPStatus.REQUEST_TIMEOUT,
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        claim.grow(decoder.size + len(chunk) - claim.size)
+        decoder.feed(chunk)
+        claim.grow(decoder.size - claim.size)
+    body = decoder.finish()
+    claim.grow(len(body) - claim.size)
     return body
 
 
@@ -160,13 +316,13 @@ def _refuse_lone_surrogates(value: Any) -> None:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DecisionError(
-                f"key {key!r} appears twice in one JSON object of the request body"
-            )
-        result[key] = value
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise DecisionError(
+            f"key {key[:64]!r}{'...' if len(key) > 64 else ''} appears twice in one JSON object of the "
+            "request body"
+        )
     return result
 
 

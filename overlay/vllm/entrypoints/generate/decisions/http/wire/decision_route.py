@@ -2,11 +2,13 @@
 """The route class of the decision endpoints: what a decision request meets over HTTP, whichever wire
 format it speaks.
 
-The API key (vLLM's check, see auth.py), the body size limit, ``Content-Encoding`` decoding and
-strict JSON (body.py); then the wire's own handling (wire/handling.py: validation, the decision, any
-refusal in the wire's shape), the same code bulk calls, under vLLM's ``with_cancellation`` (a client
-that leaves cancels it) and ``load_aware_call`` (``--enable-server-load-tracking``); after it,
-``Retry-After`` on temporary refusals, the request id and the server-side time as headers.
+Before a byte of the body is held: the API key (vLLM's check, see auth.py), the request id, JSON as
+the only media type, the declared size. Then the body, read against its limit and the bytes the
+server holds in flight, decoded as it arrives and parsed strictly (body.py), and the wire's own
+handling (wire/handling.py: validation, the decision, any refusal in the wire's shape), the same code
+bulk calls. Parsing and deciding run under vLLM's ``with_cancellation`` (a client that leaves cancels
+them) and ``load_aware_call`` (``--enable-server-load-tracking``); after them, ``Retry-After`` on
+temporary refusals, the request id and the server-side time as headers.
 
 FastAPI does not validate these routes' bodies (the wire does, for bulk too): a route's endpoint
 function only gives ``/openapi.json`` its request and response models.
@@ -23,14 +25,26 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.datastructures import State
 from starlette.requests import ClientDisconnect
 
-from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
-from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+import vllm.envs as envs
+from vllm.entrypoints.generate.decisions.decide.concurrency import parsed_off_the_loop
+from vllm.entrypoints.generate.decisions.decide.errors import (
+    DecisionError,
+    NotReadyError,
+)
 from vllm.entrypoints.generate.decisions.decide.metrics import observed_route
-from vllm.entrypoints.generate.decisions.decide.settings import DEFAULT_MAX_BODY_BYTES
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.http.wire.auth import AUTHORIZED, key_required
-from vllm.entrypoints.generate.decisions.http.wire.body import decode_body, parse_json
+from vllm.entrypoints.generate.decisions.http.wire.body import (
+    LARGE_BODY_BYTES,
+    BodiesInFlight,
+    media_type,
+    parse_json,
+    read_body,
+)
 from vllm.entrypoints.generate.decisions.http.wire.common import decision_service
 from vllm.entrypoints.generate.decisions.http.wire.handling import (
     Reply,
@@ -41,25 +55,34 @@ from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancell
 
 LATENCY_HEADER = "x-decision-latency-ms"
 REQUEST_ID_HEADER = "X-Request-Id"
+# A client's request id comes back in headers and the response, and names every engine read: a longer
+# one is refused, not cut (vLLM's own cache salts stop at the same length).
+MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID = re.compile(rf"[!-~]{{1,{MAX_REQUEST_ID_CHARS}}}")
 
 
-# Bodies at least this long, and compressed ones, are decoded and parsed off the event loop: tens of MiB take the event loop
-# (every other client's request, /health) a good part of a second; small ones aren't worth the hop.
-PARSE_IN_THREAD_BYTES = 64 * 1024
+def given_request_id(request: Request) -> str | None:
+    """The client's ``X-Request-Id`` when it is one the server repeats; None when absent or not."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    return given if given and REQUEST_ID.fullmatch(given) else None
 
 
-async def request_body(request: Request) -> Any:
-    """The body as JSON: size-limited, decoded and parsed strictly (body.py)."""
-    service = getattr(request.app.state, "decision_service", None)
-    limit = (
-        service.settings.max_body_bytes
-        if service is not None
-        else DEFAULT_MAX_BODY_BYTES
-    )
-    raw, encoding = await request.body(), request.headers.get("content-encoding")
-    if len(raw) < PARSE_IN_THREAD_BYTES and not encoding:
-        return parse_json(decode_body(raw, encoding, limit))
-    return await off_the_loop(lambda: parse_json(decode_body(raw, encoding, limit)))
+def refuse_unusable_request_id(request: Request) -> None:
+    if request.headers.get(REQUEST_ID_HEADER) and given_request_id(request) is None:
+        raise DecisionError(
+            f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_CHARS} printable ASCII characters "
+            "without spaces; leave it out and the server makes one"
+        )
+
+
+def bodies_in_flight(state: State, settings: Settings) -> BodiesInFlight:
+    """This API-server process's body bytes in flight, counted from its first decision request."""
+    pool = getattr(state, "decision_bodies_in_flight", None)
+    if pool is None:
+        pool = state.decision_bodies_in_flight = BodiesInFlight(
+            settings.max_body_bytes_in_flight
+        )
+    return pool
 
 
 def authorized(request: Request) -> bool:
@@ -75,13 +98,59 @@ def decision_route(wire: Wire) -> type[APIRoute]:
     request id is also echoed under each of ``wire.id_headers`` (a wire's own clients may read another
     header)."""
 
-    async def answered(body: Any, raw_request: Request, request_id: str) -> Reply:
-        return await wire.answer(
-            lambda: decision_service(raw_request), body, request_id
+    async def answered(body: bytes, raw_request: Request, request_id: str) -> Reply:
+        def validated() -> BaseModel | Reply:
+            # the parsed JSON lives only until it is validated: what no field keeps is let go here
+            return wire.request_of(parse_json(body))
+
+        try:
+            request = (
+                validated()
+                if len(body) < LARGE_BODY_BYTES
+                else await parsed_off_the_loop(validated)
+            )
+        except DecisionError as exc:
+            return wire.refusal(exc)
+        if isinstance(request, Reply):
+            return request
+        return await wire.decide(
+            lambda: decision_service(raw_request), request, request_id
         )
 
     # vLLM's wrappers find the request as the second argument; with_cancellation gives None when the client left.
     answer_unless_cancelled = with_cancellation(load_aware_call(answered))
+
+    async def reply_to(request: Request, request_id: str) -> tuple[Reply | None, bool]:
+        """The reply (None: the client left), and whether the whole body was read."""
+        service = getattr(request.app.state, "decision_service", None)
+        claim = None
+        try:
+            if not authorized(request):
+                raise DecisionError(
+                    "Unauthorized: send the server's API key as 'Authorization: Bearer KEY'",
+                    HTTPStatus.UNAUTHORIZED,
+                )
+            refuse_unusable_request_id(request)
+            media_type(request)
+            if service is None:
+                raise NotReadyError()
+            settings = service.settings
+            claim = bodies_in_flight(request.app.state, settings).claim()
+            body = await read_body(
+                request,
+                settings.max_body_bytes,
+                claim,
+                envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+            )
+            return await answer_unless_cancelled(body, request, request_id), True
+        except DecisionError as exc:
+            return wire.refusal(exc), False
+        except ClientDisconnect:
+            # the client left before its body arrived: cancelled, not a fault
+            return None, False
+        finally:
+            if claim is not None:
+                claim.release()
 
     class DecisionRoute(APIRoute):
         # auth.py lets a request with a bad key through to this route only, which refuses it itself.
@@ -104,23 +173,13 @@ def decision_route(wire: Wire) -> type[APIRoute]:
             async def handle_decision(request: Request) -> Response:
                 started = time.perf_counter()
                 # The request's one id: its engine reads and its response's id derive from it.
-                request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
-                try:
-                    if not authorized(request):
-                        raise DecisionError(
-                            "Unauthorized: send the server's API key as 'Authorization: Bearer KEY'",
-                            HTTPStatus.UNAUTHORIZED,
-                        )
-                    body = await request_body(request)
-                except DecisionError as exc:
-                    reply: Reply | None = wire.refusal(exc)
-                except ClientDisconnect:
-                    # the client left before its body arrived: cancelled, not a fault
-                    reply = None
-                else:
-                    reply = await answer_unless_cancelled(body, request, request_id)
+                request_id = given_request_id(request) or new_request_id()
+                reply, body_read = await reply_to(request, request_id)
                 # A client that left reads nothing; metrics.py counts the request as cancelled.
                 response = reply.response() if reply is not None else Response()
+                if not body_read:
+                    # the rest of the body is not read, so the connection can't carry another request
+                    response.headers["Connection"] = "close"
                 # vLLM's own middleware echoes X-Request-Id when --enable-request-id-headers is on.
                 echoes = getattr(request.app.state, "decision_echo_request_id", True)
                 for header in (

@@ -127,22 +127,36 @@ class Wire:
         note_refusal(exc)
         return replace(self.render_error(exc, None), retry_after=exc.retry_after)
 
-    async def answer(
-        self, service: Callable[[], Decides], body: Any, request_id: str
-    ) -> Reply:
-        """``body`` (strictly parsed JSON) validated and decided; any refusal in this wire's shape.
-
-        ``service`` is asked for once the body is valid (a route's app may have none yet: not ready).
-        ``request_id`` is this request's one id: its engine reads and its response's id derive from it.
-        """
+    def request_of(self, body: Any) -> BaseModel | Reply:
+        """``body`` (strictly parsed JSON) as this wire's request model, or the refusal of it."""
         try:
-            request = validated(self.request_model, body)
-            decided = await self.serve(service(), request, request_id)
+            return validated(self.request_model, body)
         except InvalidBody as exc:
             return self.render_error(DecisionError("invalid request body"), exc.errors)
+
+    async def decide(
+        self, service: Callable[[], Decides], request: BaseModel, request_id: str
+    ) -> Reply:
+        """A valid request decided; any refusal in this wire's shape.
+
+        ``service`` is asked for here (a route's app may have none yet: not ready). ``request_id`` is
+        this request's one id: its engine reads and its response's id derive from it.
+        """
+        try:
+            decided = await self.serve(service(), request, request_id)
         except DecisionError as exc:
             return self.refusal(exc)
         except Exception:  # a fault: a 500 in this wire's shape, its text only in the log (under the id)
             logger.exception("decision %s failed", request_id)
             return self.render_error(internal_error(request_id), None)
         return Reply(HTTPStatus.OK.value, decided)
+
+    async def answer(
+        self, service: Callable[[], Decides], body: Any, request_id: str
+    ) -> Reply:
+        """``body`` (strictly parsed JSON) validated and decided, as :meth:`request_of` and
+        :meth:`decide` do it."""
+        request = self.request_of(body)
+        if isinstance(request, Reply):
+            return request
+        return await self.decide(service, request, request_id)

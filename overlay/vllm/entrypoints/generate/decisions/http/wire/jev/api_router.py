@@ -34,6 +34,7 @@ ERROR_TYPES = {
     HTTPStatus.UNAUTHORIZED: "authentication_error",
     HTTPStatus.FORBIDDEN: "permission_error",
     HTTPStatus.NOT_FOUND: "not_found_error",
+    HTTPStatus.REQUEST_TIMEOUT: "request_timeout",
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "unsupported_media_type",
     HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
@@ -73,7 +74,7 @@ router = APIRouter(route_class=decision_route(JEV))
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": JevValidationErrors},
-    **{code: {"model": JevError} for code in (401, 413, 415, 500, 503)},
+    **{code: {"model": JevError} for code in (401, 408, 413, 415, 500, 503)},
 }
 
 

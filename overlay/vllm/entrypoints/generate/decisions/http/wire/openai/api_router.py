@@ -48,7 +48,7 @@ OPENAI = Wire(
 router = APIRouter(route_class=decision_route(OPENAI))
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 500, 503)
+    code: {"model": ErrorResponse} for code in (400, 401, 408, 413, 415, 500, 503)
 }
 
 
