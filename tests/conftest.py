@@ -59,6 +59,7 @@ ON_SESSION_SERVERS = frozenset(
         "amplification",
         "auth",
         "bulk",
+        "bytes",
         "canvas",
         "disconnects",
         "endpoints",

@@ -17,14 +17,19 @@ from fastapi import FastAPI
 
 from vllm.entrypoints.generate.decisions.decide import paths
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.http.api_router import (
+    register_decisions_api_router,
+)
 from vllm.entrypoints.generate.decisions.http.wire.body import (
     LARGE_BODY_BYTES,
     BodiesInFlight,
     Decoder,
 )
 
-from .test_handling import app, service  # noqa: F401  (fixtures: a 20,000-byte body limit)
-from .test_wire import JEV_REQUEST, OPENAI_REQUEST
+from .fakes import ScriptedBackend
+from .test_wire import JEV_REQUEST, OPENAI_REQUEST, descending
 
 LIMIT = 20000
 REQUESTS = {paths.DECISIONS: OPENAI_REQUEST, paths.SYSTEMONE: JEV_REQUEST}
@@ -92,6 +97,17 @@ def message(path: str, body: Any) -> str:
 JSON = {"content-type": "application/json"}
 
 
+@pytest.fixture
+async def app() -> FastAPI:
+    settings = Settings.from_env({"VLLM_TYPED_DECISIONS_MAX_BODY_BYTES": str(LIMIT)})
+    service = DecisionService(settings, ScriptedBackend(descending), "served-model")
+    await service.start()
+    app = FastAPI()
+    register_decisions_api_router(app)
+    app.state.decision_service = service
+    return app
+
+
 @pytest.mark.parametrize("path", REQUESTS)
 @pytest.mark.parametrize(
     "content_type",
@@ -150,7 +166,9 @@ async def test_a_compression_bomb_is_decoded_no_further_than_the_limit(encoding)
         for start in range(0, len(packed), 1024):
             decoder.feed(packed[start : start + 1024])
         decoder.finish()
-    assert refused.value.status == 413 and "decoded request body" in refused.value.message
+    assert (
+        refused.value.status == 413 and "decoded request body" in refused.value.message
+    )
     assert decoder.size <= LIMIT + 1 and decoder.received < len(packed)
 
 

@@ -66,6 +66,26 @@ class EngineBusyError(DecisionError):
         )
 
 
+# The most characters of one client value that an error message quotes.
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS, bare: bool = False) -> str:
+    """``value`` as an error message quotes it: its ``repr()`` (with ``bare``, a string as it is, for
+    a field path or an id); a longer one only as a prefix and its length, ``'abc…' (1048576
+    characters)``, since a client's value may be megabytes long and a message must stay short."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return value if bare else repr(value)
+        quoted = repr(value[:limit])
+        return f"{quoted[:-1]}…{quoted[-1]} ({len(value)} characters)"
+    try:
+        text = repr(value)
+    except RecursionError:  # a JSON value nested as deep as the parser allows
+        text = f"<a deeply nested {type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 class BackendUnavailable(RuntimeError):
     """A backend can't serve the model it was started on; the message says why (and what to change)."""
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vllm.entrypoints.generate.decisions.decide.errors import shown
+
 # Error types that only say "this union branch didn't match"; a deeper error says more.
 BRANCH_MISMATCH = {
     "string_type",
@@ -37,6 +39,22 @@ def detail_message(detail: list[dict[str, Any]]) -> str:
     return "; ".join(f"{location(tuple(d['loc'][1:]))}: {d['msg']}" for d in detail)
 
 
+def loc_part(part: Any) -> Any:
+    """A location's part as a message shows it: a client's key (an unknown field's name, a Jev question
+    id) cut to a short prefix, so a megabyte-long key can't make a megabyte-long error."""
+    return shown(part, bare=True) if isinstance(part, str) else part
+
+
+def error_msg(error: Mapping[str, Any]) -> str:
+    """A pydantic error's message, with the one client value pydantic quotes in one (the tag a
+    discriminated union didn't know, under ``ctx``) cut to a short prefix."""
+    msg = str(error.get("msg", ""))
+    tag = (error.get("ctx") or {}).get("tag")
+    if isinstance(tag, str) and (cut := shown(tag)) != repr(tag):
+        msg = msg.replace(f"'{tag}'", cut)
+    return msg
+
+
 def is_field_name(part: Any) -> bool:
     """Union branches show up in locations as type names (``str``, ``list[TextPart]``...)."""
     return isinstance(part, int) or (
@@ -62,8 +80,10 @@ def errors_message(
     for error in errors:
         loc = tuple(error["loc"][1:] if skip_first else error["loc"])
         # A validator's own ValueError is the message; pydantic prefixes it with "Value error, ".
-        msg = str(error["msg"]).removeprefix("Value error, ")
-        found.append((tuple(p for p in loc if is_field_name(p)), error["type"], msg))
+        msg = error_msg(error).removeprefix("Value error, ")
+        found.append(
+            (tuple(loc_part(p) for p in loc if is_field_name(p)), error["type"], msg)
+        )
     specific = [e for e in found if e[1] not in BRANCH_MISMATCH]
     kept = [
         e

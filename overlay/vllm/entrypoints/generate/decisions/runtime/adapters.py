@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
     NotReadyError,
+    shown,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import (
     DEFAULT_MAX_ADAPTERS,
@@ -140,9 +141,13 @@ class ServedModels:
         refusal = await self._vllm._check_model(named)
         if refusal is not None:
             error = refusal.error
-            raise DecisionError(
-                error.message, HTTPStatus(error.code), param=error.param
+            # vLLM's message quotes the name whole ("The model `X` does not exist."): cut a long one short.
+            message = (
+                error.message
+                if not model
+                else error.message.replace(model, shown(model, bare=True))
             )
+            raise DecisionError(message, HTTPStatus(error.code), param=error.param)
         return self._vllm._maybe_get_adapters(named)
 
     def _loaded(self) -> dict[str, LoRARequest]:

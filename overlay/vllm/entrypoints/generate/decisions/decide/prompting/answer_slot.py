@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.host import BackendHost
 
 ANSWER_CUE = "Answer:"
@@ -125,16 +125,16 @@ class AnswerSlotPlacer:
         key = (tail_text, joiner, label)
         if key not in self._labels:
             if not label.strip():
-                raise DecisionError(f"option label {label!r} is blank")
+                raise DecisionError(f"option label {shown(label)} is blank")
             ids = self.host.encode(f"{tail_text}{joiner}{label}")
             if len(ids) != len(tail_ids) + 1 or ids[: len(tail_ids)] != tail_ids:
                 raise DecisionError(
-                    f"option label {label!r} is not a single token after the answer cue"
+                    f"option label {shown(label)} is not a single token after the answer cue"
                 )
             # SentencePiece tokenizers may decode a lone token with its word marker (U+2581) for the space.
             if self.host.decode(ids[-1:]).replace("\u2581", " ").strip() != label:
                 raise DecisionError(
-                    f"option label {label!r} does not decode back to itself"
+                    f"option label {shown(label)} does not decode back to itself"
                 )
             # word labels come from requests: keep the newest
             if len(self._labels) >= LABEL_CACHE_SIZE:

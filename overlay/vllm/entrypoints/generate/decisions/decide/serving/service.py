@@ -29,6 +29,7 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
     EngineBusyError,
     OverLimitError,
     internal_error,
+    shown,
     without_paths,
 )
 from vllm.entrypoints.generate.decisions.decide.metrics import (
@@ -349,7 +350,7 @@ class DecisionService:
                 if cls is None:
                     loaded = ", ".join(backend_names())
                     raise DecisionError(
-                        f"extra.backend={name!r}: unknown backend; loaded backends: {loaded}"
+                        f"extra.backend={shown(name)}: unknown backend; loaded backends: {loaded}"
                         + failures_note()
                     )
                 try:
@@ -363,7 +364,7 @@ class DecisionService:
                         exc,
                     )
                     raise DecisionError(
-                        f"extra.backend={name!r}: backend {name!r} could not start for this model: "
+                        f"extra.backend={shown(name)}: backend {shown(name)} could not start for this model: "
                         f"{without_paths(str(exc))}; name another backend or leave extra.backend out "
                         f"(this server's backend: {self.backend.name!r})",
                         param="extra.backend",

@@ -26,6 +26,7 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
 )
 from vllm.entrypoints.generate.decisions.decide.metrics import note_refusal
 from vllm.entrypoints.generate.decisions.decide.serving.service import Decides
+from vllm.entrypoints.generate.decisions.decide.validation import error_msg
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -86,7 +87,7 @@ def body_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [
         {
             "loc": ["body", *e.get("loc", ())],
-            "msg": str(e.get("msg", e)),
+            "msg": error_msg(e),
             "type": str(e.get("type", "value_error")),
         }
         for e in exc.errors(include_url=False)

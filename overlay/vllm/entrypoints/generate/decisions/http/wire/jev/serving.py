@@ -17,7 +17,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
 )
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
 from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
-from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
     content_text,
@@ -31,7 +31,9 @@ from vllm.entrypoints.generate.decisions.decide.serving.service import (
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.validation import (
     detail_message,
+    error_msg,
     is_field_name,
+    loc_part,
 )
 from vllm.entrypoints.generate.decisions.http.wire.common import (
     answer_of,
@@ -51,9 +53,11 @@ from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import (
 
 
 class JevValidationError(DecisionError):
-    """A request Jev clients should see as a 422 with FastAPI-style ``detail`` entries."""
+    """A request Jev clients should see as a 422 with FastAPI-style ``detail`` entries; a location's
+    client keys (question ids, unknown field names) cut short, as messages quote client values."""
 
     def __init__(self, detail: list[dict[str, Any]]) -> None:
+        detail = [{**d, "loc": [loc_part(p) for p in d["loc"]]} for d in detail]
         super().__init__(detail_message(detail))
         self.detail = detail
 
@@ -74,7 +78,7 @@ class JevValidationError(DecisionError):
             path = path[1:] if path[:1] == ["body"] else path
             entry = {
                 "loc": ["body", *loc, *(p for p in path if is_field_name(p))],
-                "msg": str(e.get("msg", "")),
+                "msg": error_msg(e),
                 "type": str(e.get("type", "value_error")),
             }
             if entry not in detail:
@@ -90,6 +94,11 @@ JEV_LATEST = "jev-latest"
 IMAGE_ONLY_TYPES = {
     "box": "box questions locate a region in an image; this server's model reads text only"
 }
+
+
+def question_name(question_id: str) -> str:
+    """How messages name a question: ``questions.<id>``, a long id cut short."""
+    return f"questions.{shown(question_id, bare=True)}"
 
 
 def compile_question(
@@ -108,12 +117,12 @@ def compile_question(
     if qtype is None:
         raise JevValidationError.at(
             ("questions", question_id, "type"),
-            f"unknown question type {kind!r}" + failures_note(),
+            f"unknown question type {shown(kind)}" + failures_note(),
         )
     if built_in_question_type(qtype) and isinstance(
         criteria := raw.get("criteria"), (dict, list)
     ):
-        check_option_count(settings, qtype, len(criteria), f"questions.{question_id}")
+        check_option_count(settings, qtype, len(criteria), question_name(question_id))
     try:
         validated = qtype.model.model_validate(raw)
     except ValidationError as exc:
@@ -162,7 +171,7 @@ def compiled(
     with spending(RenderBudget.of(settings)):
         questions = [compile_question(i, request.questions[i], settings) for i in ids]
         state = content_text(request.state, settings.max_input_chars)
-    where = [f"questions.{question_id}" for question_id in ids]
+    where = [question_name(question_id) for question_id in ids]
     model = None if request.model == JEV_LATEST else request.model
     return ids, decision_request(
         request.extra, state, questions, where, request_id, model

@@ -22,7 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
-from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import content_text
 from vllm.entrypoints.generate.decisions.decide.validation import validation_message
 
@@ -206,7 +206,7 @@ def render_input(items: list[Any], max_chars: int) -> str:
         else:
             if item.call_id not in calls:
                 raise DecisionError(
-                    f"{where}.call_id: no earlier tool call has call_id {item.call_id!r}"
+                    f"{where}.call_id: no earlier tool call has call_id {shown(item.call_id)}"
                 )
             blocks.append(
                 f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output', max_chars)}"

@@ -21,7 +21,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
 )
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
 from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
-from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -130,7 +130,8 @@ def compile_plugin_question(
     qtype = question_type(kind) if isinstance(kind, str) else None
     if qtype is None or built_in_question_type(qtype):
         raise DecisionError(
-            f"questions[{index}].type: unknown question type {kind!r}" + failures_note()
+            f"questions[{index}].type: unknown question type {shown(kind)}"
+            + failures_note()
         )
     name = raw.get("name")
     if "name" in raw and not isinstance(name, str):
