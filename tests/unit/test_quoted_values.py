@@ -13,7 +13,6 @@ import pytest
 
 from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
-    internal_error,
     shown,
 )
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
@@ -93,12 +92,6 @@ def test_a_long_value_is_a_prefix_and_its_length():
 def test_bare_shows_a_short_string_as_it_is():
     assert shown("urgent", bare=True) == "urgent"
     assert shown(LONG, bare=True) == cut(LONG)
-
-
-def test_a_long_request_id_is_cut_in_an_internal_error():
-    assert internal_error("abc").message.endswith("(look for abc)")
-    assert cut(LONG) in internal_error(LONG).message
-    assert len(internal_error(LONG).message) < 200
 
 
 # --- the OpenAI wire --------------------------------------------------------------------------------
