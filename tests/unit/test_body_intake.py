@@ -1,7 +1,7 @@
 """What a decision route does with a body's bytes before any model work (wire/body.py,
 wire/decision_route.py), driven over raw ASGI so each test sees exactly which bytes the route asked for:
 JSON only (415), a declared length over the limit refused before a byte is read, a streamed body that
-stops being read at the limit, a compressed one decoded no further than the limit, the bytes in flight
+stops being read at the limit, a compressed one decoded no further than the limit (each piece claimed), the bytes in flight
 bounded with small requests still taken, request ids of bounded length, a body that stops arriving."""
 
 from __future__ import annotations
@@ -161,15 +161,23 @@ async def test_a_compression_bomb_is_decoded_no_further_than_the_limit(encoding)
 
     bomb = b"[" + b"{}," * 10_000_000 + b"{}]"
     packed = gzip.compress(bomb) if encoding == "gzip" else zstd.compress(bomb)
-    decoder = Decoder(encoding, LIMIT)
+    pool = BodiesInFlight(10 * LIMIT)
+    claim = pool.claim()
     with pytest.raises(DecisionError) as refused:
-        for start in range(0, len(packed), 1024):
-            decoder.feed(packed[start : start + 1024])
-        decoder.finish()
+        Decoder(encoding, LIMIT).decoded(packed, claim)
     assert (
         refused.value.status == 413 and "decoded request body" in refused.value.message
     )
-    assert decoder.size <= LIMIT + 1 and decoder.received < len(packed)
+    # no more than the limit was ever decoded and kept
+    assert claim.size <= LIMIT
+
+
+def test_what_is_decoded_is_claimed():
+    body = json.dumps({"state": "word " * 100_000}).encode()
+    pool = BodiesInFlight(1 << 30)
+    claim = pool.claim()
+    assert Decoder("gzip", 1 << 20).decoded(gzip.compress(body), claim) == body
+    assert claim.size == pool.held == len(body)
 
 
 async def test_a_compressed_body_decodes_across_chunks(app):
@@ -194,10 +202,8 @@ async def test_a_compressed_body_decodes_across_chunks(app):
     ],
 )
 def test_gzip_that_is_not_one_whole_stream_is_refused(packed, problem):
-    decoder = Decoder("gzip", LIMIT)
     with pytest.raises(DecisionError, match="could not decode the gzip"):
-        decoder.feed(packed)
-        decoder.finish()
+        Decoder("gzip", LIMIT).decoded(packed)
 
 
 def test_bodies_in_flight_leave_room_for_small_ones():
@@ -214,6 +220,8 @@ def test_bodies_in_flight_leave_room_for_small_ones():
     for claim in large:
         claim.release()
     small.release()
+    small.release()  # once only
+    small.grow(10)  # a released claim takes nothing more
     assert pool.held == 0
 
 

@@ -173,7 +173,11 @@ REFUSED = [
     ("MAX_LEVELS", "ten", "a whole number of at least 2"),
     ("MAX_BODY_BYTES", "32MB", "a whole number of at least 1024"),
     ("MAX_BODY_BYTES", "1000", "a whole number of at least 1024"),
-    ("MAX_BODY_BYTES_IN_FLIGHT", "4194304", "at least 4/3 of VLLM_TYPED_DECISIONS_MAX_BODY_BYTES"),
+    (
+        "MAX_BODY_BYTES_IN_FLIGHT",
+        "4194304",
+        "at least 4/3 of VLLM_TYPED_DECISIONS_MAX_BODY_BYTES",
+    ),
     ("MAX_INPUT_CHARS", "-1", "a whole number of at least 1"),
     (
         "MAX_REQUEST_CHARS",

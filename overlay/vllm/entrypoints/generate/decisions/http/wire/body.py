@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Request bodies: JSON only, a size limit checked before the bytes are held, ``Content-Encoding: gzip``
-/ ``zstd`` decoded as the bytes arrive and held to the same limit, the bytes every request holds at once
+/ ``zstd`` decoded piece by piece and held to the same limit, the bytes every request holds at once
 bounded server-wide, and strict JSON.
 
 The TypeSafe SDK compresses bodies over 1 KiB with zstd when its ``zstd`` extra is installed.
@@ -15,6 +15,7 @@ import json
 import math
 import re
 import sys
+import threading
 import zlib
 from collections.abc import Callable
 from http import HTTPStatus
@@ -31,6 +32,8 @@ IN_FLIGHT_VARIABLE = PREFIX + "MAX_BODY_BYTES_IN_FLIGHT"
 # and may hold only LARGE_SHARE of the bytes in flight, so small requests are still taken meanwhile.
 LARGE_BODY_BYTES = 64 * 1024
 LARGE_SHARE = 0.75
+# A compressed body is decoded this much of it at a time, so a bomb is caught within one piece's output.
+DECODE_PIECE_BYTES = 64 * 1024
 
 
 def _zstd_stream(limit: int) -> Callable[[bytes], bytes] | None:
@@ -70,19 +73,15 @@ def _gzip_stream(limit: int) -> Callable[[bytes], bytes]:
 
 
 class Decoder:
-    """A body's ``Content-Encoding`` undone as its bytes arrive: :meth:`feed` each chunk, then
-    :meth:`finish`. It refuses as soon as either the bytes received or the bytes decoded pass ``limit``:
-    a small compressed body never grows to more than the limit in memory."""
+    """A body's ``Content-Encoding``, undone piece by piece so that no more than ``limit`` bytes are
+    ever decoded: a compressed body a thousand times smaller than what it decodes to is refused
+    as soon as the decoded bytes pass the limit, each piece claimed before it is kept."""
 
     def __init__(self, encoding: str | None, limit: int) -> None:
         self.encoding = (encoding or "identity").strip().lower()
         self.limit = limit
-        self.received = 0
-        self.parts: list[bytes] = []
-        self.size = 0
-        if self.encoding == "identity":
-            self.decode: Callable[[bytes], bytes] | None = None
-        elif self.encoding == "gzip":
+        self.decode: Callable[[bytes], bytes] | None = None
+        if self.encoding == "gzip":
             self.decode = _gzip_stream(limit)
         elif self.encoding == "zstd":
             self.decode = _zstd_stream(limit)
@@ -91,38 +90,38 @@ class Decoder:
                     "zstd request bodies need the backports.zstd package on the server",
                     HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                 )
-        else:
+        elif self.encoding != "identity":
             raise DecisionError(
-                f"Content-Encoding {self.encoding[:40]!r} is not supported (use gzip, zstd or none)",
+                f"Content-Encoding {shown(self.encoding)} is not supported (use gzip, zstd or none)",
                 HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
             )
 
-    def feed(self, chunk: bytes) -> None:
-        """Take ``chunk`` of the body as sent (an empty one ends a compressed body)."""
-        self.received += len(chunk)
-        if self.received > self.limit:
-            raise over_limit(self.received, self.limit)
-        out = chunk if self.decode is None else self._decoded(chunk)
-        self.parts.append(out)
-        self.size += len(out)
-        if self.size > self.limit:
-            raise DecisionError(
-                f"decoded request body is over the limit of {self.limit} bytes ({LIMIT_HINT})",
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-            )
+    def decoded(self, raw: bytes, claim: Claim | None = None) -> bytes:
+        """``raw`` decoded; DecisionError (413) once the decoded bytes pass the limit, or (400) for a
+        stream that isn't one whole, valid stream of its encoding."""
+        if self.decode is None:
+            return raw
+        parts: list[bytes] = []
+        size = 0
+        view = memoryview(raw)
+        # the empty piece at the end closes the stream
+        for start in [*range(0, len(raw), DECODE_PIECE_BYTES), len(raw)]:
+            out = self._piece(view[start : start + DECODE_PIECE_BYTES])
+            size += len(out)
+            if size > self.limit:
+                raise DecisionError(
+                    f"decoded request body is over the limit of {self.limit} bytes ({LIMIT_HINT})",
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                )
+            if claim is not None:
+                claim.grow(len(out))
+            parts.append(out)
+        return b"".join(parts)
 
-    def finish(self) -> bytes:
-        """The whole decoded body, once every chunk was fed."""
-        if self.decode is not None:
-            self.feed(b"")
-        body = b"".join(self.parts)
-        self.parts = [body]
-        return body
-
-    def _decoded(self, chunk: bytes) -> bytes:
+    def _piece(self, piece: Any) -> bytes:
         assert self.decode is not None
         try:
-            return self.decode(chunk)
+            return self.decode(piece)
         except Exception:  # the decoder's own text says nothing a client can act on
             raise DecisionError(
                 f"could not decode the {self.encoding} request body: it is not a complete, valid "
@@ -140,19 +139,21 @@ def over_limit(size: int, limit: int) -> DecisionError:
 def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
     """A body held whole (a bulk line, a test's) as JSON bytes: checked against ``limit`` before and after
     decoding, as a streamed body is."""
-    decoder = Decoder(encoding, limit)
-    decoder.feed(raw)
-    return decoder.finish()
+    if len(raw) > limit:
+        raise over_limit(len(raw), limit)
+    return Decoder(encoding, limit).decoded(raw)
 
 
 class BodiesInFlight:
     """The request-body bytes one API-server process holds at once, received or decoded, from the first
     byte until the request is answered: past ``limit`` a request is refused at once (503, Retry-After)
-    rather than queued. Large bodies share ``LARGE_SHARE`` of it, so small requests still get in."""
+    rather than queued. Large bodies share ``LARGE_SHARE`` of it, so small requests still get in.
+    Decoding claims from the parsing thread, hence the lock."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
+        self.lock = threading.Lock()
 
     def claim(self) -> Claim:
         return Claim(self)
@@ -160,34 +161,38 @@ class BodiesInFlight:
     def take(self, size: int, total: int) -> None:
         """``size`` more bytes for a body that will then hold ``total``; refused if they don't fit."""
         room = self.limit if total < LARGE_BODY_BYTES else int(self.limit * LARGE_SHARE)
-        if self.held + size > room:
-            raise ServerBusyError(
-                f"the server holds {self.held} bytes of request bodies, and this one's {size} more would "
-                f"pass its limit of {room} for bodies of this size ({IN_FLIGHT_VARIABLE} sets it); "
-                "retry shortly"
-            )
-        self.held += size
+        with self.lock:
+            if self.held + size > room:
+                raise ServerBusyError(
+                    f"the server holds {self.held} bytes of request bodies, and this one's {size} more "
+                    f"would pass its limit of {room} for bodies of this size ({IN_FLIGHT_VARIABLE} sets "
+                    "it); retry shortly"
+                )
+            self.held += size
+
+    def give(self, size: int) -> None:
+        with self.lock:
+            self.held -= size
 
 
 class Claim:
-    """One request's share of the bytes in flight; :meth:`release` gives it back."""
+    """One request's share of the bytes in flight; :meth:`release` gives it back, and after that it
+    takes nothing more (a parse its client left may still be finishing)."""
 
     def __init__(self, pool: BodiesInFlight) -> None:
         self.pool = pool
         self.size = 0
+        self.released = False
 
     def grow(self, size: int) -> None:
-        if size > 0:
+        if size > 0 and not self.released:
             self.pool.take(size, self.size + size)
             self.size += size
 
-    def shrink_to(self, size: int) -> None:
-        if size < self.size:
-            self.pool.held -= self.size - size
-            self.size = size
-
     def release(self) -> None:
-        self.shrink_to(0)
+        if not self.released:
+            self.released = True
+            self.pool.give(self.size)
 
 
 class ServerBusyError(DecisionError):
@@ -228,12 +233,13 @@ def declared_length(request: Request, limit: int) -> int | None:
 async def read_body(
     request: Request, limit: int, claim: Claim, idle_timeout: float
 ) -> bytes:
-    """The body, decoded, each byte claimed before it is kept: the declared length up front, then what
-    arrives or decodes beyond it. Raises DecisionError (413 past the limit, 503 when the server holds
-    too much, 408 when the client stops sending for ``idle_timeout`` seconds) or ClientDisconnect,
-    each before more is read."""
-    decoder = Decoder(request.headers.get("content-encoding"), limit)
+    """The body as sent, each byte claimed before it is kept: the declared length up front, anything
+    beyond it as it arrives. Raises DecisionError (413 past the limit, 503 when the server holds too
+    much, 408 when the client stops sending for ``idle_timeout`` seconds) or ClientDisconnect, each
+    before more is read."""
     claim.grow(declared_length(request, limit) or 0)
+    parts: list[bytes] = []
+    size = 0
     more = True
     while more:
         try:
@@ -247,12 +253,12 @@ async def read_body(
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
         chunk, more = message.get("body", b""), message.get("more_body", False)
-        claim.grow(decoder.size + len(chunk) - claim.size)
-        decoder.feed(chunk)
-        claim.grow(decoder.size - claim.size)
-    body = decoder.finish()
-    claim.grow(len(body) - claim.size)
-    return body
+        size += len(chunk)
+        if size > limit:
+            raise over_limit(size, limit)
+        claim.grow(size - claim.size)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def parse_json(body: bytes) -> Any:

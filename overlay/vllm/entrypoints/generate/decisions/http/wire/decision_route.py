@@ -41,6 +41,8 @@ from vllm.entrypoints.generate.decisions.http.wire.auth import AUTHORIZED, key_r
 from vllm.entrypoints.generate.decisions.http.wire.body import (
     LARGE_BODY_BYTES,
     BodiesInFlight,
+    Claim,
+    Decoder,
     media_type,
     parse_json,
     read_body,
@@ -98,17 +100,22 @@ def decision_route(wire: Wire) -> type[APIRoute]:
     request id is also echoed under each of ``wire.id_headers`` (a wire's own clients may read another
     header)."""
 
-    async def answered(body: bytes, raw_request: Request, request_id: str) -> Reply:
+    async def answered(
+        raw: bytes,
+        raw_request: Request,
+        request_id: str,
+        decoder: Decoder,
+        claim: Claim,
+    ) -> Reply:
         def validated() -> BaseModel | Reply:
             # the parsed JSON lives only until it is validated: what no field keeps is let go here
-            return wire.request_of(parse_json(body))
+            return wire.request_of(parse_json(decoder.decoded(raw, claim)))
 
         try:
-            request = (
-                validated()
-                if len(body) < LARGE_BODY_BYTES
-                else await parsed_off_the_loop(validated)
-            )
+            # decoding and parsing a large body take the parsing thread (zlib and zstd let go of the
+            # GIL while they decode), a small plain one is parsed here at once
+            small = decoder.decode is None and len(raw) < LARGE_BODY_BYTES
+            request = validated() if small else await parsed_off_the_loop(validated)
         except DecisionError as exc:
             return wire.refusal(exc)
         if isinstance(request, Reply):
@@ -135,14 +142,20 @@ def decision_route(wire: Wire) -> type[APIRoute]:
             if service is None:
                 raise NotReadyError()
             settings = service.settings
+            decoder = Decoder(
+                request.headers.get("content-encoding"), settings.max_body_bytes
+            )
             claim = bodies_in_flight(request.app.state, settings).claim()
-            body = await read_body(
+            raw = await read_body(
                 request,
                 settings.max_body_bytes,
                 claim,
                 envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
             )
-            return await answer_unless_cancelled(body, request, request_id), True
+            reply = await answer_unless_cancelled(
+                raw, request, request_id, decoder, claim
+            )
+            return reply, True
         except DecisionError as exc:
             return wire.refusal(exc), False
         except ClientDisconnect:
