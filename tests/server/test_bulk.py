@@ -1,6 +1,7 @@
 """``vllm run-batch`` with decision lines, on the tiny Qwen model: every line answered or refused in place
-(the server's status and body; a line that isn't UTF-8 or holds a number no parser takes answered as an
-invalid line, the run going on and its exit status counting the failed lines), other URLs served by vLLM's own handlers, a kill -9 mid-run and a rerun
+(the server's status and body; a line that isn't UTF-8, holds a number no parser takes or is over the
+body limit answered as an invalid line, the run going on and its exit status counting the failed lines;
+a bare \\r inside a line not ending it), other URLs served by vLLM's own handlers, a kill -9 mid-run and a rerun
 giving each line exactly once with the answers of an uninterrupted run (itself run with
 ``--data-parallel-size 2``), and the same probabilities as ``vllm serve`` for the same request."""
 
@@ -156,15 +157,46 @@ NOT_UTF8 = (
     .encode()
     .replace(b"late", b"l\xe4te")
 )
+# A line with a bare \r inside, JSON whitespace (universal newlines made it two lines), and a line over
+# the body limit the runs are given, refused unread: after NOT_UTF8, the batch file's last lines.
+WITH_CR = (
+    json.dumps(
+        {
+            "custom_id": "cr",
+            "method": "POST",
+            "url": "/v1/systemone",
+            "body": jev_body(4),
+        }
+    )
+    .replace(', "method"', ',\r"method"')
+    .encode()
+)
+MAX_BODY_BYTES = 65536
+OVER_LIMIT = json.dumps(
+    {
+        "custom_id": "over",
+        "method": "POST",
+        "url": "/v1/decisions",
+        "body": {**openai_body(5), "input": "late " * (MAX_BODY_BYTES // 5)},
+    }
+).encode()
 # The input lines that fail (besides the three the first tests check): the hostile ones.
-HOSTILE = 4
+HOSTILE = 5
 # vllm run-batch's exit status when every line is answered but some with an error (bulk/run_batch.py).
 FAILED_LINES_EXIT = 3
 
 
 def batch_file(path: Path) -> Path:
-    path.write_bytes("\n".join(batch_lines()).encode() + b"\n" + NOT_UTF8 + b"\n")
+    last = [NOT_UTF8, WITH_CR, OVER_LIMIT]
+    path.write_bytes(
+        b"".join(line + b"\n" for line in [*map(str.encode, batch_lines()), *last])
+    )
     return path
+
+
+def input_lines(path: Path) -> list[bytes]:
+    """A batch file's lines, split where run-batch splits them: at \\n only."""
+    return path.read_bytes().split(b"\n")[:-1]
 
 
 def run_batch(
@@ -199,6 +231,8 @@ def run_batch(
         **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")},
         **ENV,
         "VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT": str(in_flight),
+        # small, so the line over it is small too
+        "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
         **engine_binding(replicas),
     }
     log = target.with_suffix(".log").open("a")
@@ -262,7 +296,7 @@ def reference(tmp_path_factory):
 def test_every_line_is_answered_or_refused_in_place(reference):
     source, target = reference
     answered = by_line(target)
-    total = len(source.read_bytes().splitlines())
+    total = len(input_lines(source))
     assert sorted(answered) == list(range(1, total + 1))
     status = {
         r["custom_id"]: (r["response"] or {}).get("status_code")
@@ -271,7 +305,8 @@ def test_every_line_is_answered_or_refused_in_place(reference):
     assert (
         status["line-7"] == 400 and status["line-11"] == 422 and status["chat"] == 200
     )
-    assert sum(s == 200 for s in status.values()) == LINES - 2 + 1
+    # all but lines 7 and 11, and the chat line and the line with a \r
+    assert sum(s == 200 for s in status.values()) == LINES - 2 + 2
     bad = answered[21]  # the line that isn't JSON
     assert (
         bad["custom_id"] is None
@@ -291,7 +326,9 @@ def test_every_line_is_answered_or_refused_in_place(reference):
     ]
     assert answered[31]["response"]["body"]["object"] == "chat.completion"
     # The hostile lines: each answered in place, none with a null where a number belongs.
-    tiny, tiny_jev, huge, latin = (answered[total - i] for i in (3, 2, 1, 0))
+    tiny, tiny_jev, huge, latin, cr, over = (
+        answered[total - i] for i in (5, 4, 3, 2, 1, 0)
+    )
     assert tiny["custom_id"] == "tiny-t" and tiny["response"]["status_code"] == 400
     assert (
         "VLLM_TYPED_DECISIONS_MIN_TEMPERATURE"
@@ -309,6 +346,12 @@ def test_every_line_is_answered_or_refused_in_place(reference):
         latin["error"]["code"] == "invalid_line"
         and "not valid UTF-8" in latin["error"]["message"]
     )
+    assert cr["custom_id"] == "cr" and cr["response"]["status_code"] == 200
+    assert over["custom_id"] is None and over["error"]["code"] == "invalid_line"
+    assert over["error"]["message"].startswith(
+        f"line {total}: {len(OVER_LIMIT)} bytes, over the limit of {MAX_BODY_BYTES}"
+    )
+    assert "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES" in over["error"]["message"]
     failed = sum(
         r["error"] is not None or r["response"]["status_code"] != 200
         for r in answered.values()
@@ -337,7 +380,7 @@ def repeated(source: Path, path: Path) -> Path:
     that isn't JSON repeats as it is): each line asks what its original asks."""
     lines = []
     for copy in range(COPIES):
-        for raw in source.read_bytes().splitlines():
+        for raw in input_lines(source):
             try:
                 record = json.loads(raw)
             except ValueError:
@@ -372,9 +415,7 @@ def test_a_killed_run_resumes_to_the_same_output(reference, tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     written = len(target.read_text().splitlines())
-    assert written < len(source.read_bytes().splitlines()), (
-        "the run had finished before the kill"
-    )
+    assert written < len(input_lines(source)), "the run had finished before the kill"
     finished(run_batch(source, target), target.with_suffix(".log"))
     log = target.with_suffix(".log").read_text(errors="replace")
     assert f"{written} lines of" in log or f"{written - 1} lines of" in log, (

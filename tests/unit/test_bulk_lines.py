@@ -5,6 +5,7 @@ over a decision service with scripted scores; tests/server/test_bulk.py runs the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from argparse import Namespace
 
@@ -102,9 +103,9 @@ async def test_a_fault_answering_a_line_is_its_internal_error(monkeypatch, caplo
     )
 
 
-async def start_service() -> DecisionService:
+async def start_service(env: dict[str, str] | None = None) -> DecisionService:
     service = DecisionService(
-        Settings.from_env({}), ScriptedBackend(lambda q: [0.0, -1.0]), "m"
+        Settings.from_env(env or {}), ScriptedBackend(lambda q: [0.0, -1.0]), "m"
     )
     await service.start()
     return service
@@ -245,3 +246,59 @@ def test_ray_decide_forwards_no_secret_to_rays_runtime_env():
         "OMP_NUM_THREADS": "2",
         "HF_HUB_OFFLINE": "1",
     }
+
+
+def by_line(target) -> dict[int, dict]:
+    return {
+        int(r["id"].split("-")[1][1:]): r
+        for r in map(json.loads, target.read_text().splitlines())
+    }
+
+
+SMALL_LIMIT = {"VLLM_TYPED_DECISIONS_MAX_BODY_BYTES": "2048"}
+
+
+async def test_lines_split_at_newline_only_and_a_line_over_the_limit_is_refused_in_place(
+    tmp_path,
+):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inside_cr = request("cr").replace(b'"method"', b'\r"method"')
+    over = request("over", note="x" * 3000)
+    source.write_bytes(
+        inside_cr + b"\n" + request("crlf") + b"\r\n" + over + b"\n" + request("after")
+    )
+    service = await start_service(SMALL_LIMIT)
+    assert await run(source, target, service) == FAILED_LINES_EXIT
+    out = by_line(target)
+    assert sorted(out) == [1, 2, 3, 4]
+    assert [out[n]["custom_id"] for n in (1, 2, 4)] == ["cr", "crlf", "after"]
+    assert all(out[n]["response"]["status_code"] == 200 for n in (1, 2, 4))
+    refused = out[3]
+    assert refused["custom_id"] is None and refused["response"] is None
+    assert refused["error"]["code"] == "invalid_line"
+    message = refused["error"]["message"]
+    assert message.startswith(f"line 3: {len(over)} bytes, over the limit of 2048")
+    assert "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES" in message
+
+
+async def test_the_ray_stage_refuses_a_body_or_line_over_the_limit_in_its_row():
+    from vllm.entrypoints.generate.decisions.bulk.ray_data import DecisionStage
+
+    # the stage's handling of rows, without its engine or Ray
+    stage = object.__new__(DecisionStage)
+    stage.decisions = Decisions(await start_service(SMALL_LIMIT))
+    stage.gate = asyncio.Semaphore(4)
+    over = request("over", note="x" * 3000).decode()
+    answered = await stage._lines(
+        {"line": [1, 2], "text": [over, request("a").decode()]}
+    )
+    refused, fine = (json.loads(text) for text in answered["text"])
+    assert refused["id"].startswith("batch-L1-") and refused["response"] is None
+    assert refused["error"]["message"].startswith(f"line 1: {len(over)} bytes, over")
+    assert "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES" in refused["error"]["message"]
+    assert fine["custom_id"] == "a" and fine["response"]["status_code"] == 200
+
+    bodies = [json.dumps(json.loads(over)["body"]), json.loads(request("b"))["body"]]
+    rows = await stage._rows({"body": bodies})
+    assert rows["status_code"] == [413, 200]
+    assert "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES" in rows["response"][0]

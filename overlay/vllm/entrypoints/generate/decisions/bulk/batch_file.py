@@ -6,7 +6,8 @@ Input: one ``{"custom_id", "method", "url", "body"}`` per line. Output: one
 as each answer arrives, so a crash loses no finished line. Each output ``id`` names the input line it
 answers (``batch-L<line>-...``): a rerun with the same files skips the lines already written, keeping
 only a bounded set of line numbers in memory (all lines below the first gap, plus the few answered
-out of order after it).
+out of order after it). Lines end at ``\\n`` only: a ``\\r`` is JSON whitespace, inside a line or
+before its ``\\n``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
+
+from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 
 LINE_ID = re.compile(r"^batch-L(\d+)-")
+# How much of a line over the size limit is read at a time, on the way to its end.
+SKIP_CHUNK = 1 << 20
 
 
 @dataclass
@@ -83,14 +88,46 @@ def failed(record: Any) -> bool:
     )
 
 
-def lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) for each non-blank line, read as it goes. A line that is not UTF-8 is
-    still one line: its bytes that aren't UTF-8 come as lone surrogates (``surrogateescape``), which
-    :func:`unreadable` finds, so it is answered in place instead of ending the run."""
-    with path.open(encoding="utf-8", errors="surrogateescape") as f:
-        for number, text in enumerate(f, 1):
-            if text.strip():
-                yield number, text
+@dataclass(frozen=True)
+class TooLong:
+    """A line over the size limit, read past rather than into memory."""
+
+    size: int  # its bytes, up to its \n
+
+
+def lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, str | TooLong]]:
+    """(line number from 1, text without its ``\\n``) for each non-blank line, read as it goes. Lines end at
+    ``\\n`` only, as JSON Lines do: a bare ``\\r`` is JSON whitespace, not the end of a line. A line of
+    more than ``limit`` bytes comes as :class:`TooLong`, never read whole, so it is refused in place
+    (:func:`too_long`). A line that is not UTF-8 is still one line: its bytes that aren't UTF-8 come as
+    lone surrogates (``surrogateescape``), which :func:`unreadable` finds, so it is answered in place
+    instead of ending the run."""
+    with path.open("rb") as f:
+        number = 0
+        while raw := f.readline(-1 if limit is None else limit + 1):
+            number += 1
+            if limit is not None and len(raw) > limit and not raw.endswith(b"\n"):
+                yield number, TooLong(len(raw) + _skip_line(f))
+            elif raw.strip():
+                yield number, raw.removesuffix(b"\n").decode("utf-8", "surrogateescape")
+
+
+def _skip_line(f: BinaryIO) -> int:
+    """Read past the rest of the line, a bounded chunk at a time: the bytes before its ``\\n``."""
+    skipped = 0
+    while chunk := f.readline(SKIP_CHUNK):
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk) - 1
+        skipped += len(chunk)
+    return skipped
+
+
+def too_long(number: int, size: int, limit: int) -> str:
+    """Why line ``number``, of ``size`` bytes, is refused unread."""
+    return (
+        f"line {number}: {size} bytes, over the limit of {limit} bytes a line (a request body) may "
+        f"have; set {PREFIX}MAX_BODY_BYTES to raise it"
+    )
 
 
 def unreadable(number: int, text: str) -> str | None:

@@ -13,6 +13,12 @@ run-batch writes for it (``text``), for tools/examples/ray_decide.py::
     ds = ray.data.read_text("bodies.jsonl").rename_columns({"text": "body"})
     ds.map_batches(**decisions_stage(model="Qwen/Qwen2.5-0.5B-Instruct", concurrency=2)).write_json("answers")
 
+The rows come split and in memory, as Ray Data read them (``read_text`` splits at every line break
+``str.splitlines`` knows, a bare ``\\r`` or U+2028 included, where ray_decide.py reads with
+batch_file.lines, which splits at ``\\n`` only). A body or line over
+``VLLM_TYPED_DECISIONS_MAX_BODY_BYTES`` is refused in its row: a body with the server's 413, a line
+unparsed, with the error run-batch gives it.
+
 The startup work is done once per stage, not once per actor: the actors share a run name and a
 :class:`RecordBoard` actor, through which the first to need a record makes it and the others take it
 (deployment_lock.SharedRecords), as the API-server processes of one server share a folder. Ray restarts
@@ -33,7 +39,7 @@ from typing import Any, TypeVar
 
 import ray
 
-from vllm.entrypoints.generate.decisions.bulk.batch_file import output_line
+from vllm.entrypoints.generate.decisions.bulk.batch_file import TooLong, output_line
 from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
 from vllm.entrypoints.generate.decisions.bulk.run_batch import Line, answer_line
 from vllm.entrypoints.generate.decisions.decide.errors import internal_error
@@ -208,10 +214,17 @@ class DecisionStage:
         }
 
     async def _lines(self, batch: dict[str, Any]) -> dict[str, Any]:
+        limit = self.decisions.service.settings.max_body_bytes
+
         async def one(number: Any, text: Any) -> str:
             request_id = new_request_id()
             try:
-                line = Line.parse(int(number), str(text))
+                # Ray split the lines; one over the limit is refused unparsed, as run-batch does
+                text = str(text)
+                size = len(text.encode("utf-8", "surrogatepass"))
+                line = Line.read(
+                    int(number), TooLong(size) if size > limit else text, limit
+                )
                 async with self.gate:
                     status, body, error, custom_id = await answer_line(
                         self.decisions, line, request_id

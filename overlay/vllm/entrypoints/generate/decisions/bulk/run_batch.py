@@ -7,8 +7,10 @@ and error bodies as ``vllm serve``. Each line's body is passed on as parsed from
 line gets one request id, which its output line and its response's id both carry. Every other line
 goes to vLLM's own run-batch handlers. Unlike stock run-batch, the file is streamed: lines are read,
 answered and written as they go, at most ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once and
-``VLLM_TYPED_DECISIONS_BULK_WINDOW`` read ahead, so memory stays flat however long the file; and a
-rerun with the same output file skips what is already there (batch_file.py).
+``VLLM_TYPED_DECISIONS_BULK_WINDOW`` read ahead, either also stopping at :data:`HELD_BODIES` bodies of
+the largest size (``VLLM_TYPED_DECISIONS_MAX_BODY_BYTES``) in text, so memory stays flat however long
+the file and however long its lines; a line over that size is refused unread, in place. A rerun with
+the same output file skips what is already there (batch_file.py).
 
 The lines read ahead are submitted grouped by their input (ReadAhead), so lines about one input reach
 the engine together and share its prefill while it is in the prefix cache, however far apart they are
@@ -34,10 +36,12 @@ from tqdm import tqdm
 
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    TooLong,
     Writer,
     lines,
     output_line,
     resume,
+    too_long,
     unreadable,
 )
 from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
@@ -52,6 +56,9 @@ logger = init_logger(__name__)
 
 # The exit status of a run that answered every line but some with an error (1 is a run that stopped).
 FAILED_LINES_EXIT = 3
+# The text held by read-ahead, and the text in flight, each stop growing at this many bodies of the
+# largest size: lines of a few kB stay bounded by the line counts, lines of megabytes by this.
+HELD_BODIES = 8
 
 
 @dataclass
@@ -144,6 +151,18 @@ class Line:
             )
         return cls(number, text, record)
 
+    @classmethod
+    def read(cls, number: int, text: str | TooLong, limit: int) -> Line:
+        """Line ``number`` as batch_file.lines read it: parsed, or refused unread when too long."""
+        if isinstance(text, TooLong):
+            return cls(number, "", None, too_long(number, text.size, limit))
+        return cls.parse(number, text)
+
+    @property
+    def size(self) -> int:
+        """How much text the line holds (its bytes, for the ASCII that JSON lines mostly are)."""
+        return len(self.text)
+
     @property
     def input_key(self) -> str:
         """What the line's decision is about (its input or state), for grouping lines that share a prefill."""
@@ -157,13 +176,17 @@ class Line:
 class ReadAhead:
     """Up to ``window`` lines read ahead, handed out grouped by input: all the lines held about the input
     that first appeared earliest, then the next input's, reading on as lines go. Two lines about one
-    input less than ``window`` lines apart come out together (or the later one soon after)."""
+    input less than ``window`` lines apart come out together (or the later one soon after). Reading
+    also stops once the lines held reach ``budget`` (their :attr:`Line.size` summed), so long lines are
+    held by the few: at most ``budget`` less one, plus the last line read, and always one line."""
 
-    def __init__(self, source: Iterable[Line], window: int) -> None:
+    def __init__(self, source: Iterable[Line], window: int, budget: int) -> None:
         self.source = iter(source)
         self.window = window
+        self.budget = budget
         self.groups: dict[str, deque[Line]] = {}  # first appearance first
         self.held = 0
+        self.held_size = 0
 
     def __iter__(self) -> Iterator[Line]:
         while True:
@@ -176,12 +199,44 @@ class ReadAhead:
             if not group:
                 del self.groups[key]
             self.held -= 1
+            self.held_size -= line.size
             yield line
 
     def fill(self) -> None:
-        while self.held < self.window and (line := next(self.source, None)) is not None:
+        while (
+            self.held < self.window
+            and (not self.held or self.held_size < self.budget)
+            and (line := next(self.source, None)) is not None
+        ):
             self.groups.setdefault(line.input_key, deque()).append(line)
             self.held += 1
+            self.held_size += line.size
+
+
+class InFlight:
+    """At most ``lines`` lines in flight, and of them at most ``budget`` in :attr:`Line.size` summed; a
+    line larger than that goes alone. One task waits to enter (the loop submitting lines)."""
+
+    def __init__(self, lines: int, budget: int) -> None:
+        self.lines = lines
+        self.budget = budget
+        self.count = 0
+        self.size = 0
+        self.left = asyncio.Event()
+
+    async def enter(self, size: int) -> None:
+        while self.count and (
+            self.count >= self.lines or self.size + size > self.budget
+        ):
+            self.left.clear()
+            await self.left.wait()
+        self.count += 1
+        self.size += size
+
+    def leave(self, size: int) -> None:
+        self.count -= 1
+        self.size -= size
+        self.left.set()
 
 
 async def answer_line(
@@ -320,9 +375,10 @@ async def run_decision_batch(
             target,
         )
     settings = service.settings
+    limit, budget = settings.max_body_bytes, HELD_BODIES * settings.max_body_bytes
     tally = Tally(skipped=0, failed_before=done.failed)
     writer = Writer(target)
-    gate = asyncio.Semaphore(settings.bulk_in_flight)
+    gate = InFlight(settings.bulk_in_flight, budget)
     tasks: set[asyncio.Task[None]] = set()
     # A task that fails (answer_line never raises: writing the output did) stops the run: not dropped.
     faults: list[BaseException] = []
@@ -333,11 +389,11 @@ async def run_decision_batch(
             faults.append(fault)
 
     def unanswered() -> Iterator[Line]:
-        for number, text in lines(source):
+        for number, text in lines(source, limit):
             if number in done:
                 tally.skipped += 1
             else:
-                yield Line.parse(number, text)
+                yield Line.read(number, text, limit)
 
     with tqdm(unit="line", desc="Decision batch", mininterval=2) as progress:
         batch = DecisionBatch(
@@ -348,10 +404,10 @@ async def run_decision_batch(
             try:
                 await batch.answer(line)
             finally:
-                gate.release()
+                gate.leave(line.size)
 
-        for line in ReadAhead(unanswered(), settings.bulk_window):
-            await gate.acquire()
+        for line in ReadAhead(unanswered(), settings.bulk_window, budget):
+            await gate.enter(line.size)
             if faults:
                 break
             task = asyncio.create_task(run(line))
