@@ -1,11 +1,12 @@
-"""How long a server takes to refuse the bodies of hostile clients (issue 38), and how /health answers
-meanwhile: small bodies that render to tens of millions of characters, long questions to tokenize, the
-largest request that gets as far as tokenizing, and a body just under the size limit.
+"""How a server meets hostile clients. ``bodies`` (issue 38): how long it takes to refuse bodies that
+ask for far more work than their size (nested JSON rendering to tens of millions of characters, long
+questions to tokenize, the largest request that gets as far as tokenizing, a body just under the size
+limit), each sent ``--copies`` times at once while /health is polled every 20 ms. ``bytes`` (issue 50,
+byte_attacks.py): what hostile bytes cost the API server's memory per byte it accepted and another
+client's decisions in latency, against a baseline measured in the same run, from ``--clients`` at once.
 
-Each body is sent ``--copies`` times at once from threads while /health is polled every 20 ms; prints
-one line per body: its size, the status and time of each refusal, and the /health latencies.
-
-usage: python -m tools.bench.refusal_times [--model PATH] [--port N [--api-key KEY]] [--copies 1]
+usage: python -m tools.bench.refusal_times [--model PATH] [--port N --server-pid PID [--api-key KEY]]
+           [--only bodies|bytes] [--copies 1] [--clients 8] [--victims 50]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from tools.bench import byte_attacks
 from tools.common.serving import (
     add_key_argument,
     add_server_arguments,
@@ -165,12 +167,37 @@ def main() -> None:
     parser.add_argument(
         "--copies", type=int, default=1, help="copies of each body sent at once"
     )
+    parser.add_argument(
+        "--clients", type=int, default=8, help="hostile clients at once (bytes)"
+    )
+    parser.add_argument(
+        "--victims",
+        type=int,
+        default=50,
+        help="the other client's decisions per measurement (bytes)",
+    )
+    parser.add_argument("--only", choices=("bodies", "bytes"))
     add_key_argument(parser)
     args = parser.parse_args()
     with target(args, port=8193, env={"VLLM_TYPED_DECISIONS_CALIBRATION": "off"}) as (
         url,
-        _,
+        pid,
     ):
+        if args.only != "bodies":
+            if pid is None:
+                parser.error(
+                    "with --port, --server-pid names the API server to measure"
+                )
+            byte_attacks.run(
+                url,
+                pid,
+                key_headers(args.api_key),
+                args.clients,
+                args.victims,
+                lambda line: print(line, flush=True),
+            )
+            if args.only == "bytes":
+                return
         # the OpenAI bodies name the model the server serves, so they get past its model check
         models = httpx.get(
             f"{url}/v1/models", headers=key_headers(args.api_key), timeout=30
