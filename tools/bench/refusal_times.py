@@ -112,7 +112,7 @@ def bodies(model: str) -> list[tuple[str, str, Any]]:
             },
         ),
         (
-            "Jev, a body just under MAX_BODY_BYTES (16 x 2 values of 1 M characters)",
+            "Jev, a body just under MAX_BODY_BYTES (2 x 2 values of 999 K characters)",
             "/v1/systemone",
             {
                 "state": "x",
@@ -122,7 +122,7 @@ def bodies(model: str) -> list[tuple[str, str, Any]]:
                         "instructions": words(999_000),
                         "criteria": {"true": words(999_000)},
                     }
-                    for i in range(16)
+                    for i in range(2)
                 },
             },
         ),
