@@ -6,9 +6,11 @@ import threading
 
 import pytest
 
+from vllm.entrypoints.generate.decisions.decide import concurrency
 from vllm.entrypoints.generate.decisions.decide.concurrency import (
     gather_or_cancel,
     off_the_loop,
+    parsed_off_the_loop,
 )
 
 
@@ -64,3 +66,29 @@ async def test_a_failure_in_preparation_reaches_the_caller():
 
     with pytest.raises(ValueError, match="too deep"):
         await off_the_loop(refuse)
+
+
+async def test_a_parse_cancelled_before_its_turn_never_runs_and_holds_nothing():
+    """Large bodies wait their turn on the event loop: a client that leaves while its body waits lets
+    go of the body at once (nothing of it sits in the thread's queue) and it is never parsed."""
+    started, release = threading.Event(), threading.Event()
+    ran = []
+
+    def busy():
+        started.set()
+        release.wait(10)
+        return "first"
+
+    first = asyncio.ensure_future(parsed_off_the_loop(busy))
+    await asyncio.to_thread(started.wait, 10)
+    waiting = asyncio.ensure_future(parsed_off_the_loop(ran.append, "second"))
+    await asyncio.sleep(0.05)
+    assert (
+        concurrency._PARSING._work_queue.qsize() == 0
+    )  # waiting on the loop, not in the queue
+    waiting.cancel()
+    release.set()
+    assert await first == "first"
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await parsed_off_the_loop(len, "abc") == 3 and ran == []
