@@ -263,9 +263,9 @@ def test_unreachable_is_not_a_5xx(client):
 
 
 def test_size_limits_are_settings_named_in_the_refusal(client):
-    """Body over VLLM_TYPED_DECISIONS_MAX_BODY_BYTES (32 MiB): 413; input over MAX_INPUT_CHARS: 400/422.
+    """Body over VLLM_TYPED_DECISIONS_MAX_BODY_BYTES (4 MiB): 413; input over MAX_INPUT_CHARS: 400/422.
     Both before any model work, both naming the setting."""
-    big = b'{"model": "m", "input": "' + b"x" * (33 * 2**20) + b'", "questions": []}'
+    big = b'{"model": "m", "input": "' + b"x" * (5 * 2**20) + b'", "questions": []}'
     response = client.post(
         "/v1/decisions", content=big, headers={"content-type": "application/json"}
     )
