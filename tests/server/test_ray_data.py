@@ -28,6 +28,7 @@ from .test_bulk import (
     MODEL,
     batch_file,
     by_line,
+    input_lines,
     jev_body,
     openai_body,
     probabilities,
@@ -93,7 +94,7 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
         tmp_path / "out.jsonl",
         tmp_path / "ray_decide.log",
     )
-    total = len(batch_file(source).read_bytes().splitlines())
+    total = len(input_lines(batch_file(source)))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")},
         **ENV,
