@@ -162,8 +162,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
     # The hostile lines, answered in place (a bad row never fails its batch).
     assert by_custom_id["tiny-t"]["response"]["status_code"] == 400
     assert by_custom_id["tiny-t-jev"]["response"]["status_code"] == 422
-    assert "4300 digits" in answered[total - 1]["error"]["message"]
-    assert "not valid UTF-8" in answered[total]["error"]["message"]
+    assert "4300 digits" in answered[total - 3]["error"]["message"]
+    assert "not valid UTF-8" in answered[total - 2]["error"]["message"]
     assert "lines in the output failed" in log.read_text(errors="replace")
     for i in range(12, 32):  # the server's answers, both wires
         path, body = (
