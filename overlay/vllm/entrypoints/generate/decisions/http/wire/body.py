@@ -17,7 +17,6 @@ import re
 import sys
 import threading
 import zlib
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -36,40 +35,16 @@ LARGE_SHARE = 0.75
 DECODE_PIECE_BYTES = 64 * 1024
 
 
-def _zstd_stream(limit: int) -> Callable[[bytes], bytes] | None:
-    """A zstd decoder fed chunk by chunk that returns at most ``limit + 1`` bytes in all, from Python
-    3.14's ``compression.zstd`` or ``backports.zstd``; None when neither is installed."""
+def _zstd_decompressor() -> Any | None:
+    """A zstd decompressor from Python 3.14's ``compression.zstd`` or ``backports.zstd``; None when
+    neither is installed. It takes the same calls as zlib's decompress objects."""
     for module_name in ("compression.zstd", "backports.zstd"):
         try:
             module: Any = __import__(module_name, fromlist=["ZstdDecompressor"])
         except ImportError:
             continue
-        return _bounded(module.ZstdDecompressor(), "zstd frame", limit)
+        return module.ZstdDecompressor()
     return None
-
-
-def _bounded(decompressor: Any, what: str, limit: int) -> Callable[[bytes], bytes]:
-    """Feeds ``decompressor`` (zlib's or zstd's, which share these methods) chunk by chunk, asking at
-    most ``limit + 1`` bytes of it in all; an empty chunk ends the stream, which must be complete."""
-    produced = 0
-
-    def feed(chunk: bytes) -> bytes:
-        nonlocal produced
-        if decompressor.eof:
-            if chunk or decompressor.unused_data:
-                raise ValueError(f"data after the end of the {what}")
-            return b""
-        out = decompressor.decompress(chunk, limit + 1 - produced)
-        produced += len(out)
-        if not chunk and not decompressor.eof and produced <= limit:
-            raise ValueError(f"truncated {what}")
-        return out
-
-    return feed
-
-
-def _gzip_stream(limit: int) -> Callable[[bytes], bytes]:
-    return _bounded(zlib.decompressobj(16 + zlib.MAX_WBITS), "gzip stream", limit)
 
 
 class Decoder:
@@ -80,12 +55,12 @@ class Decoder:
     def __init__(self, encoding: str | None, limit: int) -> None:
         self.encoding = (encoding or "identity").strip().lower()
         self.limit = limit
-        self.decode: Callable[[bytes], bytes] | None = None
+        self.decompressor: Any = None
         if self.encoding == "gzip":
-            self.decode = _gzip_stream(limit)
+            self.decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif self.encoding == "zstd":
-            self.decode = _zstd_stream(limit)
-            if self.decode is None:
+            self.decompressor = _zstd_decompressor()
+            if self.decompressor is None:
                 raise DecisionError(
                     "zstd request bodies need the backports.zstd package on the server",
                     HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
@@ -99,34 +74,40 @@ class Decoder:
     def decoded(self, raw: bytes, claim: Claim | None = None) -> bytes:
         """``raw`` decoded; DecisionError (413) once the decoded bytes pass the limit, or (400) for a
         stream that isn't one whole, valid stream of its encoding."""
-        if self.decode is None:
+        decompressor = self.decompressor
+        if decompressor is None:
             return raw
         parts: list[bytes] = []
         size = 0
         view = memoryview(raw)
-        # the empty piece at the end closes the stream
-        for start in [*range(0, len(raw), DECODE_PIECE_BYTES), len(raw)]:
-            out = self._piece(view[start : start + DECODE_PIECE_BYTES])
-            size += len(out)
-            if size > self.limit:
-                raise DecisionError(
-                    f"decoded request body is over the limit of {self.limit} bytes ({LIMIT_HINT})",
-                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                )
-            if claim is not None:
-                claim.grow(len(out))
-            parts.append(out)
-        return b"".join(parts)
-
-    def _piece(self, piece: Any) -> bytes:
-        assert self.decode is not None
         try:
-            return self.decode(piece)
+            for start in range(0, len(raw), DECODE_PIECE_BYTES):
+                if decompressor.eof:
+                    break  # data after the end of the stream
+                # never more than one byte past the limit, however far the piece would decode
+                out = decompressor.decompress(
+                    view[start : start + DECODE_PIECE_BYTES], self.limit + 1 - size
+                )
+                size += len(out)
+                if size > self.limit:
+                    raise DecisionError(
+                        f"decoded request body is over the limit of {self.limit} bytes ({LIMIT_HINT})",
+                        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    )
+                if claim is not None:
+                    claim.grow(len(out))
+                parts.append(out)
+            else:
+                if decompressor.eof and not decompressor.unused_data:
+                    return b"".join(parts)
+        except DecisionError:
+            raise
         except Exception:  # the decoder's own text says nothing a client can act on
-            raise DecisionError(
-                f"could not decode the {self.encoding} request body: it is not a complete, valid "
-                f"{self.encoding} stream"
-            ) from None
+            pass
+        raise DecisionError(
+            f"could not decode the {self.encoding} request body: it is not one complete, valid "
+            f"{self.encoding} stream"
+        )
 
 
 def over_limit(size: int, limit: int) -> DecisionError:

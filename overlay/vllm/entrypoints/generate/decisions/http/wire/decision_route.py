@@ -114,7 +114,7 @@ def decision_route(wire: Wire) -> type[APIRoute]:
         try:
             # decoding and parsing a large body take the parsing thread (zlib and zstd let go of the
             # GIL while they decode), a small plain one is parsed here at once
-            small = decoder.decode is None and len(raw) < LARGE_BODY_BYTES
+            small = decoder.decompressor is None and len(raw) < LARGE_BODY_BYTES
             request = validated() if small else await parsed_off_the_loop(validated)
         except DecisionError as exc:
             return wire.refusal(exc)
