@@ -6,6 +6,7 @@
 # family, bulk) on vLLM 0.32 in a second environment. With arguments, pytest runs just those, on vLLM 0.30.
 set -euo pipefail
 export DECISIONS_VLLM_VERSION=0.30.0  # the first pass; the second sets up its own
+SETUP_MODELS=  # the suite never builds the quickstart's model
 source "$(dirname "$0")/env/common.sh"
 cd "$ROOT"
 # The example plugin (tests/plugin), installed the way a third party's package would be, for the tests

