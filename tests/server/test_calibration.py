@@ -311,14 +311,14 @@ def labels_while_serving(server: VllmServer, labels, saved_dir) -> None:
 
 
 def first_pass_then_full(server: VllmServer, audits: list[dict]) -> None:
-    """The calibrating process answered on its first pass (every other question of each type, 76, in
-    both layouts, without content-free reads) before the full calibration was done, its audit saying
+    """The calibrating process answered on its first pass (all 150 questions, a file this small, in
+    the first layout only, without content-free reads) before the full calibration was done, its audit saying
     so; then the full one replaced it, without reading those questions again, and every answer since
     says so."""
     log = server.log.read_text(errors="replace")
     assert audits[0]["calibration_stage"] == "first pass", audits[0]
     reads = audits[0]["calibration_reads"]
-    assert 100 <= reads <= 152, "at most 76 questions in 2 layouts, most answered"
+    assert 100 <= reads <= 150, "at most 150 questions in letters, most answered"
     assert "decision first-pass calibration: T=" in log
     assert (
         log.count(
@@ -377,7 +377,7 @@ def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None
         r.headers for r in starting
     ]
     waiting = r"waiting for another API-server process's (?P=step)"
-    counted = r"\d+ of 152 first-pass reads, .+"
+    counted = r"\d+ of 150 first-pass reads, .+"
     step = rf"(?P<step>self-check|calibration)(, {waiting}|, {counted})?"
     assert all(
         re.fullmatch(rf"decisions are starting(: {step})?; retry shortly", m)
@@ -389,14 +389,14 @@ def startup_progress(server: VllmServer, starting: list[httpx.Response]) -> None
     log = server.log.read_text(errors="replace")
     assert (
         log.count(
-            "decision calibration: reading a first pass: 76 questions in 2 label layouts (letters, "
-            "words), 152 reads in all without content-free reads (every other question of each "
-            "type; answers start when it is fitted); time left unknown until the first 8 reads"
+            "decision calibration: reading a first pass: 150 questions in letters labels without "
+            "content-free reads (every question; answers start when it is fitted); time left "
+            "unknown until the first 8 reads"
         )
         == 1
     ), "one process calibrates"
     assert re.search(
-        r"decision calibration: 8 of 152 first-pass reads, about \d+ s left", log
+        r"decision calibration: 8 of 150 first-pass reads, about \d+ s left", log
     )
 
 

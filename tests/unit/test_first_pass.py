@@ -53,7 +53,8 @@ def configured(tmp_path, first_pass="on"):
     return Settings.from_env(
         {
             "VLLM_TYPED_DECISIONS_CALIBRATION": str(
-                write_tickets(tmp_path / "q.jsonl")
+                # 200 questions: a first pass reads one in two (calibration_reads.first_pass_stride)
+                write_tickets(tmp_path / "q.jsonl", 200)
             ),
             "VLLM_TYPED_DECISIONS_CALIBRATION_DIR": str(tmp_path / "saved"),
             "VLLM_TYPED_DECISIONS_FIRST_PASS": first_pass,
@@ -97,21 +98,21 @@ async def test_answers_on_the_first_pass_then_the_full_calibration_in_one_swap(
 
     starting = asyncio.create_task(service.start(calibrate))
     await until(lambda: service.readiness.ready)
-    # The 503 counted the first pass's reads: every other question, in both layouts, no content-free.
-    assert counted == [(150, 150, "first-pass reads")]
+    # The 503 counted the first pass's reads: every other question, in the first layout only, no
+    # content-free reads.
+    assert counted == [(100, 100, "first-pass reads")]
     assert sorted(backend.calibration_reads) == sorted(
-        (f"ticket {i} about {['billing', 'sales', 'technical'][i % 3]}", layout)
-        for i in range(0, 150, 2)
-        for layout in ("letters", "words")
+        (f"ticket {i} about {['billing', 'sales', 'technical'][i % 3]}", "letters")
+        for i in range(0, 200, 2)
     )
     assert not list((tmp_path / "saved").glob("calibration-*.json")), (
         "a first pass is not saved"
     )
     (first,) = firsts
-    assert (first.stage, first.question_reads) == ("first pass", 150)
-    assert set(first.reads["choice"].by_layout) == {"letters", "words"}
+    assert (first.stage, first.question_reads) == ("first pass", 100)
+    assert set(first.reads["choice"].by_layout) == {"letters"}
     audit = await audit_of(service)
-    assert (audit.calibration_stage, audit.calibration_reads) == ("first pass", 150)
+    assert (audit.calibration_stage, audit.calibration_reads) == ("first pass", 100)
     assert audit.calibration_temperature == first.temperatures.for_type("choice").value
     assert audit.as_json(basic=True)["calibration_stage"] == "first pass"
     assert "decision first-pass calibration: T=" in caplog.text
@@ -126,10 +127,10 @@ async def test_answers_on_the_first_pass_then_the_full_calibration_in_one_swap(
     assert (await held).calibration_stage == "first pass"
 
     audit = await audit_of(service)
-    assert (audit.calibration_stage, audit.calibration_reads) == ("full", 300)
+    assert (audit.calibration_stage, audit.calibration_reads) == ("full", 400)
     assert "the full calibration replaces the first pass" in caplog.text
     real = [r for r in backend.calibration_reads if r[0] not in NEUTRAL_INPUTS]
-    assert len(real) == len(set(real)) == 300, "no question read twice"
+    assert len(real) == len(set(real)) == 400, "no question read twice"
     assert sorted(r for r in backend.calibration_reads if r[0] in NEUTRAL_INPUTS) == [
         (text, layout)
         for text in sorted(NEUTRAL_INPUTS)
@@ -137,7 +138,7 @@ async def test_answers_on_the_first_pass_then_the_full_calibration_in_one_swap(
     ]
     (saved,) = (tmp_path / "saved").glob("calibration-*.json")
     record = json.loads(saved.read_text())
-    assert record["question_reads"] == 300
+    assert record["question_reads"] == 400
     assert set(record["reads"]["choice"]["by_layout"]) == {"letters", "words"}
 
     # The same fits as a calibration with no first pass: reusing its reads changes nothing.
@@ -161,13 +162,13 @@ async def test_no_first_pass_where_a_saved_result_or_the_setting_says_so(tmp_pat
         TwoLayoutBackend(), settings, MODEL, first_pass=called.append
     )
     assert len(called) == 1, "a saved full calibration is loaded: no first pass"
-    assert (loaded.stage, loaded.question_reads) == ("full", 300)
+    assert (loaded.stage, loaded.question_reads) == ("full", 400)
     assert loaded.temperatures == full.temperatures
 
     off = configured(tmp_path / "off", first_pass="off")
     backend = TwoLayoutBackend()
     await startup_calibration(backend, off, MODEL, first_pass=called.append)
-    assert len(called) == 1 and len(backend.layouts_read) == 300 + 2 * len(
+    assert len(called) == 1 and len(backend.layouts_read) == 400 + 2 * len(
         NEUTRAL_INPUTS
     )
 

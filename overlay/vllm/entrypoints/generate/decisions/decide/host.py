@@ -124,6 +124,11 @@ class BackendHost(ABC):
     def special_token_ids(self) -> frozenset[int]:
         """Ids the tokenizer never produces from plain text (template markers and the like)."""
 
+    def stopped_by(self, exc: BaseException) -> bool:
+        """Whether ``exc`` came of the engine stopping under the work that raised it (the server
+        shutting down), not of a fault: startup work cut short then logs what it stopped, not an error."""
+        return False
+
     @abstractmethod
     async def read_token_logprobs(
         self,

@@ -205,6 +205,27 @@ class VllmHost(BackendHost):
     def special_token_ids(self) -> frozenset[int]:
         return self._special_ids
 
+    def stopped_by(self, exc: BaseException) -> bool:
+        """The engine client has stopped (its engine is dead or its output loop ended), or ``exc`` or an
+        exception it was raised from says it is stopping: EngineDeadError (the reads in flight when the
+        engine core dies first, as on Ctrl-C), or a thread pool's refusal once vLLM's shutdown closed
+        it (the chat renderer's, while the engine drains under ``--shutdown-timeout``)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if getattr(self.engine_client, "errored", False):
+            return True
+        seen: set[int] = set()
+        cause: BaseException | None = exc
+        while cause is not None and id(cause) not in seen:
+            if isinstance(cause, EngineDeadError) or (
+                isinstance(cause, RuntimeError)
+                and "cannot schedule new futures" in str(cause)
+            ):
+                return True
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        return False
+
     async def read_token_logprobs(
         self,
         prompt_ids: list[int],

@@ -55,7 +55,7 @@ from vllm.entrypoints.generate.decisions.decide.temperature import (
     Temperatures,
 )
 from vllm.entrypoints.generate.decisions.runtime.calibration_reads import (
-    Row,
+    Earlier,
     announce,
     answered_by_layout,
     first_pass_questions,
@@ -64,6 +64,7 @@ from vllm.entrypoints.generate.decisions.runtime.calibration_reads import (
 )
 from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
     once_per_server,
+    save,
     this_run,
 )
 from vllm.entrypoints.generate.decisions.runtime.examples_pass import (
@@ -79,6 +80,10 @@ from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
+# A first pass's fits are saved under their own name beside the full calibration's, for a restart to
+# answer on while the full one reads (an earlier start's full calibration was cut short).
+FIRST_PASS_KIND = "first-pass"
+
 
 async def startup_calibration(
     backend: DecisionBackend,
@@ -89,14 +94,17 @@ async def startup_calibration(
 ) -> Calibrated:
     """The temperatures this server applies by default (server-wide and per question type) and each
     type's prior correction, measured (or loaded) now; ``progress`` hears how far the reads are, or
-    that another API-server process is doing them. Where this process measures (no saved result) and
-    ``VLLM_TYPED_DECISIONS_FIRST_PASS`` is on, ``first_pass`` is given the first pass's fits as soon as
-    they are made, while the full calibration (returned) reads on."""
+    that another API-server process is doing them. Where no full result is saved and
+    ``VLLM_TYPED_DECISIONS_FIRST_PASS`` is on, ``first_pass`` is given a first pass's fits, while the
+    full calibration (returned) reads on: an earlier start's saved first pass at once, else this
+    start's as soon as it is fitted (and saved, so a stop before the full one ends loses no reads)."""
     if settings.calibration == "off":
         return Calibrated(Temperatures(DEFAULT))
+    directory = Path(settings.calibration_dir)
 
     def early(record: dict[str, Any]) -> bool:
-        """The first pass's fits in force (``first_pass``), unless it failed or its T may not apply."""
+        """The first pass's fits saved and in force (``first_pass``), unless it failed or its T may
+        not apply."""
         assert first_pass is not None
         if "failed" in record:
             logger.warning(
@@ -112,18 +120,9 @@ async def startup_calibration(
                 problem,
             )
             return False
+        save(directory, key, record, FIRST_PASS_KIND)
         log(fits, False, FIRST_PASS)
-        first_pass(
-            Calibrated(
-                fits.temperatures(),
-                fits.reads,
-                FIRST_PASS,
-                fits.question_reads,
-                fits.question_maps,
-                fits.abstention,
-                question_abstention=fits.question_abstention,
-            )
-        )
+        first_pass(first_pass_calibrated(fits))
         return True
 
     source = (
@@ -137,8 +136,18 @@ async def startup_calibration(
         )
         return Calibrated(Temperatures(DEFAULT))
     key = calibration_key(backend, settings, deployment, questions.sha256)
+    answer_early = first_pass is not None and settings.first_pass
+    saved = saved_first_pass(directory, key, settings) if answer_early else None
+    if saved is not None:
+        # Every API-server process answers on it now; one of them measures the full calibration.
+        assert first_pass is not None
+        log(saved, True, FIRST_PASS)
+        first_pass(first_pass_calibrated(saved))
+        answer_early = False
+        progress = Readiness()
+        progress.begin(f"{CALIBRATION} (full, in the background)")
     record, loaded = await once_per_server(
-        Path(settings.calibration_dir),
+        directory,
         key,
         "calibration",
         settings.startup_wait,
@@ -148,7 +157,7 @@ async def startup_calibration(
             settings.debias,
             settings.prior,
             progress,
-            early if first_pass is not None and settings.first_pass else None,
+            early if answer_early else None,
             settings.precision,
             settings.examples,
         ),
@@ -247,6 +256,32 @@ def reusable(saved: dict[str, Any], settings: Settings) -> bool:
     return True
 
 
+def saved_first_pass(
+    directory: Path, key: dict[str, Any], settings: Settings
+) -> CalibrationRecord | None:
+    """The first pass an earlier start saved for ``key`` (its full calibration cut short), to answer on
+    at once; None where a full result is saved, which wins as ever, or no usable first pass is."""
+    if store.load(directory, key) is not None:
+        return None
+    saved = store.load(directory, key, FIRST_PASS_KIND)
+    if saved is None or "failed" in saved or not reusable(saved, settings):
+        return None
+    return CalibrationRecord.model_validate(saved)
+
+
+def first_pass_calibrated(fits: CalibrationRecord) -> Calibrated:
+    """A first pass's fits as answers apply them until the full calibration replaces them."""
+    return Calibrated(
+        fits.temperatures(),
+        fits.reads,
+        FIRST_PASS,
+        fits.question_reads,
+        fits.question_maps,
+        fits.abstention,
+        question_abstention=fits.question_abstention,
+    )
+
+
 async def measure_and_fit(
     backend: DecisionBackend,
     questions: question_file.QuestionFile,
@@ -264,10 +299,12 @@ async def measure_and_fit(
     measured with (the full calibration's, after its fit; runtime/examples_pass.py).
     Each label layout the backend has is read and compared per type (bias.choose_layout).
 
-    With ``first_pass``, a smaller pass comes first: every other question of each type in every
-    layout, without content-free reads under auto (which only compares them). It is fitted by the same
-    code and keep rule, handed to ``first_pass`` (True: now in force, so the full pass's progress goes
-    to the log alone), and the full pass reuses its reads (none read twice)."""
+    With ``first_pass``, a smaller pass comes first: about
+    ``calibration_reads.FIRST_PASS_QUESTIONS`` questions (a share of each type), in the first layout
+    only (the full pass compares the others), without content-free reads under auto (which only
+    compares them). It is fitted by the same code and keep rule, handed to ``first_pass`` (True: now
+    in force, so the full pass's progress goes to the log alone), and the full pass reuses its reads
+    (none read twice)."""
     started = time.monotonic()
     layouts = backend.compared_layouts() or (None,)
     content_free = prior == AUTO or uses_content_free(prior)
@@ -275,20 +312,21 @@ async def measure_and_fit(
     cache = PriorCache(len(questions.questions) * len(layouts))
     correction = Correction("content-free", cache) if content_free else NO_CORRECTION
     early = correction if prior != AUTO else NO_CORRECTION
-    earlier: dict[int, Row] = {}
+    earlier: Earlier = {}
     if first_pass is not None:
         subset = first_pass_questions(questions)
+        baseline = layouts[:1]
         announce(
-            questions, layouts, progress, len(subset), uses_content_free(early.mode)
+            questions, baseline, progress, len(subset), uses_content_free(early.mode)
         )
         rows = await read_all(
-            backend, questions, debias, early, layouts, progress, only=subset
+            backend, questions, debias, early, baseline, progress, only=subset
         )
-        earlier = {index: rows[index] for index in subset}
+        earlier = {(index, 0): rows[index][0] for index in subset}
         record = await fitted_record(
-            answered_by_layout(questions, rows, layouts),
+            answered_by_layout(questions, rows, baseline),
             questions,
-            layouts,
+            baseline,
             prior,
             started,
             full=False,

@@ -37,9 +37,15 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 CONCURRENCY = 8
+# A first pass reads about this many questions (a share of each type), in the first layout only: 104
+# reads of the bundled set, where half of it in both layouts (414) kept a 1.5B model's first answer
+# 343 s after /health on two cores.
+FIRST_PASS_QUESTIONS = 100
 
 
 Row = list[QuestionRead | None]  # a question's readings, one per layout (None: failed)
+# The first pass's readings by (question, layout column), reused by the full pass (None: failed)
+Earlier = dict[tuple[int, int], QuestionRead | None]
 
 
 async def read_all(
@@ -49,7 +55,7 @@ async def read_all(
     correction: Correction = NO_CORRECTION,
     layouts: tuple[str | None, ...] = (None,),
     progress: Readiness | None = None,
-    earlier: dict[int, Row] | None = None,
+    earlier: Earlier | None = None,
     only: Collection[int] | None = None,
 ) -> list[Row]:
     """Each question's reading in each layout, read as requests are (``debias``, the backend's options
@@ -58,10 +64,11 @@ async def read_all(
     prompt they share with the first (template, state, criterion) in the engine's prefix cache.
 
     ``only``: the questions (by index) to read, the others left unread (None). ``earlier``: the first
-    pass's rows by question; each reading is taken as it is (given its content-free reads where
+    pass's readings by question and layout; each is taken as it is (given its content-free reads where
     ``correction`` asks for them), and one that failed is not read again. Each read that goes to the
     engine, answered or not, advances ``progress``."""
     gate = asyncio.Semaphore(CONCURRENCY)
+    reused: Earlier = earlier or {}
     options = {
         layout: backend.with_layout(backend.options, layout) for layout in layouts
     }
@@ -72,15 +79,16 @@ async def read_all(
         index: int, item: question_file.LabelledQuestion, column: int
     ) -> QuestionRead | None:
         layout = layouts[column]
-        reused = earlier.get(index) if earlier is not None else None
-        if reused is not None and (reused[column] is None or not content_free):
-            return reused[column]
+        was_read = (index, column) in reused
+        kept = reused.get((index, column))
+        if was_read and (kept is None or not content_free):
+            return kept
         try:
             context = ReadContext.about(
                 item.state, request_id(index, layout, layouts), options[layout]
             )
             plan = plan_read(backend, item.question, context, debias, correction)
-            if reused is not None and (kept := reused[column]) is not None:
+            if kept is not None:
                 return await with_content_free(plan, kept)
             return await run_plan(plan)
         except DecisionError as exc:
@@ -108,14 +116,21 @@ async def read_all(
     )
 
 
+def first_pass_stride(questions: int) -> int:
+    """A first pass reads one question in this many of each type: about ``FIRST_PASS_QUESTIONS``, or
+    all of a smaller file (a fit needs at least fitting.MIN_ANSWERED)."""
+    return max(1, questions // FIRST_PASS_QUESTIONS)
+
+
 def first_pass_questions(questions: question_file.QuestionFile) -> list[int]:
-    """The questions a first pass reads: every other one of each type, in file order (half the set,
-    each type's share kept)."""
+    """The questions a first pass reads: one in :func:`first_pass_stride` of each type, in file order
+    (each type's share kept)."""
+    stride = first_pass_stride(len(questions.questions))
     seen: dict[str, int] = {}
     chosen = []
     for index, item in enumerate(questions.questions):
         name = item.question.qtype.name
-        if seen.setdefault(name, 0) % 2 == 0:
+        if seen.setdefault(name, 0) % stride == 0:
             chosen.append(index)
         seen[name] += 1
     return chosen
@@ -124,16 +139,12 @@ def first_pass_questions(questions: question_file.QuestionFile) -> list[int]:
 def to_read(
     questions: int,
     layouts: tuple[str | None, ...],
-    earlier: dict[int, Row],
+    earlier: Earlier,
     content_free: bool,
 ) -> int:
     """How many reads :func:`read_all` sends to the engine, given the first pass's ``earlier``."""
-    again = (
-        sum(r is not None for row in earlier.values() for r in row)
-        if content_free
-        else 0
-    )
-    return (questions - len(earlier)) * len(layouts) + again
+    again = sum(read is not None for read in earlier.values()) if content_free else 0
+    return questions * len(layouts) - len(earlier) + again
 
 
 def answered_by_layout(
@@ -175,14 +186,18 @@ def announce(
     named = [layout for layout in layouts if layout is not None]
     everything = count * len(layouts)
     how = f"{count} questions in {len(named)} label layouts ({', '.join(named)}), {everything} reads in all"
-    if not named:
+    if len(named) == 1:
+        how = f"{count} questions in {named[0]} labels"
+    elif not named:
         how = f"{everything} questions"
     units = "reads"
     if first_pass is not None:
+        stride = first_pass_stride(len(questions.questions))
+        which = "every question" if stride == 1 else f"one in {stride} of each type"
         how = (
             f"a first pass: {how}"
-            f"{'' if content_free else ' without content-free reads'} (every other question of "
-            "each type; answers start when it is fitted)"
+            f"{'' if content_free else ' without content-free reads'} ({which}; answers "
+            "start when it is fitted)"
         )
         units = "first-pass reads"
     if reads is not None:

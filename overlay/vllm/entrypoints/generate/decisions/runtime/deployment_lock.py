@@ -144,7 +144,7 @@ async def once_per_server(
                 "decision %s: adopting the record another process of this deployment made",
                 kind,
             )
-            _save(directory, key, shared, kind)
+            save(directory, key, shared, kind)
             return shared, True
         record: dict[str, Any] | None = None
         try:
@@ -153,13 +153,14 @@ async def once_per_server(
             # given even when producing raised, so that a waiting process takes over
             if _SHARED is not None:
                 await _SHARED.give(name, record)
-        _save(directory, key, record, kind)
+        save(directory, key, record, kind)
         return record, False
 
 
-def _save(
+def save(
     directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str
 ) -> None:
+    """Save ``record`` for ``key``, logged; a folder that can't hold it is a warning, never a stop."""
     try:
         logger.info(
             "decision %s saved to %s", kind, store.save(directory, key, record, kind)

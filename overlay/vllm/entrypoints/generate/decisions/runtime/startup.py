@@ -25,9 +25,13 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
 )
 from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
 from vllm.entrypoints.generate.decisions.decide.metrics import init_metrics
-from vllm.entrypoints.generate.decisions.decide.serving.readiness import Readiness
+from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
+    CALIBRATION,
+    Readiness,
+)
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
+from vllm.entrypoints.generate.decisions.decide.temperature import FIRST_PASS
 from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.runtime.adapters import (
     ServedModels,
@@ -268,7 +272,8 @@ async def start_served(served: ServedModels) -> None:
 async def start_service(service: DecisionService) -> None:
     """One service's startup work: the backend's start (once per server), then calibration unless T
     is configured. A failure is logged, never raised: requests then get 503 with the reason
-    (``service.readiness``)."""
+    (``service.readiness``). Stopped under it (cancelled, or the engine stopping, as when the server
+    stops), it logs one line of what it cut short: that is no failure."""
     from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
         Calibrated,
     )
@@ -290,6 +295,10 @@ async def start_service(service: DecisionService) -> None:
         await service.start(calibrate)
         # The labels file the server watches, once a calibration is in force (live_labels.py).
         watch(service)
+    except asyncio.CancelledError:
+        # The server's shutdown (its event loop's end), or, for an adapter's, the adapter unloaded.
+        logger.info("%s", cut_short(service, "cancelled"))
+        raise
     except (
         BackendUnavailable
     ) as exc:  # a known refusal: its message says why and what to change
@@ -297,5 +306,33 @@ async def start_service(service: DecisionService) -> None:
             "decisions unavailable on this server (decision requests will get 503): %s",
             exc,
         )
-    except Exception:
-        logger.exception("decision startup failed; decision requests will get 503")
+    except Exception as exc:
+        host = service.backend.host
+        if host is not None and host.stopped_by(exc):
+            logger.info("%s", cut_short(service, "stopped with the engine"))
+        elif service.calibrated.stage == FIRST_PASS:
+            logger.exception(
+                "decision calibration: the full calibration failed; the first pass stays in force"
+            )
+        else:
+            logger.exception("decision startup failed; decision requests will get 503")
+
+
+def cut_short(service: DecisionService, how: str) -> str:
+    """The one line startup work stopped under it says, ``how`` it stopped (a server stopping is no
+    failure): the step and how far it got, or, on a first pass, that the next start answers on it."""
+    readiness, progress = service.readiness, service.readiness.progress
+    if service.calibrated.stage == FIRST_PASS:
+        return (
+            f"decision {CALIBRATION}{service.through} {how} during the full calibration; its first "
+            "pass is saved, so the next start answers on it at once and finishes the full "
+            "calibration in the background"
+        )
+    line = f"decision {readiness.step or 'startup'}{service.through} {how}"
+    if readiness.ready or readiness.step is None:
+        return line
+    if readiness.waiting_for_other:
+        return f"{line} while another API-server process did it"
+    if progress is not None:
+        return f"{line} after {progress.done} of {progress.total} {progress.unit}"
+    return line

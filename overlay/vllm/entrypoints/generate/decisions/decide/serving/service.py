@@ -204,12 +204,8 @@ class DecisionService:
                     return
                 self.calibrated = calibrated
         except Exception as exc:
-            if self.calibrated.stage == FIRST_PASS:
-                # Answering already: the first pass stays in force, and start_service logs the fault.
-                logger.error(
-                    "decision calibration: the full calibration failed; the first pass stays in force"
-                )
-            else:
+            # Answering on a first pass already, it stays in force; start_service logs why either way.
+            if self.calibrated.stage != FIRST_PASS:
                 self.readiness.fail(failure_reason(exc))
             raise
         self._ready("")
