@@ -4,17 +4,21 @@
 # usage: tools/serve.sh [--once] [extra vllm serve args...]
 #   --once   stop the server after the sample answer (a smoke test)
 # env: MODEL  a model folder or name as `vllm serve` takes it, or a short name for one that set-up builds:
-#             smollm2 (the default): SmolLM2-135M-Instruct; qwen: Qwen2.5-Coder-0.5B-Instruct
+#             qwen1.5b (the default): Qwen2.5-Coder-1.5B-Instruct (built on first use: a 1.1 GB download);
+#             qwen: Qwen2.5-Coder-0.5B-Instruct; smollm2: SmolLM2-135M-Instruct (the tests' fast model)
 #      PORT   default 8000
 #      DECISIONS_VLLM_VERSION  0.30.0 (the default) or 0.32.0: which vLLM, each in its own environment
-# The context is SmolLM2's full 8,192 tokens (a 255-option choice with short descriptions needs about
-# 4,600); a later --max-model-len among the extra args wins, e.g. for a model with a shorter one.
+# The context is 8,192 tokens (a 255-option choice with short descriptions needs about 4,600); a later
+# --max-model-len among the extra args wins, e.g. for a model with a shorter one.
 set -euo pipefail
 ONCE=0; [ "${1:-}" = --once ] && { ONCE=1; shift; }
+MODEL=${MODEL:-qwen1.5b}
+SETUP_MODELS=; [ "$MODEL" = qwen1.5b ] && SETUP_MODELS=qwen1.5b
 source "$(dirname "$0")/env/common.sh"
-# A short name is also the served model name, which requests name in `model` (README's examples: smollm2).
+# A short name is also the served model name, which requests name in `model` (README's examples: qwen1.5b).
 NAMED=()
-case "${MODEL:-smollm2}" in
+case "$MODEL" in
+  qwen1.5b) MODEL=$MODELS/qwen2.5-coder-1.5b-instruct; NAMED=(--served-model-name qwen1.5b) ;;
   smollm2) MODEL=$MODELS/smollm2-135m-instruct; NAMED=(--served-model-name smollm2) ;;
   qwen) MODEL=$MODELS/qwen2.5-coder-0.5b-instruct; NAMED=(--served-model-name qwen) ;;
 esac
