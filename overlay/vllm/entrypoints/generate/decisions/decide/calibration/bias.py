@@ -25,10 +25,9 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     FOLDS,
-    HIGH_TEMPERATURE,
-    LOW_TEMPERATURE,
     RESAMPLES,
     fold_of_groups,
+    newton_minimum,
 )
 from vllm.entrypoints.generate.decisions.decide.prior_modes import (
     MODES,
@@ -47,7 +46,6 @@ RIDGE = (
 )
 # a -inf score (an option the reading gives nothing) enters the fit here
 SCORE_FLOOR = -30.0
-ITERATIONS = 50
 
 
 @dataclass(frozen=True)
@@ -193,8 +191,6 @@ def _design(
 
 def _newton(design: list[tuple[FloatArray, int, float]], size: int) -> FloatArray:
     """The maximum-likelihood (slope, intercepts), ridge on the intercepts, slope within the T range."""
-    theta = np.zeros(size)
-    theta[0] = 1.0
     penalty = np.full(size, RIDGE)
     penalty[0] = 0.0
 
@@ -208,34 +204,20 @@ def _newton(design: list[tuple[FloatArray, int, float]], size: int) -> FloatArra
             )
         return total
 
-    current = objective(theta)
-    for _ in range(ITERATIONS):
-        gradient = penalty * theta
+    def derivatives(t: FloatArray) -> tuple[FloatArray, FloatArray]:
+        gradient = penalty * t
         hessian = np.diag(penalty) + 1e-9 * np.eye(size)
         for z, answer, weight in design:
-            logits = z @ theta
+            logits = z @ t
             p = np.exp(logits - logits.max())
             p /= p.sum()
             gradient += weight * (z.T @ p - z[answer])
             hessian += weight * (z.T @ (np.diag(p) - np.outer(p, p)) @ z)
-        step = np.linalg.solve(hessian, gradient)
-        scale = 1.0
-        while scale > 1e-6:
-            proposal = theta - scale * step
-            proposal[0] = min(
-                max(proposal[0], 1.0 / HIGH_TEMPERATURE), 1.0 / LOW_TEMPERATURE
-            )
-            value = objective(proposal)
-            if value <= current:
-                break
-            scale /= 2
-        else:
-            break
-        if current - value < 1e-9:
-            theta, current = proposal, value
-            break
-        theta, current = proposal, value
-    return theta
+        return gradient, hessian
+
+    start = np.zeros(size)
+    start[0] = 1.0
+    return newton_minimum(objective, derivatives, start, 1e-9)
 
 
 def fit(

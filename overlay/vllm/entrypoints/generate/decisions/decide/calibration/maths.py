@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,7 @@ EDGE_TOLERANCE = 1e-3
 FOLDS = 5
 BINS = 10
 RESAMPLES = 1000
+NEWTON_STEPS = 50
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -332,6 +333,44 @@ def bootstrap_interval(
         values[r] = np.abs(weight @ gap).sum() / (weight @ sizes)
     low, high = np.percentile(values, [2.5, 97.5])
     return float(low), float(high)
+
+
+# --- a slope and intercepts: damped Newton -------------------------------------------------------
+
+
+def newton_minimum(
+    objective: Callable[[FloatArray], float],
+    derivatives: Callable[[FloatArray], tuple[FloatArray, FloatArray]],
+    start: FloatArray,
+    tolerance: float,
+) -> FloatArray:
+    """The minimum of a convex ``objective`` whose first parameter is a slope (1/T), from ``start``.
+
+    Each Newton step (``derivatives``: the gradient and Hessian at a point) is halved until the
+    objective does not rise, the slope held within the temperature range; the search stops when a
+    step gains less than ``tolerance`` or no step helps."""
+    theta = start.copy()
+    current = objective(theta)
+    for _ in range(NEWTON_STEPS):
+        gradient, hessian = derivatives(theta)
+        step = np.linalg.solve(hessian, gradient)
+        length = 1.0
+        while length > 1e-6:
+            proposal = theta - length * step
+            proposal[0] = min(
+                max(proposal[0], 1.0 / HIGH_TEMPERATURE), 1.0 / LOW_TEMPERATURE
+            )
+            value = objective(proposal)
+            if value <= current:
+                break
+            length /= 2
+        else:
+            break
+        gained = current - value
+        theta, current = proposal, value
+        if gained < tolerance:
+            break
+    return theta
 
 
 # --- the whole procedure ----------------------------------------------------------------------

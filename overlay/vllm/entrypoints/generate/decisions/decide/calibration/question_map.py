@@ -21,7 +21,6 @@ import numpy.typing as npt
 from pydantic import BaseModel
 
 from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
-    ITERATIONS,
     SCORE_FLOOR,
     Candidate,
     gain_interval,
@@ -31,6 +30,7 @@ from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
     fold_of_groups,
+    newton_minimum,
 )
 from vllm.entrypoints.generate.decisions.decide.reports import (
     MapFigures,
@@ -187,9 +187,7 @@ def _fit(
         gap = theta - centre
         return float(-log_p[picked, answer].sum() + 0.5 * weights @ (gap * gap))
 
-    theta = centre.copy()
-    current = objective(theta)
-    for _ in range(ITERATIONS):
+    def derivatives(theta: FloatArray) -> tuple[FloatArray, FloatArray]:
         p = np.exp(_log_softmax(theta[0] * matrix + theta[1:]))
         # each row's d(loss)/d(logits) is p - onehot, its curvature diag(p) - p p^T
         residual = p.copy()
@@ -204,23 +202,9 @@ def _fit(
         hessian[0, 1:] = hessian[1:, 0] = cross
         hessian[1:, 1:] = np.diag(p.sum(axis=0)) - p.T @ p
         hessian += np.diag(weights)
-        step = np.linalg.solve(hessian, gradient)
-        length = 1.0
-        while length > 1e-6:
-            proposal = theta - length * step
-            proposal[0] = min(
-                max(proposal[0], 1.0 / HIGH_TEMPERATURE), 1.0 / LOW_TEMPERATURE
-            )
-            value = objective(proposal)
-            if value <= current:
-                break
-            length /= 2
-        else:
-            break
-        done = current - value < 1e-10
-        theta, current = proposal, value
-        if done:
-            break
+        return gradient, hessian
+
+    theta = newton_minimum(objective, derivatives, centre, 1e-10)
     return float(theta[0]), theta[1:] - theta[1:].mean()
 
 
