@@ -1,4 +1,4 @@
-"""A plain-PyTorch Laya decision model, written from backends/laya-checkpoint.md, to check servers against.
+"""A plain-PyTorch Laya decision model, written from docs/laya-checkpoint.md, to check servers against.
 
 It reads a checkpoint folder of our layout with transformers' ``ModernBertModel`` and builds the head from
 stock ``torch.nn`` modules, one unpadded sequence at a time and always in fp32, so it shares no code and

@@ -1,4 +1,4 @@
-"""The Laya checkpoint layout (backends/laya-checkpoint.md): the tiny build meets it, the plain reference
+"""The Laya checkpoint layout (docs/laya-checkpoint.md): the tiny build meets it, the plain reference
 computes what Laya's own model computes, and the converter from Laya's published layout is faithful."""
 
 from __future__ import annotations

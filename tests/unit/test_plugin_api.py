@@ -9,7 +9,7 @@ import inspect
 
 PACKAGE = "vllm.entrypoints.generate.decisions"
 
-# What a plugin may use, as docs/backends.md and backends/README.md name it.
+# What a plugin may use, as docs/backends.md and docs/plugins.md name it.
 PLUGIN_NAMES = {
     "BackendHost",
     "BackendUnavailable",

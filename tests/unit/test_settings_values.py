@@ -308,15 +308,15 @@ def test_defaults_where_unset():
     assert unset.calibration_dir.endswith("decisions-calibration")
 
 
-def test_the_readme_gives_the_defaults_from_env_applies(monkeypatch):
-    """The README's table of variables shows each default; from_env is where they are written, so
+def test_the_configuration_page_gives_the_defaults_from_env_applies(monkeypatch):
+    """docs/configuration.md's table of variables shows each default; from_env is where they are written, so
     every written-out default there must be what an unset variable reads as."""
     monkeypatch.undo()  # the real debias default, not the unit tests' single reads
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     unset = Settings.from_env({"HF_HOME": "/hf"})
     checked = set()
     for variable, default in re.findall(
-        r"^\| `([A-Z_]+)` \| `([^`|]+)` \|", readme, re.M
+        r"^\| `([A-Z_]+)` \| `([^`|]+)` \|", page, re.M
     ):
         value = getattr(unset, variable.removeprefix(PREFIX).lower())
         if isinstance(value, bool):

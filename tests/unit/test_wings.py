@@ -1,4 +1,4 @@
-"""The package's three wings and the one direction of their imports.
+"""The package's four wings and the one direction of their imports.
 
 ``bulk/`` -> ``http/`` -> ``runtime/`` -> ``decide/``: a module may import its own wing and those to
 its right, never one to its left, and the package's ``__init__`` (the plugin API) only ``decide/``.

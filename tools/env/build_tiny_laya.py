@@ -1,4 +1,4 @@
-"""Build ``tiny-laya``: a random-weight Laya decision model in the layout of backends/laya-checkpoint.md.
+"""Build ``tiny-laya``: a random-weight Laya decision model in the layout of docs/laya-checkpoint.md.
 
 A ModernBERT encoder (hidden size 64, one full-attention and one sliding-attention layer with a 16-token
 window, so prompts longer than the window exercise both mask kinds) under Laya's decision head, with a

@@ -1,7 +1,7 @@
 """Turn a Laya checkpoint in Laya's published layout into the one folder layout this project serves.
 
 Published layout (what ``laya.load`` reads): ``rl_agent_config.json``, ``model.safetensors``, ``tokenizer/``
-and ``encoder/config.json``. Ours (backends/laya-checkpoint.md): ``config.json`` = the encoder config plus
+and ``encoder/config.json``. Ours (docs/laya-checkpoint.md): ``config.json`` = the encoder config plus
 ``architectures: ["LayaForDecision"]`` and a ``laya_config`` block, the tokenizer files beside it, and the
 same ``model.safetensors`` (Laya's state-dict names are already ours).
 
@@ -71,7 +71,7 @@ def expect(
 
 
 def head_shapes(d: int, laya: dict) -> dict[str, tuple[int, ...]]:
-    """The decision head's weights and their shapes (backends/laya-checkpoint.md), for hidden size ``d``."""
+    """The decision head's weights and their shapes (docs/laya-checkpoint.md), for hidden size ``d``."""
     ffn, hidden = laya["head_ffn_size"], laya["act_hidden_size"]
     shapes: dict[str, tuple[int, ...]] = {
         "type_emb.weight": (3, d),

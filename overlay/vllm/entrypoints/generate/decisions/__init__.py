@@ -6,7 +6,7 @@ subclass whose ``read(question, context)`` reaches the engine through its :class
 the :class:`ReadContext` on; :func:`standard_messages` renders the standard question prompt,
 :func:`takes_system_role` says whether the chat template has a system role) and a question type with :func:`register_question_type` (a :class:`QuestionType`), directly or
 through the ``vllm.decision_backends`` / ``vllm.decision_question_types`` entry-point groups. See
-backends/README.md.
+docs/plugins.md.
 """
 
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading

@@ -92,7 +92,7 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         if cls.legacy_read:
             warnings.warn(
                 f"decision backend {cls.__qualname__}: read(state, question, request_id, options) is "
-                "deprecated; implement read(question, context) (backends/README.md)",
+                "deprecated; implement read(question, context) (docs/plugins.md)",
                 DeprecationWarning,
                 stacklevel=2,
             )

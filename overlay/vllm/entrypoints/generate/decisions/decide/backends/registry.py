@@ -96,7 +96,7 @@ class Registry:
             logger.warning(
                 "decision backend %r implements the deprecated read(state, question, request_id, "
                 "options); it works, but should move to read(question, context) "
-                "(backends/README.md)",
+                "(docs/plugins.md)",
                 name,
             )
         self._backends[name] = cls

@@ -24,7 +24,7 @@ TEMPERATURE_RANGE = (0.5, 5.0)
 
 
 class LayaConfig(BaseModel):
-    """The ``laya_config`` block of a checkpoint's config.json (backends/laya-checkpoint.md)."""
+    """The ``laya_config`` block of a checkpoint's config.json (docs/laya-checkpoint.md)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
