@@ -30,6 +30,9 @@ if [ -n "${TORCH_COMPILE_DISABLE:-}" ]; then
   DTYPE=float32; grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo 2>/dev/null && DTYPE=bfloat16
   ARGS+=(--enforce-eager --block-size 32 --dtype "$DTYPE")
 fi
+# tests/plugin claims Qwen2 models: tools/test.sh removes it when it ends, and this where a killed test
+# run left it, so the server answers with the backend a user gets.
+"$PY" -m pip uninstall -y -q decisions-test-plugin >/dev/null 2>&1 || true
 VLLM_ENABLE_TYPED_DECISIONS=1 vllm serve "$MODEL" "${ARGS[@]}" "$@" >&2 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
