@@ -18,13 +18,14 @@ from vllm.entrypoints.generate.decisions.decide.budget import (
     RenderBudget,
     check_depth,
     json_depth,
-    spending,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import question_text
 from vllm.entrypoints.generate.decisions.decide.questions import (
     NOUL,
     NoulQuestion,
+    Option,
+    QuestionType,
     content_text,
 )
 from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
@@ -61,7 +62,11 @@ class Recorded(RenderBudget):
 
     @classmethod
     def of(cls, settings: Settings) -> Recorded:
-        made = cls(settings.max_request_chars, settings.max_json_depth)
+        made = cls(
+            settings.max_request_chars,
+            settings.max_json_depth,
+            settings.max_input_chars,
+        )
         cls.made.append(made)
         return made
 
@@ -96,33 +101,26 @@ def test_a_budget_refuses_the_charge_that_crosses_it():
         budget.charge(1)
 
 
-def test_content_text_charges_the_open_budget_and_stops_where_it_runs_out():
+def test_content_text_charges_the_budget_it_is_given_and_stops_where_it_runs_out():
     value = [nested(50)] * 10  # each copy renders to ~5 K characters
-    whole = content_text(value, 10**9)
-    with spending(RenderBudget(10**9)) as spent:
-        assert content_text(value, 10**9) == whole
-        assert content_text("a plain string is in the body already", 10**9)
+    big = 10**9
+    whole = content_text(value, RenderBudget(big, max_value_chars=big))
+    spent = RenderBudget(big, max_value_chars=big)
+    assert content_text(value, spent) == whole
+    assert content_text("a plain string is in the body already", spent)
     assert spent.spent == len(whole)
-    with (
-        spending(RenderBudget(len(whole) // 3)) as spent,
-        pytest.raises(OverLimitError, match="MAX_REQUEST_CHARS"),
-    ):
-        content_text(value, 10**9)
+    spent = RenderBudget(len(whole) // 3, max_value_chars=big)
+    with pytest.raises(OverLimitError, match="MAX_REQUEST_CHARS"):
+        content_text(value, spent)
     # refused at the crossing, not after
     assert len(whole) // 3 < spent.spent < len(whole) // 3 + 300
-    with (
-        spending(RenderBudget(10**9, max_depth=49)),
-        pytest.raises(OverLimitError, match="MAX_JSON_DEPTH"),
-    ):
-        content_text(value, 10**9)
+    with pytest.raises(OverLimitError, match="MAX_JSON_DEPTH"):
+        content_text(value, RenderBudget(big, max_depth=49, max_value_chars=big))
 
 
 def test_one_value_is_still_held_to_max_input_chars_within_a_large_budget():
-    with (
-        spending(RenderBudget(10**9)),
-        pytest.raises(OverLimitError, match="MAX_INPUT_CHARS"),
-    ):
-        content_text(nested(300), 1000)
+    with pytest.raises(OverLimitError, match="MAX_INPUT_CHARS"):
+        content_text(nested(300), RenderBudget(10**9, max_value_chars=1000))
 
 
 def test_nested_jev_questions_are_refused_once_the_request_renders_past_its_budget(
@@ -214,6 +212,52 @@ def test_option_counts_are_refused_before_the_question_is_compiled(recorded):
     ):
         openai.compiled(request, "r", settings())
     assert all(budget.spent == 0 for budget in recorded)
+
+
+class Tags(QuestionType):
+    """A plugin type written to the plugin docs: its methods take no budget."""
+
+    name = "budget-tags"
+    model = NoulQuestion
+
+    def options(self, question):
+        return [Option(key=k, value=k, text=k * 400) for k in "ab"]
+
+    def answer(self, probabilities, options):
+        return {}
+
+
+class BudgetedTags(Tags):
+    """The same type, rendering within the budget it is given."""
+
+    name = "budget-tags-budgeted"
+
+    def options(self, question, budget=None):
+        return [
+            Option(key=k, value=k, text=content_text([k] * 100, budget)) for k in "ab"
+        ]
+
+
+def test_a_plugin_type_without_a_budget_has_its_texts_charged_once_made():
+    assert (Tags.budgeted, BudgetedTags.budgeted) == ((True, False), (True, True))
+    question = NoulQuestion(instructions={"ask": "which?"})
+    spent = RenderBudget()
+    compiled = Tags().compile(question, spent)
+    assert spent.spent == sum(len(t) for t in compiled_texts(compiled))
+    with pytest.raises(OverLimitError, match=f"{PREFIX}MAX_REQUEST_CHARS"):
+        Tags().compile(question, RenderBudget(500))
+    spent = RenderBudget()
+    compiled = BudgetedTags().compile(question, spent)
+    assert spent.spent == sum(len(t) for t in compiled_texts(compiled))
+    # refused where rendering crosses the budget, the second option never rendered
+    spent = RenderBudget(250)
+    with pytest.raises(OverLimitError, match=f"{PREFIX}MAX_REQUEST_CHARS"):
+        BudgetedTags().compile(question, spent)
+    assert spent.spent < 250 + 10
+
+
+def compiled_texts(compiled):
+    return [compiled.instructions, *(o.text for o in compiled.options)]
 
 
 def test_the_service_holds_any_request_to_the_total_however_it_was_built():

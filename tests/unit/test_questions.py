@@ -82,6 +82,7 @@ def test_reserved_names_cannot_be_registered():
 def test_json_content_renders_as_indented_json_and_stops_at_the_limit():
     import json
 
+    from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
     from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 
     value = {
@@ -94,9 +95,9 @@ def test_json_content_renders_as_indented_json_and_stops_at_the_limit():
     # the default limit (1,000,000) lets it through
     assert len(content_text(deep)) > 10_000
     with pytest.raises(DecisionError, match="VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS"):
-        content_text(deep, 10_000)
+        content_text(deep, RenderBudget(max_value_chars=10_000))
     question = ScoreQuestion(instructions=deep, criteria=["low", "high"])
     assert len(SCORE.compile(question).instructions) > 10_000
     with pytest.raises(DecisionError, match="more than 10000 characters"):
         # the server's limit, passed by the wire
-        SCORE.compile(question, max_chars=10_000)
+        SCORE.compile(question, RenderBudget(max_value_chars=10_000))

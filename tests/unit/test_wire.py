@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI
 from openai.types import Decision
 
+from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
 from vllm.entrypoints.generate.decisions.decide.questions import content_text
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
@@ -157,7 +158,7 @@ async def test_openai_input_messages_are_joined_in_order(app):
             "content": [{"type": "input_text", "text": "second"}],
         },
     ]
-    assert openai.input_text(messages, 1000) == "first\n\nsecond"
+    assert openai.input_text(messages, RenderBudget()) == "first\n\nsecond"
 
 
 JEV_REQUEST = {

@@ -1,27 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """One rendering budget per request: the characters its input and questions may render to together,
-and how deep any JSON value in them may nest, spent while they are compiled.
+each value's own limit, and how deep any JSON value in them may nest, spent while they are compiled.
 
 A JSON value renders to indented text that grows with the square of its depth, so a 100 KB body can
-ask for tens of millions of characters. Each value is held to MAX_INPUT_CHARS on its own
-(questions.content_text); a budget holds the request as a whole to MAX_REQUEST_CHARS and
-MAX_JSON_DEPTH, and refuses the moment rendering crosses them, so a refusal costs time in proportion to
-the bytes sent. The wires open one around compiling a request (:func:`spending`); content_text charges
-whatever budget is open, so plugin question types that render with it are held to it too.
+ask for tens of millions of characters. A budget holds each value to MAX_INPUT_CHARS, the request as a
+whole to MAX_REQUEST_CHARS and every value to MAX_JSON_DEPTH, and refuses the moment rendering crosses
+them, so a refusal costs time in proportion to the bytes sent. The wires make one per request and pass
+it to everything that renders the request (questions.content_text, QuestionType.compile).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
 from vllm.entrypoints.generate.decisions.decide.settings import (
+    DEFAULT_MAX_INPUT_CHARS,
     DEFAULT_MAX_JSON_DEPTH,
     PREFIX,
+    REQUEST_CHARS_PER_INPUT,
     Settings,
 )
 
@@ -60,38 +58,24 @@ def check_depth(value: Any, limit: int = DEFAULT_MAX_JSON_DEPTH) -> None:
 
 @dataclass
 class RenderBudget:
-    """What one request may still render: ``max_chars`` in all, no JSON value deeper than ``max_depth``."""
+    """What one request may still render: ``max_chars`` in all, ``max_value_chars`` from any one value,
+    no JSON value deeper than ``max_depth``. The defaults are the settings' defaults."""
 
-    max_chars: int
+    max_chars: int = REQUEST_CHARS_PER_INPUT * DEFAULT_MAX_INPUT_CHARS
     max_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_value_chars: int = DEFAULT_MAX_INPUT_CHARS
     spent: int = 0
 
     @classmethod
     def of(cls, settings: Settings) -> RenderBudget:
-        return cls(settings.max_request_chars, settings.max_json_depth)
+        return cls(
+            settings.max_request_chars,
+            settings.max_json_depth,
+            settings.max_input_chars,
+        )
 
     def charge(self, chars: int) -> None:
         """Counts ``chars`` more rendered characters; refuses the request once the total is over."""
         self.spent += chars
         if self.spent > self.max_chars:
             raise OverLimitError(over_request_message(self.max_chars))
-
-
-_OPEN: ContextVar[RenderBudget | None] = ContextVar(
-    "decision_render_budget", default=None
-)
-
-
-def open_budget() -> RenderBudget | None:
-    """The budget of the request being compiled here (None: none is open)."""
-    return _OPEN.get()
-
-
-@contextmanager
-def spending(budget: RenderBudget) -> Iterator[RenderBudget]:
-    """Charges what is rendered inside this block to ``budget``."""
-    token = _OPEN.set(budget)
-    try:
-        yield budget
-    finally:
-        _OPEN.reset(token)

@@ -9,6 +9,7 @@ them and the types plugins register.
 
 from __future__ import annotations
 
+import inspect
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -17,13 +18,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from vllm.entrypoints.generate.decisions.decide.budget import check_depth, open_budget
+from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, check_depth
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
-from vllm.entrypoints.generate.decisions.decide.settings import (
-    DEFAULT_MAX_INPUT_CHARS,
-    DEFAULT_MAX_JSON_DEPTH,
-    PREFIX,
-)
+from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 
 
 @dataclass(frozen=True)
@@ -77,21 +74,20 @@ Instructions = Content | None
 _INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
 
 
-def content_text(content: Content | None, limit: int = DEFAULT_MAX_INPUT_CHARS) -> str:
+def content_text(content: Content | None, budget: RenderBudget | None = None) -> str:
     """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept).
 
     Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
-    so rendering stops at ``limit`` characters (the server's VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS), or
-    where the request's open budget runs out (budget.py), rather than after the text is built; a value
-    nested deeper than the budget's depth is refused before any of it is rendered."""
+    so rendering is charged to the request's ``budget`` as it goes (budget.py; None: one with the
+    settings' defaults) and stops at the value's limit or the request's, rather than after the text is
+    built; a value nested deeper than the budget allows is refused before any of it is rendered."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    budget = open_budget()
-    check_depth(
-        content, budget.max_depth if budget is not None else DEFAULT_MAX_JSON_DEPTH
-    )
+    budget = budget if budget is not None else RenderBudget()
+    check_depth(content, budget.max_depth)
+    limit = budget.max_value_chars
     chunks, size = [], 0
     try:
         for chunk in _INDENTED.iterencode(content):
@@ -101,14 +97,18 @@ def content_text(content: Content | None, limit: int = DEFAULT_MAX_INPUT_CHARS) 
                     f"a JSON value in the request renders to more than {limit} characters of text "
                     f"(set {PREFIX}MAX_INPUT_CHARS to raise it)"
                 )
-            if budget is not None:
-                budget.charge(len(chunk))
+            budget.charge(len(chunk))
             chunks.append(chunk)
     except RecursionError:  # MAX_JSON_DEPTH set past what Python's stack can render
         raise OverLimitError(
             f"a JSON value in the request nests too deeply to render (lower {PREFIX}MAX_JSON_DEPTH or send it flatter)"
         ) from None
     return "".join(chunks)
+
+
+def takes_budget(method: Any) -> bool:
+    """Whether a question type's method renders within a budget it is given."""
+    return "budget" in inspect.signature(method).parameters
 
 
 class QuestionType(ABC):
@@ -125,11 +125,21 @@ class QuestionType(ABC):
     # The setting that caps how many options one question may have (None: only the request's limits).
     options_limit: ClassVar[OptionsLimit | None] = None
 
-    def instructions(self, question: Any) -> str:
-        return content_text(getattr(question, "instructions", None))
+    # Whether instructions() and options() take the request's ``budget`` and render within it; the texts
+    # of a plugin type's methods that don't are charged to it once they are made.
+    budgeted: ClassVar[tuple[bool, bool]] = (True, True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.budgeted = (takes_budget(cls.instructions), takes_budget(cls.options))
+
+    def instructions(self, question: Any, budget: RenderBudget | None = None) -> str:
+        return content_text(getattr(question, "instructions", None), budget)
 
     @abstractmethod
-    def options(self, question: Any) -> Sequence[Option]:
+    def options(
+        self, question: Any, budget: RenderBudget | None = None
+    ) -> Sequence[Option]:
         """The closed option set, in the order the prompt lists it."""
 
     @abstractmethod
@@ -139,40 +149,28 @@ class QuestionType(ABC):
         """The type's own answer fields for calibrated probabilities over ``options``."""
 
     def compile(
-        self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+        self, question: BaseModel, budget: RenderBudget | None = None
     ) -> CompiledQuestion:
-        """The question as backends read it; a text longer than ``max_chars`` (the server's
-        VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS) is refused, naming the setting."""
-        compiled = CompiledQuestion(
-            self, self.instructions(question), tuple(self.options(question)), question
+        """The question as backends read it, rendered within the request's ``budget`` (None: one with the
+        settings' defaults); a text over one value's limit is refused, naming the setting."""
+        budget = budget if budget is not None else RenderBudget()
+        with_instructions, with_options = self.budgeted
+        instructions = (
+            self.instructions(question, budget=budget)
+            if with_instructions
+            else self.instructions(question)
         )
-        return within(compiled, max_chars)
-
-
-class ContentQuestionType(QuestionType):
-    """A type whose texts are Jev content (text or any JSON value), rendered within the server's limit
-    as they are compiled: the built-in types."""
-
-    def instructions(
-        self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS
-    ) -> str:
-        return content_text(getattr(question, "instructions", None), max_chars)
-
-    @abstractmethod
-    def options(
-        self, question: Any, max_chars: int = DEFAULT_MAX_INPUT_CHARS
-    ) -> Sequence[Option]: ...
-
-    def compile(
-        self, question: BaseModel, max_chars: int = DEFAULT_MAX_INPUT_CHARS
-    ) -> CompiledQuestion:
-        options = tuple(self.options(question, max_chars))
-        return within(
-            CompiledQuestion(
-                self, self.instructions(question, max_chars), options, question
-            ),
-            max_chars,
+        options = tuple(
+            self.options(question, budget=budget)
+            if with_options
+            else self.options(question)
         )
+        budget.charge(
+            (0 if with_instructions else len(instructions))
+            + (0 if with_options else sum(len(option.text) for option in options))
+        )
+        compiled = CompiledQuestion(self, instructions, options, question)
+        return within(compiled, budget.max_value_chars)
 
 
 def within(question: CompiledQuestion, max_chars: int) -> CompiledQuestion:
@@ -210,10 +208,10 @@ class NoulQuestion(QuestionModel):
 def yes_no_options(
     when_yes: Content | None = None,
     when_no: Content | None = None,
-    max_chars: int = DEFAULT_MAX_INPUT_CHARS,
+    budget: RenderBudget | None = None,
 ) -> tuple[Option, Option]:
     def option(key: str, value: bool, word: str, when: Content | None) -> Option:
-        description = content_text(when, max_chars)
+        description = content_text(when, budget)
         return Option(
             key,
             value,
@@ -225,15 +223,15 @@ def yes_no_options(
     return option("true", True, "Yes", when_yes), option("false", False, "No", when_no)
 
 
-class NoulType(ContentQuestionType):
+class NoulType(QuestionType):
     name = "noul"
     model = NoulQuestion
 
     def options(
-        self, question: NoulQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+        self, question: NoulQuestion, budget: RenderBudget | None = None
     ) -> Sequence[Option]:
         criteria = question.criteria or NoulCriteria()
-        return yes_no_options(criteria.true, criteria.false, max_chars)
+        return yes_no_options(criteria.true, criteria.false, budget)
 
     def answer(
         self, probabilities: Sequence[float], options: Sequence[Option]
@@ -252,13 +250,13 @@ class ChoiceQuestion(QuestionModel):
 
 def choice_options(
     items: Sequence[tuple[StrictStr | StrictBool, Content | None]],
-    max_chars: int = DEFAULT_MAX_INPUT_CHARS,
+    budget: RenderBudget | None = None,
 ) -> tuple[Option, ...]:
     """Options for choice values (strings or booleans, kept typed), described or not."""
     options = []
     for value, content in items:
         shown = value if isinstance(value, str) else json.dumps(value)
-        description = content_text(content, max_chars)
+        description = content_text(content, budget)
         text = f"{shown}: {description}" if description else shown
         options.append(
             Option(
@@ -268,15 +266,15 @@ def choice_options(
     return tuple(options)
 
 
-class ChoiceType(ContentQuestionType):
+class ChoiceType(QuestionType):
     name = "choice"
     model = ChoiceQuestion
     options_limit = OptionsLimit("max_choices", "choices")
 
     def options(
-        self, question: ChoiceQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+        self, question: ChoiceQuestion, budget: RenderBudget | None = None
     ) -> Sequence[Option]:
-        return choice_options(list(question.criteria.items()), max_chars)
+        return choice_options(list(question.criteria.items()), budget)
 
     def answer(
         self, probabilities: Sequence[float], options: Sequence[Option]
@@ -308,17 +306,17 @@ def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...
     )
 
 
-class ScoreType(ContentQuestionType):
+class ScoreType(QuestionType):
     name = "score"
     model = ScoreQuestion
     ordered = True
     options_limit = OptionsLimit("max_levels", "levels")
 
     def options(
-        self, question: ScoreQuestion, max_chars: int = DEFAULT_MAX_INPUT_CHARS
+        self, question: ScoreQuestion, budget: RenderBudget | None = None
     ) -> Sequence[Option]:
         return level_options(
-            [(content_text(level, max_chars), None) for level in question.criteria]
+            [(content_text(level, budget), None) for level in question.criteria]
         )
 
     def answer(

@@ -15,7 +15,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     failures_note,
     question_type,
 )
-from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
+from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
 from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import (
@@ -102,7 +102,7 @@ def question_name(question_id: str) -> str:
 
 
 def compile_question(
-    question_id: str, raw: Any, settings: Settings
+    question_id: str, raw: Any, settings: Settings, budget: RenderBudget
 ) -> CompiledQuestion:
     if not isinstance(raw, dict):
         raise JevValidationError.at(
@@ -129,7 +129,7 @@ def compile_question(
         raise JevValidationError.from_errors(
             exc.errors(include_url=False), ("questions", question_id)
         ) from None
-    return qtype.compile(validated, settings.max_input_chars)
+    return qtype.compile(validated, budget)
 
 
 # vLLM 0.32's own /v1/systemone takes these; we refuse them rather than answer without them.
@@ -168,9 +168,11 @@ def compiled(
         )
     ids = list(request.questions)
     check_question_count(settings, len(ids))
-    with spending(RenderBudget.of(settings)):
-        questions = [compile_question(i, request.questions[i], settings) for i in ids]
-        state = content_text(request.state, settings.max_input_chars)
+    budget = RenderBudget.of(settings)
+    questions = [
+        compile_question(i, request.questions[i], settings, budget) for i in ids
+    ]
+    state = content_text(request.state, budget)
     where = [question_name(question_id) for question_id in ids]
     model = None if request.model == JEV_LATEST else request.model
     return ids, decision_request(

@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
+from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import content_text
 from vllm.entrypoints.generate.decisions.decide.validation import validation_message
@@ -163,9 +164,9 @@ def parse_items(items: list[Any]) -> list[Any]:
     return parsed
 
 
-def parts_text(parts: str | list[Any], where: str, max_chars: int) -> str:
+def parts_text(parts: str | list[Any], where: str, budget: RenderBudget) -> str:
     """Text, JSON and assistant parts joined in order, one per line; an image is refused. A JSON part
-    renders within ``max_chars`` (VLLM_TYPED_DECISIONS_MAX_INPUT_CHARS)."""
+    renders within the request's ``budget``."""
     if isinstance(parts, str):
         return parts
     texts = []
@@ -175,7 +176,7 @@ def parts_text(parts: str | list[Any], where: str, max_chars: int) -> str:
                 f"{where}[{index}]: text input only; this server's model does not read images"
             )
         if isinstance(part, JsonPart):
-            texts.append(content_text(part.data, max_chars))
+            texts.append(content_text(part.data, budget))
         elif isinstance(part, RefusalPart):
             texts.append(part.refusal)
         else:
@@ -183,18 +184,18 @@ def parts_text(parts: str | list[Any], where: str, max_chars: int) -> str:
     return "\n".join(texts)
 
 
-def render_input(items: list[Any], max_chars: int) -> str:
+def render_input(items: list[Any], budget: RenderBudget) -> str:
     """Input items as one text, blocks separated by a blank line; tool outputs must follow their call."""
     calls: set[str] = set()
     blocks = []
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if isinstance(item, UserMessage):
-            blocks.append(parts_text(item.content, f"{where}.content", max_chars))
+            blocks.append(parts_text(item.content, f"{where}.content", budget))
         elif isinstance(item, (InstructionMessage, AssistantMessage)):
             label = item.role.capitalize()
             blocks.append(
-                f"{label}: {parts_text(item.content, f'{where}.content', max_chars)}"
+                f"{label}: {parts_text(item.content, f'{where}.content', budget)}"
             )
         elif isinstance(item, ToolCall):
             calls.add(item.call_id)
@@ -209,6 +210,6 @@ def render_input(items: list[Any], max_chars: int) -> str:
                     f"{where}.call_id: no earlier tool call has call_id {shown(item.call_id)}"
                 )
             blocks.append(
-                f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output', max_chars)}"
+                f"Tool output ({item.call_id}): {parts_text(item.output, f'{where}.output', budget)}"
             )
     return "\n\n".join(blocks)

@@ -19,7 +19,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     failures_note,
     question_type,
 )
-from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget, spending
+from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
 from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import (
@@ -79,15 +79,13 @@ OPTIONS_FIELD = {"choice": "choices", "score": "levels"}
 BUILT_IN_TYPES = {"predicate": NOUL, "choice": CHOICE, "score": SCORE}
 
 
-def input_text(value: str | list[Any], max_chars: int) -> str:
+def input_text(value: str | list[Any], budget: RenderBudget) -> str:
     """The input as one text: a string as it is, input items rendered in order."""
-    return (
-        value if isinstance(value, str) else render_input(parse_items(value), max_chars)
-    )
+    return value if isinstance(value, str) else render_input(parse_items(value), budget)
 
 
 def compile_question(
-    index: int, raw: Any, settings: Settings
+    index: int, raw: Any, settings: Settings, budget: RenderBudget
 ) -> tuple[str | None, CompiledQuestion]:
     """One question of the request as (its name, the compiled question).
 
@@ -96,8 +94,7 @@ def compile_question(
     """
     kind = raw.get("type") if isinstance(raw, dict) else None
     if not isinstance(kind, str) or kind not in BUILT_IN:
-        return compile_plugin_question(index, raw, settings.max_input_chars)
-    max_chars = settings.max_input_chars
+        return compile_plugin_question(index, raw, budget)
     if isinstance(options := raw.get(OPTIONS_FIELD.get(kind, "")), list):
         check_option_count(
             settings, BUILT_IN_TYPES[kind], len(options), f"questions[{index}]"
@@ -106,23 +103,22 @@ def compile_question(
         question = BUILT_IN[kind].model_validate(raw)
     except ValidationError as exc:
         raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
-    text = parts_text(
-        question.instructions, f"questions[{index}].instructions", max_chars
-    )
+    text = parts_text(question.instructions, f"questions[{index}].instructions", budget)
     if isinstance(question, PredicateQuestion):
-        return question.name, NOUL.compile(NoulQuestion(instructions=text), max_chars)
+        return question.name, NOUL.compile(NoulQuestion(instructions=text), budget)
+    limit = budget.max_value_chars
     if isinstance(question, ChoiceQuestion):
         options = choice_options([(c.value, c.description) for c in question.choices])
-        return question.name, within(CompiledQuestion(CHOICE, text, options), max_chars)
+        return question.name, within(CompiledQuestion(CHOICE, text, options), limit)
     assert isinstance(question, ScoreQuestion)
     options = level_options(
         [(level.label, level.description) for level in question.levels]
     )
-    return question.name, within(CompiledQuestion(SCORE, text, options), max_chars)
+    return question.name, within(CompiledQuestion(SCORE, text, options), limit)
 
 
 def compile_plugin_question(
-    index: int, raw: Any, max_chars: int
+    index: int, raw: Any, budget: RenderBudget
 ) -> tuple[str | None, CompiledQuestion]:
     if not isinstance(raw, dict):
         raise DecisionError(f"questions[{index}]: must be an object")
@@ -142,7 +138,7 @@ def compile_plugin_question(
         )
     except ValidationError as exc:
         raise DecisionError(validation_message(exc, f"questions[{index}]")) from None
-    return name, qtype.compile(question, max_chars)
+    return name, qtype.compile(question, budget)
 
 
 def compiled(
@@ -151,11 +147,12 @@ def compiled(
     """Each question's name (for the answers), and the request the service decides: the questions
     counted before any is compiled, and all of it rendered within one budget (budget.py)."""
     check_question_count(settings, len(request.questions))
-    with spending(RenderBudget.of(settings)):
-        state = input_text(request.input, settings.max_input_chars)
-        named = [
-            compile_question(i, q, settings) for i, q in enumerate(request.questions)
-        ]
+    budget = RenderBudget.of(settings)
+    state = input_text(request.input, budget)
+    named = [
+        compile_question(i, q, settings, budget)
+        for i, q in enumerate(request.questions)
+    ]
     where = [f"questions[{i}]" for i in range(len(named))]
     return [n for n, _ in named], decision_request(
         request.extra, state, [q for _, q in named], where, request_id, request.model
