@@ -14,7 +14,7 @@ the same output file skips what is already there (batch_file.py).
 
 The lines read ahead are submitted grouped by their input (ReadAhead), so lines about one input reach
 the engine together and share its prefill while it is in the prefix cache, however far apart they are
-in the file within the window (under data parallelism they also go to one replica: affinity.py). An
+in the file within the window (under data parallelism they also go to one replica: vllm_host.replica_for). An
 online server sees them in file order, and an input evicted between two of its lines is prefilled twice.
 """
 

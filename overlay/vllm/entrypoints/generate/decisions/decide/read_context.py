@@ -3,7 +3,7 @@
 
 The service builds one :class:`ReadContext` per question; debiasing, the backend and the host pass it
 on (each sub-read names itself with :meth:`ReadContext.part`). The host reads the request id for vLLM's
-request log, the state's hash for replica affinity (affinity.py), and the client's ``cache_salt`` and
+request log, the state's hash for replica affinity (vllm_host.replica_for), and the client's ``cache_salt`` and
 ``priority`` and the LoRA adapter the request named (adapters.py), which it hands to the engine with every
 read; the backend reads the state and its options.
 Nothing about a request travels any other way.

@@ -13,7 +13,6 @@ from dataclasses import replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
-from vllm.entrypoints.generate.decisions.decide.affinity import replica_for
 from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
     without_paths,
@@ -48,6 +47,19 @@ from vllm.entrypoints.generate.decisions.decide.host import (
     Generation,
     TokenRead,
 )
+
+
+def replica_for(replicas: int, state_sha256: str | None) -> int | None:
+    """The engine replica for reads about the state with this hash under data parallelism, or None (let
+    vLLM balance) with one replica or no state named.
+
+    vLLM balances every engine request on its own, so the questions of one decision would spread over
+    the replicas and each would prefill the shared state again; sent by the state's hash, the state is
+    prefilled once, and later requests about it find it cached there. Different states still spread
+    (the hash is uniform); one very hot state stays on one replica."""
+    if replicas <= 1 or not state_sha256:
+        return None
+    return int(state_sha256[:12], 16) % replicas
 
 
 class VllmHost(BackendHost):
