@@ -81,8 +81,8 @@ async def fitted_record(
         result = await asyncio.to_thread(calibrate, scores, correct, groups)
     except ValueError as exc:
         return failed(str(exc), full)
-    # A first pass at the range's top, kept by the keep rule, is served: on half the set the scores say
-    # next to nothing, and answers near uniform say so until the full calibration decides on all of it
+    # A first pass at the range's top, kept by the keep rule, is served: on its questions the scores say
+    # next to nothing, and answers near uniform say so until the full calibration decides on all of them
     # (an edge there is a failure, as ever).
     served_at_top = not full and result.at_top and result.kept
     if served_at_top:
