@@ -30,7 +30,7 @@ def test_a_stop_during_calibration_is_one_line_and_a_restart_answers_on_the_firs
 ):
     # SmolLM2's first pass fits on the bundled set's last questions (on its first ones it is near
     # chance, and a first pass there lands at the range's edge and is not applied).
-    bundled = OVERLAY / "decide" / "calibration" / "bundled.jsonl"
+    bundled = OVERLAY / "calibration" / "bundled.jsonl"
     questions = tmp_path / "questions.jsonl"
     questions.write_text("\n".join(bundled.read_text().splitlines()[-260:]) + "\n")
     env = {

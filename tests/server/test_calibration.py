@@ -30,7 +30,7 @@ def bundled_lines(count: int) -> list[str]:
     """The last ``count`` questions of the bundled set. (SmolLM2-135M is near chance on the set's first
     questions, which puts the fitted T at the range's edge: a failure by design, tested below.)"""
     text = (
-        resources.files("vllm.entrypoints.generate.decisions.decide.calibration")
+        resources.files("vllm.entrypoints.generate.decisions.calibration")
         .joinpath("bundled.jsonl")
         .read_text()
     )

@@ -82,7 +82,7 @@ def env(tmp_path_factory, saved) -> dict[str, str]:
     """Decisions with the self-check off (random weights) and a 60-question calibration read once per model."""
     questions = tmp_path_factory.mktemp("lora-questions") / "questions.jsonl"
     bundled = resources.files(
-        "vllm.entrypoints.generate.decisions.decide.calibration"
+        "vllm.entrypoints.generate.decisions.calibration"
     ).joinpath("bundled.jsonl")
     questions.write_text("\n".join(bundled.read_text().splitlines()[-60:]) + "\n")
     return {

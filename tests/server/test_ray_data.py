@@ -191,7 +191,7 @@ def last_questions(count: int) -> str:
     from importlib import resources
 
     text = (
-        resources.files("vllm.entrypoints.generate.decisions.decide.calibration")
+        resources.files("vllm.entrypoints.generate.decisions.calibration")
         .joinpath("bundled.jsonl")
         .read_text()
     )

@@ -22,6 +22,7 @@ from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     StencilPool,
     stencil_check,
 )
+from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.decide.prompting.answer_slot import (
     AnswerSlotPlacer,
     supported_reasoning_blocks,
@@ -41,7 +42,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ChoiceQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
 
 from .families import Family
 

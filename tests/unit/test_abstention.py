@@ -11,19 +11,19 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
-    Abstention,
+from vllm.entrypoints.generate.decisions.calibration.abstention import (
     abstains,
     fit_abstention,
     question_thresholds,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
-from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
-    QuestionExamples,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import fit_map
+from vllm.entrypoints.generate.decisions.calibration.question_map import fit_map
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Abstention,
+    Calibrated,
+    QuestionExamples,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     DEFAULT,
     Temperatures,

@@ -20,10 +20,8 @@ from tools.quality.accuracy_rows import (
     ask_reasoning,
     served_scores,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    QuestionMap,
-)
+from vllm.entrypoints.generate.decisions.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import QuestionMap
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
 KEYS = ['"a"', '"b"', '"c"']

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
+from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import replica_for
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
     as_context,
 )
-from vllm.entrypoints.generate.decisions.decide.vllm_host import replica_for
 
 
 def sha(text: str) -> str:

@@ -9,7 +9,6 @@ import unicodedata
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide import token_bound
 from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     StencilPool,
     check_fits,
@@ -18,6 +17,11 @@ from vllm.entrypoints.generate.decisions.decide.budget import (
     RenderBudget,
     check_depth,
     json_depth,
+)
+from vllm.entrypoints.generate.decisions.decide.engine import token_bound
+from vllm.entrypoints.generate.decisions.decide.engine.token_bound import (
+    chars_per_token,
+    normalizer_shrink,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import OverLimitError
 from vllm.entrypoints.generate.decisions.decide.prompting.prompt import question_text
@@ -34,10 +38,6 @@ from vllm.entrypoints.generate.decisions.decide.serving.service import (
     request_chars,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
-from vllm.entrypoints.generate.decisions.decide.token_bound import (
-    chars_per_token,
-    normalizer_shrink,
-)
 from vllm.entrypoints.generate.decisions.http.wire.jev import serving as jev
 from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import SystemOneRequest
 from vllm.entrypoints.generate.decisions.http.wire.openai import serving as openai

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-PACKAGE = "vllm.entrypoints.generate.decisions.decide.calibration"
+PACKAGE = "vllm.entrypoints.generate.decisions.calibration"
 REQUIRED = {"state", "question", "expected", "group", "id"}
 
 

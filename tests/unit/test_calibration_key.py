@@ -10,9 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
+)
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime import model_identity
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import ScriptedBackend
 from .test_calibration_startup import overconfident, write_questions

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
+from vllm.entrypoints.generate.decisions.calibration.maths import (
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
     CalibrationResult,

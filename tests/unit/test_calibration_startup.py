@@ -9,18 +9,20 @@ import re
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.calibration import (
+from vllm.entrypoints.generate.decisions.calibration import (
+    deployment_lock,
     question_file,
-    results,
     store,
+)
+from vllm.entrypoints.generate.decisions.calibration import record as saved_record
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
 )
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     Temperature,
 )
-from vllm.entrypoints.generate.decisions.runtime import deployment_lock
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import ScriptedBackend
 
@@ -150,7 +152,9 @@ async def test_fits_saves_and_reuses(tmp_path, caplog):
     )
     assert record["ece_calibrated_interval"][1] < record["ece_raw_interval"][0]
     assert (
-        record["key"]["scheme"] == results.SCHEME == "per-type-prior-question-maps-v3"
+        record["key"]["scheme"]
+        == saved_record.SCHEME
+        == "per-type-prior-question-maps-v3"
     )
     # One type only: its own fit is the server-wide one, on the same questions.
     assert first.for_type("score") == Temperature(
@@ -440,7 +444,7 @@ async def test_configured_temperature_skips_calibration(tmp_path):
 
 def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
     from tools.quality.fit_temperature import fit
-    from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
+    from vllm.entrypoints.generate.decisions.calibration.maths import calibrate
 
     rng = random.Random(1)
     rows = [

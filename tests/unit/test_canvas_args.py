@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.engine_requests import canvas_read_args
-from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
+from vllm.entrypoints.generate.decisions.decide.engine.requests import canvas_read_args
+from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
     BUILT_IN_CANVAS_READ,
     VLLM_RELEASE,

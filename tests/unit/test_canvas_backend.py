@@ -11,10 +11,8 @@ import pytest
 from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.decide.backends import CanvasBackend
 from vllm.entrypoints.generate.decisions.decide.backends.base import facts_json
-from vllm.entrypoints.generate.decisions.decide.backends.canvas.options import (
+from vllm.entrypoints.generate.decisions.decide.backends.canvas.backend import (
     CanvasOptions,
-)
-from vllm.entrypoints.generate.decisions.decide.backends.canvas.samples import (
     average,
     noise_tokens,
 )

@@ -21,7 +21,7 @@ if not vllm.__version__.startswith("0.32."):
         allow_module_level=True,
     )
 
-from vllm.entrypoints.generate.decisions.decide.engine_requests import canvas_read_args  # noqa: E402
+from vllm.entrypoints.generate.decisions.decide.engine.requests import canvas_read_args  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.diffusion import validate_diffusion_sampling_params  # noqa: E402

@@ -8,9 +8,9 @@ import asyncio
 import logging
 from types import SimpleNamespace
 
-from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import VllmHost
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
-from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.runtime.startup import (
     cut_short,
     start_service,

@@ -9,13 +9,15 @@ import subprocess
 import sys
 import time
 
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
+)
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import exclusive
 from vllm.entrypoints.generate.decisions.decide.backends.logit import LogitBackend
 from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
     CALIBRATION,
     Readiness,
 )
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import exclusive
 from vllm.entrypoints.generate.decisions.runtime.startup import start_backend_once
 
 from .fakes import ScriptedBackend, TokenizerHost
@@ -178,7 +180,7 @@ async def test_another_runs_startup_check_is_not_adopted(
 ):
     """A restart, or another server started by the same parent, checks again: the saved check is this
     run's only (pid and start time of the server process)."""
-    from vllm.entrypoints.generate.decisions.runtime import deployment_lock
+    from vllm.entrypoints.generate.decisions.calibration import deployment_lock
 
     config = settings(tmp_path, "off")
     first = TokenizerHost(smollm2_tokenizer, logprob=lambda prompt, token: -0.1)

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
-from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.http.api_router import (
     register_decisions_api_router,
 )

@@ -12,25 +12,29 @@ import numpy as np
 import pytest
 
 from tests.unit.asking import ask
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
+)
+from vllm.entrypoints.generate.decisions.calibration.examples import (
+    MAX_EXAMPLE_CHARS,
+    measure_examples,
+    pick_examples,
+)
+from vllm.entrypoints.generate.decisions.calibration.maths import (
+    FOLDS,
+    fold_of_groups,
+)
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
-from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
-    MAX_EXAMPLE_CHARS,
-    ShownExample,
-    measure_examples,
-    pick_examples,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
-    FOLDS,
-    fold_of_groups,
-)
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    ShownExample,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.decide.reading.prior import fingerprint
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import one_read
 from .test_calibration_startup import MODEL, settings

@@ -10,13 +10,15 @@ import json
 import pytest
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     NEUTRAL_INPUTS,
 )
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .test_calibration_startup import MODEL
 from .test_prior_calibration import TwoLayoutBackend, team_question, write_tickets

@@ -30,10 +30,8 @@ from tools.quality.labels_figures import (
     one_answer,
     with_maps,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
-    Abstention,
-)
+from vllm.entrypoints.generate.decisions.calibration import question_file
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Abstention
 
 LEANING = {"type": "noul", "instructions": "Is it urgent?"}
 PLAIN = {"type": "noul", "instructions": "Is it about billing?"}

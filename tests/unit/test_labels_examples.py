@@ -25,19 +25,19 @@ from tools.quality.labels_examples import (
     split_examples,
 )
 from tools.quality.labels_figures import Lines, cross_validated, fit_maps, served
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
+from vllm.entrypoints.generate.decisions.calibration.examples_pass import ShownReader
+from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     fold_of_groups,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+from vllm.entrypoints.generate.decisions.calibration.question_map import (
     fit_map,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.results import (
+from vllm.entrypoints.generate.decisions.calibration.record import (
     CalibrationRecord,
     QuestionsUsed,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import Example
-from vllm.entrypoints.generate.decisions.runtime.examples_pass import ShownReader
 
 FITS = CalibrationRecord(
     applied_temperature=1.0,

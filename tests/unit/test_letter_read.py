@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tools.quality.letter_read import MASS_FLOOR, letter_messages, letter_scores
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration import question_file
 
 
 def log(p: float) -> float:

@@ -14,15 +14,17 @@ import zlib
 import pytest
 
 from tests.unit.asking import ask
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
+)
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import question_key
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import one_read
 from .test_calibration_startup import MODEL, settings

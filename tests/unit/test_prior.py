@@ -11,14 +11,14 @@ import random
 import pytest
 
 from tests.unit.asking import read_question
-from vllm.entrypoints.generate.decisions.decide.backends.base import (
-    DecisionBackend,
-    Reading,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
+from vllm.entrypoints.generate.decisions.calibration.bias import (
     Sample,
     choose,
     fit,
+)
+from vllm.entrypoints.generate.decisions.decide.backends.base import (
+    DecisionBackend,
+    Reading,
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext

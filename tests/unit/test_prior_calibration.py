@@ -15,15 +15,14 @@ import pytest
 from pydantic import BaseModel
 
 from tests.unit.asking import ask
+from vllm.entrypoints.generate.decisions.calibration import reads as calibration_reads
+from vllm.entrypoints.generate.decisions.calibration.bias import choose_layout
+from vllm.entrypoints.generate.decisions.calibration.calibrate import (
+    startup_calibration,
+)
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
-    Candidate,
-    ReadChoice,
-    TypeReads,
-    choose_layout,
 )
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import (
@@ -35,6 +34,11 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Candidate,
+    ReadChoice,
+    TypeReads,
+)
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Corrections,
@@ -48,8 +52,6 @@ from vllm.entrypoints.generate.decisions.decide.temperature import (
     Temperature,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.runtime import calibration_reads
-from vllm.entrypoints.generate.decisions.runtime.calibration import startup_calibration
 
 from .fakes import one_read
 from .test_calibration_startup import MODEL, settings

@@ -10,13 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from vllm.entrypoints.generate.decisions.decide.calibration import question_map
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    QuestionMap,
+from vllm.entrypoints.generate.decisions.calibration import question_map
+from vllm.entrypoints.generate.decisions.calibration.question_map import (
     choose_question_map,
     fit_map,
     measure_question_map,
 )
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import QuestionMap
 
 TRUE_SCALE = 0.4
 TRUE_BIAS = [1.0, -0.5, -0.5]
@@ -151,7 +151,7 @@ def test_few_labels_stay_near_the_types_map_and_the_record_round_trips(monkeypat
 
 
 def test_minus_infinity_scores_and_a_single_group():
-    """-inf scores enter at bias.SCORE_FLOOR: the fit and the held-out figures stay finite, even for
+    """-inf scores enter at SCORE_FLOOR: the fit and the held-out figures stay finite, even for
     an answer whose correct option the reading gave nothing, and an option read as -inf gets the
     least probability under a map that doesn't lean to it. Labels from one group can't be held out:
     choose_question_map says None (the type's reads serve the question) and measure_question_map

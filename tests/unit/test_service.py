@@ -20,7 +20,7 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.serving.service import (
     Answer,
     DecisionService,

@@ -268,7 +268,7 @@ def test_refused_values_name_the_variable_and_what_it_accepts(
 
 
 def test_prior_words_are_the_corrections_and_auto():
-    from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+    from vllm.entrypoints.generate.decisions.decide.settings import (
         AUTO,
         MODES,
     )

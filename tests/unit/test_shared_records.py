@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from vllm.entrypoints.generate.decisions.bulk.ray_data import Board
-from vllm.entrypoints.generate.decisions.decide.calibration import store
-from vllm.entrypoints.generate.decisions.runtime import deployment_lock
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
+from vllm.entrypoints.generate.decisions.calibration import deployment_lock, store
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
     once_per_server,
     share_records,
 )

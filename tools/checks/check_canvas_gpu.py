@@ -51,7 +51,7 @@ def main() -> int:
     import vllm
     from tests.canvas_reference import DiffusionGemmaHost
     from vllm import LLM, SamplingParams
-    from vllm.entrypoints.generate.decisions.decide.engine_requests import (
+    from vllm.entrypoints.generate.decisions.decide.engine.requests import (
         canvas_read_args,
     )
     from vllm.entrypoints.generate.decisions.decide.vllm_versions import (

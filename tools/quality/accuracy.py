@@ -121,7 +121,7 @@ from tools.quality.accuracy_figures import (
     table,
 )
 from tools.quality.accuracy_rows import ROWS, RowRefused, Servers
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration import question_file
 
 DEFAULT_QUESTIONS = str(Path(__file__).parent / "data" / "heldout.jsonl")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
+from vllm.entrypoints.generate.decisions.calibration import maths, question_file
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
 from vllm.entrypoints.generate.decisions.decide.scoring import (
     log_softmax,

@@ -21,7 +21,7 @@ from tools.quality.letter_read import (
     option_texts,
     plain_keys,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.questions import SCORE
 
 

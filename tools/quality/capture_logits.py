@@ -16,7 +16,7 @@ import sys
 
 import httpx
 
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration import question_file
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
+from vllm.entrypoints.generate.decisions.calibration.maths import (
     CalibrationResult,
     calibrate,
 )

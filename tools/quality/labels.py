@@ -37,7 +37,7 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
   read.
 - ``labels -> examples + map`` and ``examples + map, always`` (with ``--examples N``;
   labels_examples.py): per question, the drawn labels read again with examples from the other folds,
-  measured against their plain reads (``runtime/examples_pass.measure``, the server's own code), then
+  measured against their plain reads (``calibration/examples_pass.measure``, the server's own code), then
   the held-out lines read with the examples the server would serve; the first row serves those reads
   (under the examples' map) where the keep rule kept them, else as the map row (the issue's "both":
   per-question map and examples, each where kept; examples never go without their map, so there is no
@@ -113,14 +113,14 @@ from tools.quality.labels_figures import (
     summary,
     table,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration import (
+from vllm.entrypoints.generate.decisions.calibration import (
     question_file,
     question_map,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.results import (
+from vllm.entrypoints.generate.decisions.calibration.examples_pass import ShownReader
+from vllm.entrypoints.generate.decisions.calibration.record import (
     CalibrationRecord,
 )
-from vllm.entrypoints.generate.decisions.runtime.examples_pass import ShownReader
 
 DEFAULT_LABELS = str(Path(__file__).parent / "data" / "labels.jsonl")
 # The rows asked of the server: the default reads of both files, the uncorrected ones of the held-out

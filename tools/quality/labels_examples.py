@@ -3,7 +3,7 @@ buy, measured split by split as the server measures them.
 
 Examples change the reads themselves, so unlike the map rows these need the engine once per split:
 per question, each drawn label is read again with examples from the other folds of the drawn labels
-and the examples are measured against its plain read (runtime/examples_pass.measure, the server's own
+and the examples are measured against its plain read (calibration/examples_pass.measure, the server's own
 code, through its ShownReader), then each held-out line of the question is read with the examples the
 server would serve (picked from all the drawn labels). The reads are cached by line and examples
 (``shown_key``), so a rerun, or the offline figures, ask nothing twice.
@@ -41,31 +41,27 @@ from tools.quality.labels_figures import (
     fold_maps,
     served,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
-    TypeReads,
-    question_key,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
-    QuestionExamples,
-    measure_examples,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
-    FOLDS,
-    fold_of_groups,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    MIN_LABELS,
-    QuestionMap,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.results import (
-    CalibrationRecord,
-)
-from vllm.entrypoints.generate.decisions.decide.read_context import Example
-from vllm.entrypoints.generate.decisions.runtime.examples_pass import (
+from vllm.entrypoints.generate.decisions.calibration.examples import measure_examples
+from vllm.entrypoints.generate.decisions.calibration.examples_pass import (
     ShownReader,
     measure,
 )
-from vllm.entrypoints.generate.decisions.runtime.fitting import map_scale
+from vllm.entrypoints.generate.decisions.calibration.fitting import map_scale
+from vllm.entrypoints.generate.decisions.calibration.maths import (
+    FOLDS,
+    fold_of_groups,
+)
+from vllm.entrypoints.generate.decisions.calibration.question_map import MIN_LABELS
+from vllm.entrypoints.generate.decisions.calibration.record import (
+    CalibrationRecord,
+)
+from vllm.entrypoints.generate.decisions.decide.read_context import Example
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    QuestionExamples,
+    QuestionMap,
+    TypeReads,
+    question_key,
+)
 
 EXAMPLES = "labels -> examples + map"
 ALWAYS = "examples + map, always"

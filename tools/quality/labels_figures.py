@@ -21,28 +21,28 @@ from tools.quality.accuracy_figures import (
     metrics,
     question_id,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
-    Abstention,
-    fit_abstention,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.by_type import fit_types
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
+from vllm.entrypoints.generate.decisions.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration.abstention import fit_abstention
+from vllm.entrypoints.generate.decisions.calibration.by_type import fit_types
+from vllm.entrypoints.generate.decisions.calibration.fitting import MIN_ANSWERED
+from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
     calibrate,
     fold_of_groups,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
+from vllm.entrypoints.generate.decisions.calibration.question_map import (
     MIN_LABELS,
-    QuestionMap,
     choose_question_map,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.results import TypeRecord
+from vllm.entrypoints.generate.decisions.calibration.record import TypeRecord
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Abstention,
+    QuestionMap,
+)
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
-from vllm.entrypoints.generate.decisions.runtime.fitting import MIN_ANSWERED
 
 NO_LABELS = "no labels"
 QUESTION_MAP = "labels -> per-question map"
@@ -89,7 +89,7 @@ def draw_labels(items: Sequence[Item], per_question: int, seed: str) -> list[int
 
 def fitted_temperatures(labels: Lines, chosen: Sequence[int]) -> dict[str, float]:
     """Each type's T as a server given the ``chosen`` labelled lines as its calibration file fits it
-    (runtime/fitting.py): server-wide on all of them, then each type with MIN_ANSWERED answered lines
+    (calibration/fitting.py): server-wide on all of them, then each type with MIN_ANSWERED answered lines
     its own, by the same keep rules; a type without a fit of its own gets the server-wide T."""
     rows = [i for i in chosen if not labels.readings[i].error]
     types = [labels.items[i].question.qtype.name for i in rows]

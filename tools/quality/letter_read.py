@@ -12,7 +12,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.questions import (
     NOUL,
     SCORE,

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 
 from tools.common.serving import add_server_arguments, served_model, target
-from vllm.entrypoints.generate.decisions.decide.calibration import maths, question_file
+from vllm.entrypoints.generate.decisions.calibration import maths, question_file
 
 CONFIGS = {
     "bf16 logits, off": {"backend_options": {"precision": "model"}, "debias": "off"},

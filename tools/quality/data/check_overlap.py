@@ -26,8 +26,7 @@ DATA = ROOT / "tools/quality/data"
 REFERENCES = [
     DATA / "heldout.jsonl",
     DATA / "labels.jsonl",
-    ROOT
-    / "overlay/vllm/entrypoints/generate/decisions/decide/calibration/bundled.jsonl",
+    ROOT / "overlay/vllm/entrypoints/generate/decisions/calibration/bundled.jsonl",
 ]
 RUN = 8
 

@@ -1,13 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Typed decisions for vLLM: ``/v1/decisions`` (OpenAI's format) and ``/v1/systemone`` (Jev's).
-
-The plugin API: register a backend with :func:`register_backend` (a :class:`DecisionBackend`
-subclass whose ``read(question, context)`` reaches the engine through its :class:`BackendHost`, passing
-the :class:`ReadContext` on; :func:`standard_messages` renders the standard question prompt,
-:func:`takes_system_role` says whether the chat template has a system role) and a question type with :func:`register_question_type` (a :class:`QuestionType`), directly or
-through the ``vllm.decision_backends`` / ``vllm.decision_question_types`` entry-point groups. See
-docs/plugins.md.
-"""
+"""Typed decisions for vLLM: ``/v1/decisions`` (OpenAI's format) and ``/v1/systemone`` (Jev's), and the
+plugin API for backends and question types (docs/plugins.md)."""
 
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend, Reading
 from vllm.entrypoints.generate.decisions.decide.backends.registry import (

@@ -1,14 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Batch files as ``vllm run-batch`` reads and writes them (OpenAI's batch format), streamed and resumable.
-
-Input: one ``{"custom_id", "method", "url", "body"}`` per line. Output: one
-``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` per line, written
-as each answer arrives, so a crash loses no finished line. Each output ``id`` names the input line it
-answers (``batch-L<line>-...``): a rerun with the same files skips the lines already written, keeping
-only a bounded set of line numbers in memory (all lines below the first gap, plus the few answered
-out of order after it). Lines end at ``\\n`` only: a ``\\r`` is JSON whitespace, inside a line or
-before its ``\\n``.
-"""
+"""Batch files as ``vllm run-batch`` reads and writes them, streamed and resumable: each output ``id``
+(``batch-L<line>-...``) names the input line it answers, so a rerun skips the lines already written.
+Lines end at ``\\n`` only: a ``\\r`` is JSON whitespace."""
 
 from __future__ import annotations
 
@@ -23,14 +16,14 @@ from typing import Any, BinaryIO, TextIO
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 
 LINE_ID = re.compile(r"^batch-L(\d+)-")
-# How much of a line over the size limit is read at a time, on the way to its end.
+# How much of a line over the size limit is read at a time, past it.
 SKIP_CHUNK = 1 << 20
 
 
 @dataclass
 class Done:
-    """The input lines an earlier run already answered: every line below ``below``, and ``beyond``;
-    ``failed``: how many of them were answered with an error (the run's exit status counts them too)."""
+    """The input lines an earlier run answered (every line below ``below``, and ``beyond``: memory stays
+    bounded), and how many of them ``failed``."""
 
     below: int = 1
     beyond: set[int] = field(default_factory=set)
@@ -80,7 +73,7 @@ def resume(output: Path) -> Done:
 
 
 def failed(record: Any) -> bool:
-    """Whether an output line answers its input line with an error: an ``error``, or a status other than 200."""
+    """Whether an output line has an ``error`` or a status other than 200."""
     response = record.get("response") if isinstance(record, dict) else None
     status = response.get("status_code") if isinstance(response, dict) else None
     return (
@@ -96,12 +89,9 @@ class TooLong:
 
 
 def lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, str | TooLong]]:
-    """(line number from 1, text without its ``\\n``) for each non-blank line, read as it goes. Lines end at
-    ``\\n`` only, as JSON Lines do: a bare ``\\r`` is JSON whitespace, not the end of a line. A line of
-    more than ``limit`` bytes comes as :class:`TooLong`, never read whole, so it is refused in place
-    (:func:`too_long`). A line that is not UTF-8 is still one line: its bytes that aren't UTF-8 come as
-    lone surrogates (``surrogateescape``), which :func:`unreadable` finds, so it is answered in place
-    instead of ending the run."""
+    """(number from 1, text) of each non-blank line, read as it goes; a line over ``limit`` bytes comes
+    as :class:`TooLong`, never read whole. Bytes that aren't UTF-8 come as lone surrogates, which
+    :func:`unreadable` finds, so such a line is answered in place instead of ending the run."""
     with path.open("rb") as f:
         number = 0
         while raw := f.readline(-1 if limit is None else limit + 1):
@@ -113,7 +103,7 @@ def lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, str | Too
 
 
 def _skip_line(f: BinaryIO) -> int:
-    """Read past the rest of the line, a bounded chunk at a time: the bytes before its ``\\n``."""
+    """Read past the rest of the line: the bytes before its ``\\n``."""
     skipped = 0
     while chunk := f.readline(SKIP_CHUNK):
         if chunk.endswith(b"\n"):
@@ -123,7 +113,6 @@ def _skip_line(f: BinaryIO) -> int:
 
 
 def too_long(number: int, size: int, limit: int) -> str:
-    """Why line ``number``, of ``size`` bytes, is refused unread."""
     return (
         f"line {number}: {size} bytes, over the limit of {limit} bytes a line (a request body) may "
         f"have; set {PREFIX}MAX_BODY_BYTES to raise it"
@@ -131,7 +120,6 @@ def too_long(number: int, size: int, limit: int) -> str:
 
 
 def unreadable(number: int, text: str) -> str | None:
-    """Why line ``number`` can't be read as text (it is not UTF-8), or None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -141,15 +129,14 @@ def unreadable(number: int, text: str) -> str | None:
 
 
 def invalid_line(number: int, request_id: str, problem: str) -> str:
-    """The output line for an input line that is no request: its error, with no custom_id (unread)."""
-    return output_line(
-        number,
-        request_id,
-        None,
-        None,
-        None,
-        {"code": "invalid_line", "message": problem},
-    )
+    error = {"code": "invalid_line", "message": problem}
+    return output_line(number, request_id, None, None, None, error)
+
+
+def line_fault(number: Any, request_id: str) -> dict[str, str]:
+    """The error of a line whose answering faulted, logged under ``request_id``."""
+    message = f"line {number}: internal error; the log has the details (look for {request_id})"
+    return {"code": "internal_error", "message": message}
 
 
 def output_line(

@@ -1,11 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The decision endpoints called in process: each wire's own validation, decision service and error
-bodies (wire/handling.py, the code the HTTP route runs), with no server, socket, HTTP client or
-simulated HTTP request in between.
-
-For notebooks and pipelines that hold a vLLM engine (``AsyncLLM``) and for ``vllm run-batch``: a
-request body in, the status and JSON body the server would have answered out.
-"""
+"""The decision endpoints called in process, for notebooks, pipelines and ``vllm run-batch``: each
+wire's own handling (handling.py, as the route runs it) with no server or simulated HTTP request in
+between; a request body in, the status and JSON body the server would have answered out."""
 
 from __future__ import annotations
 
@@ -51,16 +47,8 @@ class Result:
 
 
 class Decisions:
-    """Decide requests of either wire format in process::
-
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model="HuggingFaceTB/SmolLM2-135M-Instruct"))
-        decisions = await Decisions.start(engine, served_model="m")
-        result = await decisions.decide({"model": "m", "input": "Refund not received after 10 days.",
-                                         "questions": [{"type": "predicate", "instructions": "Is it urgent?"}]})
-        result.body["answers"][0]["probability"]
-
-    ``VLLM_TYPED_DECISIONS_*`` variables apply as they do to a server.
-    """
+    """Decide requests of either wire format in process (docs/bulk.md); ``VLLM_TYPED_DECISIONS_*``
+    variables apply as they do to a server."""
 
     def __init__(self, service: Decides) -> None:
         self.service = service
@@ -73,20 +61,26 @@ class Decisions:
         args: Namespace | None = None,
         lora_modules: list[LoRAModulePath] | None = None,
     ) -> Decisions:
-        """The decision service over ``engine_client``, started as a server's is (the backend's startup
-        check, then the saved calibration or a new one, then the same for each LoRA adapter); ``args`` are
-        vLLM's frontend arguments when there are some (``vllm run-batch`` passes its own). A request's
-        ``model`` names ``served_model`` (else the model's path) or one of ``lora_modules`` (else those of
-        ``args``), loaded here as ``vllm serve --lora-modules`` loads them (the engine needs
-        ``enable_lora``). Raises if the backend can't serve the model."""
+        """The decision service over ``engine_client``, started as a server's is; ``args``: vLLM's
+        frontend arguments if any (run-batch's). Models are ``served_model`` (else the model's path) and
+        ``lora_modules`` (else ``args``'s; the engine needs ``enable_lora``)."""
         if args is None:
             args = Namespace(
                 model=engine_client.model_config.model,
                 served_model_name=served_model and [served_model],
             )
-        served = build_service(
-            engine_client, args, await serving_models(engine_client, args, lora_modules)
+        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+        # vLLM's model list as ``vllm serve`` builds it from ``args``, adapters loaded
+        names = getattr(args, "served_model_name", None) or [served_model_name(args)]
+        paths = [BaseModelPath(name=name, model_path=str(args.model)) for name in names]
+        models = OpenAIServingModels(
+            engine_client,
+            paths,
+            lora_modules=lora_modules or getattr(args, "lora_modules", None),
         )
+        await models.init_static_loras()
+        served = build_service(engine_client, args, models)
         await start_served(served)
         # an adapter first named later starts before its request is decided
         served.wait_for_start = True
@@ -103,12 +97,9 @@ class Decisions:
         request_id: str | None = None,
         source: bytes | None = None,
     ) -> Result:
-        """One request: ``body`` as JSON text or bytes (size-limited and parsed as strictly as the server
-        does) or an already-parsed value; ``url`` names the wire format. ``request_id`` (else a new one)
-        is the request's one id, as a route's X-Request-Id: its engine reads and its response's id
-        derive from it. ``source``: the bytes ``body`` was already parsed from (run-batch: its line);
-        ``body`` is then the parsed value whatever its type, and ``source`` is held to the body size
-        limit as the server holds a body."""
+        """One request: ``body`` as JSON text or bytes (limited and parsed as the server does) or a parsed
+        value; ``url`` names the wire. ``source``: the bytes ``body`` was parsed from (run-batch's line),
+        then only held to the body size limit."""
         wire = wire_at(url)
         request_id = request_id or new_request_id()
         limit = self.service.settings.max_body_bytes
@@ -118,13 +109,8 @@ class Decisions:
                 if source is not None:
                     decode_body(source, None, limit)
                 elif isinstance(value, str | bytes):
-                    value = parse_json(
-                        decode_body(
-                            value.encode() if isinstance(value, str) else value,
-                            None,
-                            limit,
-                        )
-                    )
+                    raw = value.encode() if isinstance(value, str) else value
+                    value = parse_json(decode_body(raw, None, limit))
             except DecisionError as exc:
                 return wire.refusal(exc)
             try:
@@ -134,7 +120,7 @@ class Decisions:
                 logger.exception("decision %s failed", request_id)
                 return wire.refusal(internal_error(request_id))
 
-        # metrics.py: counted and timed as the route is
+        # counted and timed as the route is
         reply = await observed_route(url, answer)(body)
         return Result(reply.status_code, reply.json(), request_id)
 
@@ -149,23 +135,3 @@ class Decisions:
                 yield await window.pop(0)
         while window:
             yield await window.pop(0)
-
-
-async def serving_models(
-    engine_client: EngineClient,
-    args: Namespace,
-    lora_modules: list[LoRAModulePath] | None = None,
-) -> Any:
-    """vLLM's ``OpenAIServingModels`` as ``vllm serve`` builds it from ``args``: the served names and the
-    ``--lora-modules`` adapters (or ``lora_modules``), loaded into the engine."""
-    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
-
-    names = getattr(args, "served_model_name", None) or [served_model_name(args)]
-    paths = [BaseModelPath(name=name, model_path=str(args.model)) for name in names]
-    models = OpenAIServingModels(
-        engine_client,
-        paths,
-        lora_modules=lora_modules or getattr(args, "lora_modules", None),
-    )
-    await models.init_static_loras()
-    return models

@@ -1,30 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Decisions over a Ray Data dataset, for backlogs larger than one machine (``pip install 'ray[data]'``).
-
-:func:`decisions_stage` gives the arguments of ``Dataset.map_batches`` for a pool of actors, each
-holding one vLLM engine (``AsyncLLM``) and the decision service over it (in_process.py), started as a
-server's is: the backend's startup check, then the saved calibration or a new one. Each row's
-``body`` (a request of either wire, as JSON text or a dict) comes back with the ``status_code`` and
-the JSON ``response`` body ``vllm serve`` would have sent, a refused request in place like any other;
-the row's ``url`` (default ``/v1/decisions``) names the wire. With ``batch_lines=True`` the rows are
-``vllm run-batch`` input lines (``line``: its number, ``text``) and each comes back as the output line
-run-batch writes for it (``text``), for tools/examples/ray_decide.py::
-
-    ds = ray.data.read_text("bodies.jsonl").rename_columns({"text": "body"})
-    ds.map_batches(**decisions_stage(model="Qwen/Qwen2.5-0.5B-Instruct", concurrency=2)).write_json("answers")
-
-The rows come split and in memory, as Ray Data read them (``read_text`` splits at every line break
-``str.splitlines`` knows, a bare ``\\r`` or U+2028 included, where ray_decide.py reads with
-batch_file.lines, which splits at ``\\n`` only). A body or line over
-``VLLM_TYPED_DECISIONS_MAX_BODY_BYTES`` is refused in its row: a body with the server's 413, a line
-unparsed, with the error run-batch gives it.
-
-The startup work is done once per stage, not once per actor: the actors share a run name and a
-:class:`RecordBoard` actor, through which the first to need a record makes it and the others take it
-(deployment_lock.SharedRecords), as the API-server processes of one server share a folder. Ray restarts
-an actor that dies and runs its batches again; a batch's rows are emitted only once the whole batch is
-answered, so no row is emitted twice. Nothing else in the package imports Ray.
-"""
+"""Decisions over a Ray Data dataset (``pip install 'ray[data]'``; nothing else here imports Ray):
+:func:`decisions_stage` gives ``map_batches`` arguments for a pool of actors, each an engine and the
+decision service. Actors share startup records through a :class:`RecordBoard` actor, and a batch's rows
+are emitted only once all are answered, so a batch Ray reruns emits none twice."""
 
 from __future__ import annotations
 
@@ -39,17 +17,21 @@ from typing import Any, TypeVar
 
 import ray
 
-from vllm.entrypoints.generate.decisions.bulk.batch_file import TooLong, output_line
+from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    TooLong,
+    line_fault,
+    output_line,
+)
 from vllm.entrypoints.generate.decisions.bulk.in_process import Decisions
 from vllm.entrypoints.generate.decisions.bulk.run_batch import Line, answer_line
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
+    name_run,
+    share_records,
+)
 from vllm.entrypoints.generate.decisions.decide.errors import internal_error
 from vllm.entrypoints.generate.decisions.decide.paths import DECISIONS
 from vllm.entrypoints.generate.decisions.http.api_router import wire_at
 from vllm.entrypoints.generate.decisions.http.wire.handling import new_request_id
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
-    name_run,
-    share_records,
-)
 from vllm.logger import init_logger
 
 T = TypeVar("T")
@@ -57,19 +39,17 @@ logger = init_logger(__name__)
 
 
 class Board:
-    """The startup records of one stage's actors: the first to ask for one makes it, the others wait
-    (run as the :data:`RecordBoard` actor)."""
+    """The startup records of one stage's actors: the first to ask makes one, the others wait."""
 
     def __init__(self) -> None:
         self.records: dict[str, dict[str, Any]] = {}
         self.making: dict[str, asyncio.Event] = {}
         self.started = 0
-        self.made: dict[
-            str, int
-        ] = {}  # how often each record was made: once, unless a maker was waited out
+        # how often each record was made: once, unless a maker was waited out
+        self.made: dict[str, int] = {}
 
     def join(self) -> int:
-        """The ordinal of an actor starting: 0, 1, ... (a restarted actor gets a new one)."""
+        """The ordinal of an actor starting (a restarted actor gets a new one)."""
         self.started += 1
         return self.started - 1
 
@@ -87,7 +67,6 @@ class Board:
         return self.records[name]
 
     def report(self) -> dict[str, Any]:
-        """How many actors started, and how often each record was made."""
         return {"actors_started": self.started, "made": dict(self.made)}
 
     async def give(self, name: str, record: dict[str, Any] | None) -> None:
@@ -116,8 +95,7 @@ class BoardRecords:
 
 
 def row_fault(url: Any, request_id: str) -> Any:
-    """The body of a row that faulted: the internal error in its wire's shape (the OpenAI wire's for a
-    URL that is no decision path)."""
+    """The internal error in the row's wire's shape (the OpenAI wire's for a URL of none)."""
     try:
         wire = wire_at(str(url or DECISIONS))
     except ValueError:
@@ -126,9 +104,8 @@ def row_fault(url: Any, request_id: str) -> Any:
 
 
 class DecisionStage:
-    """One actor of the stage: an engine and its decision service. Ray Data hands it several batches at
-    once (each call on a thread of its own), and every row of them goes to the engine at once, at most
-    ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` in all, so the engine is not left idle between batches."""
+    """One actor: an engine and its decision service. Ray Data hands it several batches at once (a
+    thread each), all their rows at the engine at once (up to ``BULK_IN_FLIGHT``), never idle between."""
 
     def __init__(
         self,
@@ -219,7 +196,8 @@ class DecisionStage:
         async def one(number: Any, text: Any) -> str:
             request_id = new_request_id()
             try:
-                # Ray split the lines; one over the limit is refused unparsed, as run-batch does
+                # Ray split the lines (read_text at every str.splitlines break, batch_file.lines at
+                # \n only); one over the limit is refused unparsed, as run-batch does
                 text = str(text)
                 size = len(text.encode("utf-8", "surrogatepass"))
                 line = Line.read(
@@ -237,15 +215,8 @@ class DecisionStage:
                 logger.exception(
                     "decision stage: line %s (request %s) failed", number, request_id
                 )
-                message = f"line {number}: internal error; the log has the details (look for {request_id})"
-                return output_line(
-                    int(number),
-                    request_id,
-                    None,
-                    None,
-                    None,
-                    {"code": "internal_error", "message": message},
-                )
+                error = line_fault(number, request_id)
+                return output_line(int(number), request_id, None, None, None, error)
 
         return {"text": await asyncio.gather(*map(one, batch["line"], batch["text"]))}
 
@@ -267,16 +238,10 @@ def decisions_stage(
     actor_env: Sequence[Mapping[str, str]] = (),
     **map_batches_args: Any,
 ) -> dict[str, Any]:
-    """``Dataset.map_batches`` arguments for decisions by ``concurrency`` actors, each with one engine
-    for ``model`` (``engine_args``: vLLM's ``AsyncEngineArgs`` besides the model) and the decision
-    service over it; requests name the model ``served_model`` (else its path). Batches of
-    ``batch_size`` rows, up to ``batches_per_actor`` at once per actor; other ``map_batches`` arguments
-    (``num_cpus``, ``runtime_env`` ...) pass through. ``VLLM_TYPED_DECISIONS_*`` variables apply in each actor as in a server (set them in
-    ``runtime_env``'s ``env_vars`` on a cluster). ``actor_env``: variables that differ between actors,
-    the k-th actor started taking ``actor_env[k % len(actor_env)]`` (a restarted actor counts anew), such
-    as each engine's ``VLLM_CPU_OMP_THREADS_BIND`` when several actors share a machine."""
+    """``Dataset.map_batches`` arguments for ``concurrency`` actors (rows and arguments: docs/bulk.md);
+    the k-th actor started takes ``actor_env[k % len(actor_env)]``."""
     board = RecordBoard.remote()
-    run = f"ray-stage-{uuid.uuid4().hex}"  # the actors' shared run name, for records only this run may reuse
+    run = f"ray-stage-{uuid.uuid4().hex}"  # for records only this run may reuse
     arguments = {
         "model": model,
         "engine_args": dict(engine_args or {}),

@@ -1,22 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``vllm run-batch`` with typed decisions on (patches/api-router-wire).
-
-Decision lines (``url`` ``/v1/decisions``, ``/v1/systemone`` or ``/api/alpha/decisions``) are answered
-in process (in_process.py) by the wire handling the server's routes run: the same answers, refusals
-and error bodies as ``vllm serve``. Each line's body is passed on as parsed from the line, and each
-line gets one request id, which its output line and its response's id both carry. Every other line
-goes to vLLM's own run-batch handlers. Unlike stock run-batch, the file is streamed: lines are read,
-answered and written as they go, at most ``VLLM_TYPED_DECISIONS_BULK_IN_FLIGHT`` at once and
-``VLLM_TYPED_DECISIONS_BULK_WINDOW`` read ahead, either also stopping at :data:`HELD_BODIES` bodies of
-the largest size (``VLLM_TYPED_DECISIONS_MAX_BODY_BYTES``) in text, so memory stays flat however long
-the file and however long its lines; a line over that size is refused unread, in place. A rerun with
-the same output file skips what is already there (batch_file.py).
-
-The lines read ahead are submitted grouped by their input (ReadAhead), so lines about one input reach
-the engine together and share its prefill while it is in the prefix cache, however far apart they are
-in the file within the window (under data parallelism they also go to one replica: vllm_host.replica_for). An
-online server sees them in file order, and an input evicted between two of its lines is prefilled twice.
-"""
+"""``vllm run-batch`` with typed decisions on: decision lines answered in process as ``vllm serve``
+answers them, other lines by vLLM's handlers. The file is streamed, in flight and read ahead bounded so
+memory stays flat; lines read ahead go grouped by input (ReadAhead), so lines about one input share its
+prefill while it is in the prefix cache. A rerun skips what is written (batch_file.py)."""
 
 from __future__ import annotations
 
@@ -38,6 +24,7 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.generate.decisions.bulk.batch_file import (
     TooLong,
     Writer,
+    line_fault,
     lines,
     output_line,
     resume,
@@ -56,8 +43,7 @@ logger = init_logger(__name__)
 
 # The exit status of a run that answered every line but some with an error (1 is a run that stopped).
 FAILED_LINES_EXIT = 3
-# The text held by read-ahead, and the text in flight, each stop growing at this many bodies of the
-# largest size: lines of a few kB stay bounded by the line counts, lines of megabytes by this.
+# The text read ahead, and the text in flight, each stop growing at this many bodies of the largest size.
 HELD_BODIES = 8
 
 
@@ -68,9 +54,8 @@ class Tally:
     lines: int = 0
     failed: int = 0
     skipped: int = 0
-    failed_before: int = (
-        0  # of the lines skipped, those an earlier run answered with an error
-    )
+    # of the lines skipped, those an earlier run answered with an error
+    failed_before: int = 0
     decisions: int = 0  # questions answered
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -84,11 +69,9 @@ class Tally:
         if not isinstance(body, dict):
             return
         answers = body.get("answers", ())
-        self.decisions += sum(
-            1
-            for a in (answers.values() if isinstance(answers, dict) else answers)
-            if a.get("type") != "refusal"
-        )
+        if isinstance(answers, dict):
+            answers = answers.values()
+        self.decisions += sum(a.get("type") != "refusal" for a in answers)
         usage = body.get("usage", {})
         self.input_tokens += int(usage.get("input_tokens", 0))
         self.cached_tokens += int(
@@ -113,7 +96,7 @@ class Tally:
 
     @property
     def all_failed(self) -> int:
-        """The failed lines of the whole output file: this run's and those an earlier run wrote."""
+        """The failed lines of the whole output file, an earlier run's too."""
         return self.failed + self.failed_before
 
 
@@ -143,29 +126,24 @@ class Line:
             or not isinstance(record.get("url"), str)
             or "body" not in record
         ):
-            return cls(
-                number,
-                text,
-                None,
-                f"line {number}: expected an object with custom_id, method, url and body",
-            )
+            problem = f"line {number}: expected an object with custom_id, method, url and body"
+            return cls(number, text, None, problem)
         return cls(number, text, record)
 
     @classmethod
     def read(cls, number: int, text: str | TooLong, limit: int) -> Line:
-        """Line ``number`` as batch_file.lines read it: parsed, or refused unread when too long."""
         if isinstance(text, TooLong):
             return cls(number, "", None, too_long(number, text.size, limit))
         return cls.parse(number, text)
 
     @property
     def size(self) -> int:
-        """How much text the line holds (its bytes, for the ASCII that JSON lines mostly are)."""
+        # its bytes, for the ASCII that JSON lines mostly are
         return len(self.text)
 
     @property
     def input_key(self) -> str:
-        """What the line's decision is about (its input or state), for grouping lines that share a prefill."""
+        """The line's input or state, for grouping lines that share a prefill."""
         body = self.record.get("body") if self.record is not None else None
         if not isinstance(body, dict):
             return ""
@@ -174,11 +152,8 @@ class Line:
 
 
 class ReadAhead:
-    """Up to ``window`` lines read ahead, handed out grouped by input: all the lines held about the input
-    that first appeared earliest, then the next input's, reading on as lines go. Two lines about one
-    input less than ``window`` lines apart come out together (or the later one soon after). Reading
-    also stops once the lines held reach ``budget`` (their :attr:`Line.size` summed), so long lines are
-    held by the few: at most ``budget`` less one, plus the last line read, and always one line."""
+    """Up to ``window`` lines read ahead, handed out grouped by input, earliest input first. Reading
+    also stops once the lines held reach ``budget`` (:attr:`Line.size` summed), always holding one."""
 
     def __init__(self, source: Iterable[Line], window: int, budget: int) -> None:
         self.source = iter(source)
@@ -214,8 +189,8 @@ class ReadAhead:
 
 
 class InFlight:
-    """At most ``lines`` lines in flight, and of them at most ``budget`` in :attr:`Line.size` summed; a
-    line larger than that goes alone. One task waits to enter (the loop submitting lines)."""
+    """At most ``lines`` lines in flight, and ``budget`` in :attr:`Line.size` (a larger line goes
+    alone); one task waits to enter."""
 
     def __init__(self, lines: int, budget: int) -> None:
         self.lines = lines
@@ -245,87 +220,53 @@ async def answer_line(
     request_id: str,
     others: Callable[[str, str], Awaitable[Any] | None] | None = None,
 ) -> tuple[int | None, Any, Any, Any]:
-    """(status, body, error, custom_id) of one input line; a line that isn't a request gets only an error.
-    ``others`` answers lines for vLLM's own run-batch URLs (None for a URL it doesn't serve); without it,
-    only decision URLs are served. Never raises (but for cancellation): a fault answering the line is
-    its ``internal_error``, logged under ``request_id``, so every line gets its output line."""
+    """(status, body, error, custom_id) of one input line; ``others`` answers vLLM's own URLs (None: not
+    served). Never raises but for cancellation, so every line gets its output line."""
     try:
-        return await _answer_line(decisions, line, request_id, others)
+        record = line.record
+        if record is None:
+            return None, None, {"code": "invalid_line", "message": line.problem}, None
+        custom_id, url = record.get("custom_id"), record["url"]
+        if url not in DECISION_PATHS:
+            try:
+                stock = others(url, line.text) if others is not None else None
+            except ValueError as exc:
+                # vLLM's own line model refused it (pydantic's error)
+                error = {"code": "invalid_line", "message": str(exc)}
+                return HTTPStatus.BAD_REQUEST, None, error, custom_id
+            if stock is None:
+                message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_PATHS)})"
+                error = {"code": "unsupported_url", "message": message}
+                return None, None, error, custom_id
+            out = json.loads((await stock).model_dump_json())
+            response = out.get("response") or {}
+            status, body = response.get("status_code"), response.get("body")
+            return status, body, out.get("error"), custom_id
+        if record.get("method", "POST") != "POST":
+            message = f"line {line.number}: only POST is supported"
+            return None, None, {"code": "invalid_method", "message": message}, custom_id
+        # the body as parsed from the line; the line is held to the body size limit
+        result = await decisions.decide(
+            record["body"], url, request_id, source=line.text.encode()
+        )
+        return result.status, result.body, None, custom_id
     except Exception:
         logger.exception(
             "decision batch: line %d (request %s) failed", line.number, request_id
         )
         custom_id = line.record.get("custom_id") if line.record is not None else None
-        message = f"line {line.number}: internal error; the log has the details (look for {request_id})"
-        return None, None, {"code": "internal_error", "message": message}, custom_id
+        return None, None, line_fault(line.number, request_id), custom_id
 
 
-async def _answer_line(
-    decisions: Decisions,
-    line: Line,
-    request_id: str,
-    others: Callable[[str, str], Awaitable[Any] | None] | None,
-) -> tuple[int | None, Any, Any, Any]:
-    record = line.record
-    if record is None:
-        return None, None, {"code": "invalid_line", "message": line.problem}, None
-    custom_id, url = record.get("custom_id"), record["url"]
-    if url not in DECISION_PATHS:
-        try:
-            stock = others(url, line.text) if others is not None else None
-        except (
-            ValueError
-        ) as exc:  # vLLM's own line model refused it (pydantic's error is a ValueError)
-            return (
-                HTTPStatus.BAD_REQUEST,
-                None,
-                {"code": "invalid_line", "message": str(exc)},
-                custom_id,
-            )
-        if stock is None:
-            message = f"URL {url} is not served here (decision URLs: {', '.join(DECISION_PATHS)})"
-            return (
-                None,
-                None,
-                {"code": "unsupported_url", "message": message},
-                custom_id,
-            )
-        out = json.loads((await stock).model_dump_json())
-        response = out.get("response") or {}
-        return (
-            response.get("status_code"),
-            response.get("body"),
-            out.get("error"),
-            custom_id,
-        )
-    if record.get("method", "POST") != "POST":
-        message = f"line {line.number}: only POST is supported"
-        return None, None, {"code": "invalid_method", "message": message}, custom_id
-    # The body as parsed from the line (as strictly as the server parses one); the line is held to
-    # the body size limit.
-    result = await decisions.decide(
-        record["body"], url, request_id, source=line.text.encode()
-    )
-    return result.status, result.body, None, custom_id
-
-
+@dataclass
 class DecisionBatch:
-    def __init__(
-        self,
-        decisions: Decisions,
-        others: Callable[[str, str], Awaitable[Any] | None],
-        writer: Writer,
-        tally: Tally,
-        progress: tqdm,
-    ) -> None:
-        self.decisions = decisions
-        self.others = others
-        self.writer = writer
-        self.tally = tally
-        self.progress = progress
+    decisions: Decisions
+    others: Callable[[str, str], Awaitable[Any] | None]
+    writer: Writer
+    tally: Tally
+    progress: tqdm
 
     async def answer(self, line: Line) -> None:
-        # the line's one id: its output line's and its response's
         request_id = new_request_id()
         status, body, error, custom_id = await answer_line(
             self.decisions, line, request_id, self.others
@@ -345,7 +286,6 @@ class DecisionBatch:
 async def run_decision_batch(
     engine_client: EngineClient, args: Namespace, registry: dict[str, Any], state: State
 ) -> None:
-    """The whole batch: wait for the decision startup work, then stream the file through."""
     service: ServedModels | None = getattr(state, "decision_service", None)
     if service is None:
         raise SystemExit(
@@ -413,8 +353,7 @@ async def run_decision_batch(
             task = asyncio.create_task(run(line))
             tasks.add(task)
             task.add_done_callback(finished)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
     writer.close()
     logger.info(tally.summary())
     # the lines not written are answered by a rerun with the same output file
@@ -434,8 +373,7 @@ async def run_decision_batch(
 def stock_handler(
     registry: dict[str, Any],
 ) -> Callable[[str, str], Awaitable[Any] | None]:
-    """A line for one of vLLM's own run-batch endpoints, answered by vLLM's handler; None for a URL
-    vLLM doesn't serve either."""
+    """Lines for vLLM's own run-batch endpoints, answered by its handler; None for a URL it lacks."""
     from vllm.entrypoints.launchers.run_batch import (
         BatchRequestInput,
         handle_endpoint_request,

@@ -1,9 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the decision service returns: each question's answer or refusal, and the decision holding them.
-
-Imports nothing of the package at run time, so any module (the wires, metrics, bulk) can read answers
-without depending on the service that makes them.
-"""
+"""What the decision service returns. Imports nothing of the package at run time, so any module can
+read answers without depending on the service that makes them."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ class Answer:
     audit: AuditRecord
     input_tokens: int
     cached_tokens: int
-    # Where the operator asked its type for a precision: whether this answer clears its threshold.
+    # Set where the operator asked its type for a precision.
     abstention: AbstentionReport | None = None
 
 
@@ -54,7 +51,7 @@ class Decision:
         return sum(r.cached_tokens for r in self.results if isinstance(r, Answer))
 
     def first_failure(self) -> DecisionError | None:
-        """The first failure in question order, when no question was answered."""
+        """The first failure, when no question was answered."""
         if any(isinstance(r, Answer) for r in self.results):
             return None
         return next(r.error for r in self.results if isinstance(r, Failure))

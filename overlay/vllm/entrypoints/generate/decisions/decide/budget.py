@@ -1,13 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One rendering budget per request: the characters its input and questions may render to together,
-each value's own limit, and how deep any JSON value in them may nest, spent while they are compiled.
+"""One rendering budget per request, spent while its input and questions are compiled.
 
-A JSON value renders to indented text that grows with the square of its depth, so a 100 KB body can
-ask for tens of millions of characters. A budget holds each value to MAX_INPUT_CHARS, the request as a
-whole to MAX_REQUEST_CHARS and every value to MAX_JSON_DEPTH, and refuses the moment rendering crosses
-them, so a refusal costs time in proportion to the bytes sent. The wires make one per request and pass
-it to everything that renders the request (questions.content_text, QuestionType.compile).
-"""
+Indented JSON grows with the square of its depth (a 100 KB body can ask for tens of millions of
+characters), so rendering is refused the moment it crosses a limit, not after: a refusal costs time in
+proportion to the bytes sent."""
 
 from __future__ import annotations
 
@@ -32,7 +28,7 @@ def over_request_message(limit: int) -> str:
 
 
 def json_depth(value: Any, limit: int) -> int:
-    """How deep ``value`` nests (a scalar: 0), counted without recursion and only as far as ``limit + 1``."""
+    """How deep ``value`` nests (a scalar: 0), counted without recursion, up to ``limit + 1``."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -49,7 +45,6 @@ def json_depth(value: Any, limit: int) -> int:
 
 
 def check_depth(value: Any, limit: int = DEFAULT_MAX_JSON_DEPTH) -> None:
-    """Refuses a JSON value nested deeper than ``limit`` (VLLM_TYPED_DECISIONS_MAX_JSON_DEPTH)."""
     if json_depth(value, limit) > limit:
         raise OverLimitError(
             f"a JSON value in the request nests deeper than {limit} levels (set {PREFIX}MAX_JSON_DEPTH to raise it)"
@@ -58,9 +53,6 @@ def check_depth(value: Any, limit: int = DEFAULT_MAX_JSON_DEPTH) -> None:
 
 @dataclass
 class RenderBudget:
-    """What one request may still render: ``max_chars`` in all, ``max_value_chars`` from any one value,
-    no JSON value deeper than ``max_depth``. The defaults are the settings' defaults."""
-
     max_chars: int = REQUEST_CHARS_PER_INPUT * DEFAULT_MAX_INPUT_CHARS
     max_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_value_chars: int = DEFAULT_MAX_INPUT_CHARS
@@ -75,7 +67,6 @@ class RenderBudget:
         )
 
     def charge(self, chars: int) -> None:
-        """Counts ``chars`` more rendered characters; refuses the request once the total is over."""
         self.spent += chars
         if self.spent > self.max_chars:
             raise OverLimitError(over_request_message(self.max_chars))

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Running a request's reads together, and stopping all of them when one can't go on; its pure-Python
-preparation off the event loop."""
+"""A request's reads run together and stop together; its pure-Python preparation runs off the loop."""
 
 from __future__ import annotations
 
@@ -13,14 +12,11 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# One thread for every request's parsing and rendering. Under the GIL more threads would add no speed,
-# only more turns to wait: ten hostile bodies rendering side by side kept the event loop (/health,
-# every other client) waiting up to 0.4 s for the GIL; beside one thread it waits at most one switch.
+# One thread for all parsing and rendering: under the GIL more add no speed, only waits (ten hostile
+# bodies rendering side by side kept the event loop waiting up to 0.4 s; beside one, one switch).
 _PREPARING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decisions-prepare")
-# Large bodies are parsed on a thread of their own: a small request's preparation never waits behind
-# them (a 4 MiB body of empty objects takes a quarter of a second to parse). They wait their turn on
-# the event loop, not in the thread's queue: a cancelled wait lets go of its body at once, where a
-# cancelled job in the queue would hold it until the thread reached it.
+# Large bodies (4 MiB of empty objects: 0.25 s to parse) get a thread of their own, and wait their turn
+# on the loop, not in its queue: a cancelled wait lets go of its body at once, a queued job would not.
 _PARSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decisions-parse")
 _PARSING_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
     weakref.WeakKeyDictionary()
@@ -28,13 +24,10 @@ _PARSING_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Loc
 
 
 async def off_the_loop(work: Callable[..., T], *args: object) -> T:
-    """``work(*args)`` on the one preparing thread, so the event loop keeps answering meanwhile."""
     return await _on(_PREPARING, work, *args)
 
 
 async def parsed_off_the_loop(work: Callable[..., T], *args: object) -> T:
-    """``work(*args)`` on the parsing thread, one at a time; cancelled before its turn (its client
-    left), it never runs, and what it holds is let go."""
     turn = _PARSING_TURNS.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with turn:
         return await _on(_PARSING, work, *args)
@@ -46,8 +39,7 @@ async def _on(thread: ThreadPoolExecutor, work: Callable[..., T], *args: object)
 
 
 async def gather_or_cancel(awaitables: Iterable[Awaitable[T]]) -> list[T]:
-    """Like ``asyncio.gather``, but when one raises, the others are cancelled (which aborts their
-    engine requests) before the exception goes on: no read outlives the request that asked for it."""
+    """``asyncio.gather`` that cancels the others (aborting their engine reads) when one raises."""
     tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
     try:
         return list(await asyncio.gather(*tasks))

@@ -8,13 +8,10 @@ from http import HTTPStatus
 
 
 class DecisionError(Exception):
-    """A question or request that can't be answered, and why.
+    """``status``: 400 for a broken rule (the Jev wire reports 422), 503 while the server can't
+    answer, 500 for a fault."""
 
-    ``status`` is the HTTP status for the failure: 400 for a request that breaks a rule (the Jev
-    wire reports those as 422), 503 while the server can't answer decisions, 500 for a fault.
-    """
-
-    # Seconds a client should wait before retrying (sent as Retry-After), for temporary refusals.
+    # Sent as Retry-After, for temporary refusals.
     retry_after: int | None = None
 
     def __init__(
@@ -26,25 +23,19 @@ class DecisionError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-        # The request field at fault, where vLLM's error response names one (``model`` for an unknown model).
+        # The request field vLLM's error response names (``model`` for an unknown model).
         self.param = param
-
-    @property
-    def is_invalid_input(self) -> bool:
-        return self.status == HTTPStatus.BAD_REQUEST
 
 
 class OverLimitError(DecisionError):
-    """A request over a configured limit (or the model's context): a 400 like any broken rule, told
-    apart only so the decision metrics can count it as ``over_limit`` (metrics.py)."""
+    """Over a configured limit or the context: a 400, told apart for the ``over_limit`` metric."""
 
 
 STARTING = "decisions are starting"
 
 
 class NotReadyError(DecisionError):
-    """Startup work (self-check, calibration) has not finished; the client should retry. The message says
-    which step is running and how far along it is (serving/readiness.py); ``retry_after`` fits the time left."""
+    """Startup work (self-check, calibration) has not finished; the client should retry."""
 
     def __init__(
         self, message: str = f"{STARTING}; retry shortly", retry_after: int = 5
@@ -54,8 +45,7 @@ class NotReadyError(DecisionError):
 
 
 class EngineBusyError(DecisionError):
-    """The engine refused a read because its queue is full (``--max-num-queued-reqs`` or
-    ``--max-num-queued-tokens``); the whole request is refused, and the client should retry."""
+    """The engine's queue is full (``--max-num-queued-reqs`` / ``-tokens``); the client should retry."""
 
     retry_after = 1
 
@@ -71,9 +61,8 @@ SHOWN_CHARS = 64
 
 
 def shown(value: object, limit: int = SHOWN_CHARS, bare: bool = False) -> str:
-    """``value`` as an error message quotes it: its ``repr()`` (with ``bare``, a string as it is, for
-    a field path or an id); a longer one only as a prefix and its length, ``'abc…' (1048576
-    characters)``, since a client's value may be megabytes long and a message must stay short."""
+    """``value``'s ``repr()`` (``bare``: a string as it is), cut to a prefix and its length when
+    long: a client's value may be megabytes long, and a message must stay short."""
     if isinstance(value, str):
         if len(value) <= limit:
             return value if bare else repr(value)
@@ -87,7 +76,7 @@ def shown(value: object, limit: int = SHOWN_CHARS, bare: bool = False) -> str:
 
 
 class BackendUnavailable(RuntimeError):
-    """A backend can't serve the model it was started on; the message says why (and what to change)."""
+    """A backend can't serve the model it was started on; the message says why."""
 
 
 # An absolute local path (POSIX, home-relative or Windows), as exception texts and some messages hold them.
@@ -97,14 +86,12 @@ LOCAL_PATH = re.compile(
 
 
 def without_paths(message: str) -> str:
-    """``message`` with every absolute local path left out: a response names what to change, and the
-    server's log (with the request id) keeps where."""
+    """``message`` without local paths: the server's log, not the response, says where."""
     return LOCAL_PATH.sub("<path>", message)
 
 
 def internal_error(reference: str) -> DecisionError:
-    """A fault of the server's, as a client sees it: no exception text; the log has it, under
-    ``reference`` (the request id, or the engine request id that holds it)."""
+    """A server fault as a client sees it: no exception text; the log has it under ``reference``."""
     return DecisionError(
         f"internal error; the server's log has the details (look for {reference})",
         HTTPStatus.INTERNAL_SERVER_ERROR,

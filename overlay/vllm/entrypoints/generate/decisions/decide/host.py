@@ -1,9 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one door from a backend to the engine.
-
-Backends render prompts, tokenize and read log-probabilities only through a :class:`BackendHost`.
-vllm_host.VllmHost implements it over vLLM's engine client; unit tests implement it with fakes.
-"""
+"""The one door from a backend to the engine: vllm_host.VllmHost over vLLM's engine client, fakes in
+unit tests."""
 
 from __future__ import annotations
 
@@ -12,26 +9,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from vllm.entrypoints.generate.decisions.decide.errors import (
-    DecisionError,
-)
-from vllm.entrypoints.generate.decisions.decide.read_context import (
-    ReadContext,
-)
-
-if TYPE_CHECKING:
-    pass
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 
 
 @dataclass(frozen=True)
 class TokenRead:
-    """Next-token log-probabilities at the position after a prompt, with token accounting.
-
-    For an exact read, ``logprobs`` holds the requested ids the engine returned (an incomplete read,
-    as under speculative decoding, lacks some); for a top-k read, the k most likely tokens.
-    """
+    """Next-token log-probabilities after a prompt. An exact read may lack some requested ids (as under
+    speculative decoding); a top-k read holds the k most likely tokens."""
 
     logprobs: dict[int, float]
     prompt_tokens: int
@@ -40,8 +27,6 @@ class TokenRead:
 
 @dataclass(frozen=True)
 class Generation:
-    """Greedy continuation of a prompt."""
-
     text: str
     token_ids: list[int]
     prompt_tokens: int
@@ -49,13 +34,9 @@ class Generation:
 
 
 class BackendHost(ABC):
-    """What a backend may ask of the serving engine.
-
-    Every engine call takes the question's :class:`ReadContext` (``context.part(...)`` for each of several
-    calls): its request id names the call in vLLM's request log, its state picks the engine replica
-    under data parallelism, and its adapter is the LoRA adapter the engine reads through. A bare request
-    id still works, for plugins written before contexts.
-    """
+    """What a backend may ask of the serving engine. Every engine call takes the question's
+    :class:`ReadContext` (``context.part(...)`` for each of several calls); a bare request id still
+    works, for plugins written before contexts."""
 
     served_model: str
     max_model_len: int
@@ -72,29 +53,23 @@ class BackendHost(ABC):
     tokenizer: Any = None
     # The model's vocabulary size (0: unknown), e.g. for drawing noise tokens.
     vocab_size: int = 0
-    # Whether the engine can do read-only canvas reads (:meth:`read_canvas`): a diffusion model on vLLM
-    # 0.32, or on 0.30 with patches/00572.
+    # Read-only canvas reads (:meth:`read_canvas`): a diffusion model on vLLM 0.32, or 0.30 with patches/00572.
     canvas_reads: bool = False
     # The dtype the LM head computes logits in ("bfloat16", "float16", "float32").
     logit_dtype: str = "float32"
-    # Why reads can't ask for fp32 log-probabilities under a half-precision LM head (None: they can,
-    # a vLLM with patches/exact-logprobs; see :meth:`read_token_logprobs`).
+    # Why fp32 reads can't be had under a half-precision LM head (None: patches/exact-logprobs is in).
     fp32_reads_missing: str | None = "this host can't recompute logits"
-    # Whether the engine schedules by a request's priority (vllm serve --scheduling-policy priority); where
-    # it doesn't, the service refuses a priority other than 0. Reads pass ``context.priority`` and
-    # ``context.cache_salt`` to the engine as vLLM's own APIs do.
+    # --scheduling-policy priority; without it the service refuses a priority other than 0.
     priority_scheduling: bool = False
-    # The most characters of prompt text one token can stand for (None: no sure bound), so a prompt too
-    # long for the context is refused by its length before it is tokenized (token_bound.py).
+    # Most characters per token (None: no bound), to refuse a long prompt before tokenizing it.
     chars_per_token: int | None = None
 
     @abstractmethod
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The served chat template applied to ``messages``, ready for the assistant's first token
-        (generation prompt on, thinking off), as token ids."""
+        """The served chat template applied to ``messages`` (generation prompt on, thinking off)."""
 
     async def render_chat_text(self, messages: list[dict[str, str]]) -> str | None:
-        """The same rendering as :meth:`render_chat`, as text (None: this host can't give text)."""
+        """:meth:`render_chat` as text (None: this host can't give text)."""
         return None
 
     @abstractmethod
@@ -111,13 +86,12 @@ class BackendHost(ABC):
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
     async def encode_async(self, text: str) -> list[int]:
-        """:meth:`encode` in a worker thread: a long text must not hold up the server's other clients."""
+        """:meth:`encode` in a worker thread, so a long text doesn't hold up other clients."""
         return await asyncio.to_thread(self.encode, text)
 
     async def encode_with_offsets_async(
         self, text: str
     ) -> tuple[list[int], list[tuple[int, int]]] | None:
-        """:meth:`encode_with_offsets` in a worker thread."""
         return await asyncio.to_thread(self.encode_with_offsets, text)
 
     @abstractmethod
@@ -125,8 +99,7 @@ class BackendHost(ABC):
         """Ids the tokenizer never produces from plain text (template markers and the like)."""
 
     def stopped_by(self, exc: BaseException) -> bool:
-        """Whether ``exc`` came of the engine stopping under the work that raised it (the server
-        shutting down), not of a fault: startup work cut short then logs what it stopped, not an error."""
+        """Whether ``exc`` came of the engine shutting down, not of a fault (startup then logs no error)."""
         return False
 
     @abstractmethod
@@ -137,9 +110,8 @@ class BackendHost(ABC):
         context: ReadContext[Any] | str,
         fp32: bool = False,
     ) -> TokenRead:
-        """One forward pass over ``prompt_ids``: the next-token log-probability of each of
-        ``token_ids`` over the full vocabulary. No token is kept. ``fp32``: recompute the returned
-        values in fp32 where :attr:`fp32_reads_missing` is None (ignored elsewhere)."""
+        """One forward pass: the next-token log-probability of each of ``token_ids``. ``fp32``: recompute
+        them in fp32 where :attr:`fp32_reads_missing` is None (ignored elsewhere)."""
 
     @abstractmethod
     async def read_top_logprobs(
@@ -149,19 +121,17 @@ class BackendHost(ABC):
         context: ReadContext[Any] | str,
         fp32: bool = False,
     ) -> TokenRead:
-        """One forward pass over ``prompt_ids``: the ``k`` most likely next tokens and their
-        log-probabilities (``k = -1``: the whole vocabulary); ``fp32`` as for :meth:`read_token_logprobs`."""
+        """One forward pass: the ``k`` most likely next tokens (``-1``: the whole vocabulary)."""
 
     async def generate(
         self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str
     ) -> Generation:
-        """Greedy generation of up to ``max_tokens`` tokens (for backends that read generated text)."""
         raise DecisionError("this host cannot generate", HTTPStatus.NOT_IMPLEMENTED)
 
     async def pool(
         self, prompt_ids: list[int], task: str, context: ReadContext[Any] | str
     ) -> Any:
-        """One pooling pass (for pooling models, e.g. ``token_classify``): the pooler's output as lists."""
+        """One pooling pass (e.g. ``token_classify``): the pooler's output as lists."""
         raise DecisionError("this host cannot pool", HTTPStatus.NOT_IMPLEMENTED)
 
     async def read_canvas(
@@ -172,17 +142,15 @@ class BackendHost(ABC):
         max_steps: int,
         context: ReadContext[Any] | str,
     ) -> TokenRead:
-        """A read-only canvas read (diffusion models): the canvas after ``prompt_ids`` starts as
-        ``canvas_ids``, only its first position may change, the engine denoises at most ``max_steps``
-        times, and the result is the log-probability of each of ``token_ids`` at that first position."""
+        """A read-only canvas read (diffusion models): from ``canvas_ids``, only the first position may
+        change; the log-probability of each of ``token_ids`` there after at most ``max_steps`` steps."""
         raise DecisionError(
             "this engine has no canvas read (patches/00572)", HTTPStatus.NOT_IMPLEMENTED
         )
 
     def checkpoint_config(self) -> dict[str, Any]:
-        """The served checkpoint's ``config.json`` as a dict."""
         return {}
 
     def checkpoint_file(self, name: str) -> bytes | None:
-        """A file shipped with the served checkpoint (None: it has none by that name)."""
+        """A file shipped with the served checkpoint (None: no such file)."""
         return None

@@ -1,24 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Decision metrics on vLLM's ``/metrics``: what the decision endpoints are doing, in Prometheus.
+"""Decision metrics on vLLM's ``/metrics``: every metric, label and bucket here, one small function per
+event, so the request path carries no Prometheus code. Labels are small sets, never model output or a
+request id; the adapter label holds the first ``MAX_ADAPTER_LABELS`` names seen, then ``other``.
 
-Why one module: every metric object, its labels and its buckets live here, and the decision path
-calls one small function per event (a request done, a request's questions decided, an engine read,
-the temperatures in force), so the request path carries no Prometheus code and the label sets stay
-bounded in one place. No label is ever taken from model output, a request id or an option count:
-endpoints, question types, backends, readouts, outcomes and refusal reasons are all small sets, and
-the LoRA adapter label holds the first ``MAX_ADAPTER_LABELS`` adapter names seen, then ``other``.
-
-Why the metrics are created by :func:`init_metrics` (``init_decisions_state``) and not at import:
-vLLM's own stat logger unregisters every ``vllm:`` collector from the default registry when the
-engine client is built, which happens before the app state (and so before us) but after this module
-may have been imported. Under ``--api-server-count N`` vLLM sets ``PROMETHEUS_MULTIPROC_DIR`` before it
-spawns the API-server processes; each process then creates its own metrics here, writes them to that
-folder, and ``/metrics`` sums counters and histograms over the processes. The temperature gauges use
-``multiprocess_mode="mostrecent"``: every process holds the same once-per-server calibration, so the
-newest value is the value.
-
-Until :func:`init_metrics` runs (unit tests, tools), every ``record_...`` function does nothing.
-"""
+Made by :func:`init_metrics`, not at import: vLLM's stat logger unregisters every ``vllm:`` collector
+when the engine client is built. Under ``--api-server-count N`` each process writes its own to
+PROMETHEUS_MULTIPROC_DIR; the temperature gauges are ``mostrecent``, as every process holds the same
+calibration. Until then every ``record_...`` does nothing."""
 
 from __future__ import annotations
 
@@ -29,8 +17,9 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -42,18 +31,12 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
     OverLimitError,
 )
 from vllm.entrypoints.generate.decisions.decide.paths import DECISION_PATHS
+from vllm.entrypoints.generate.decisions.decide.temperature import STAGES, Temperatures
 
-if TYPE_CHECKING:
-    from vllm.entrypoints.generate.decisions.decide.temperature import (
-        Temperatures,
-    )
-
-# The endpoint label: the route's path; anything else (a route added later) is "other".
 ENDPOINTS = DECISION_PATHS
 OTHER = "other"
 
-# The adapter label: "" for the base model, an adapter's name for the first MAX_ADAPTER_LABELS adapters
-# a process answers through, ``other`` beyond (adapters loaded at run time are not a bounded set).
+# Adapters loaded at run time are not a bounded set ("": the base model).
 MAX_ADAPTER_LABELS = 16
 _adapter_labels: set[str] = set()
 
@@ -71,21 +54,13 @@ def adapter_label(name: str) -> str:
 OUTCOMES = ("ok", "client_error", "unavailable", "server_error", "cancelled")
 
 # Why a request or a question was refused.
-INVALID_REQUEST = (
-    "invalid_request"  # a 4xx: a body, a field or a question that breaks a rule
-)
-OVER_LIMIT = "over_limit"  # a configured limit (VLLM_TYPED_DECISIONS_MAX_*, body size) or the context
+INVALID_REQUEST = "invalid_request"  # a 4xx that breaks a rule
+OVER_LIMIT = "over_limit"  # a configured limit, the body size or the context
 UNAUTHORIZED = "unauthorized"  # a missing or wrong API key
-NOT_READY = "not_ready"  # startup work (self-check, calibration) not finished
-ENGINE_BUSY = (
-    "engine_busy"  # the engine's queue is full (--max-num-queued-reqs / -tokens)
-)
-UNAVAILABLE = (
-    "unavailable"  # any other 503: startup failed, a backend that can't start or read
-)
-BACKEND_ERROR = (
-    "backend_error"  # a 5xx from the read path: the backend, the host or the engine
-)
+NOT_READY = "not_ready"  # startup work not finished
+ENGINE_BUSY = "engine_busy"  # the engine's queue is full
+UNAVAILABLE = "unavailable"  # any other 503
+BACKEND_ERROR = "backend_error"  # a 5xx from the read path
 INTERNAL_ERROR = "internal_error"  # an exception that escaped the route (a bug)
 REASONS = (
     INVALID_REQUEST,
@@ -99,68 +74,21 @@ REASONS = (
 )
 LEVELS = ("request", "question")
 
-# Engine reads (vllm_host.py), by what they ask of the engine.
 READ_KINDS = ("exact", "top_k", "canvas", "pool", "generate")
 TEMPERATURE_SOURCES = ("configured", "calibrated", "default")
 
+_LATENCY_STEPS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Whole requests: a few ms on a GPU with a warm prefix cache, up to minutes for many questions on a CPU.
-REQUEST_LATENCY_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-)
+REQUEST_LATENCY_BUCKETS = (*_LATENCY_STEPS, 20.0, 40.0, 80.0, 160.0)
 # One forward pass: about a millisecond on a GPU, about 0.1 s for SmolLM2 on a CPU, more when queued.
-ENGINE_READ_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
-# The next-token mass on the option labels; finer near 1, where a good answer slot puts it, and one
-# edge at 0.5, the self-check's default minimum (VLLM_TYPED_DECISIONS_MIN_OPTION_MASS).
-OPTION_MASS_BUCKETS = (
-    0.05,
-    0.1,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.6,
-    0.7,
-    0.8,
-    0.9,
-    0.95,
-    0.99,
-    1.0,
-)
+ENGINE_READ_BUCKETS = (0.001, 0.0025, *_LATENCY_STEPS, 30.0, 60.0)
+# The option labels' mass: finer near 1, where a good answer slot puts it, and an edge at 0.5, the
+# default VLLM_TYPED_DECISIONS_MIN_OPTION_MASS.
+OPTION_MASS_BUCKETS = (0.05, *(i / 10 for i in range(1, 10)), 0.95, 0.99, 1.0)
 
 
 class DecisionMetrics:
-    """The metric objects, registered in ``registry`` (the default one: what vLLM's ``/metrics`` serves
-    in a single API-server process; under several, their files in PROMETHEUS_MULTIPROC_DIR)."""
+    """The metric objects, in ``registry`` (default: the one vLLM's ``/metrics`` serves)."""
 
     def __init__(
         self, model_name: str, registry: CollectorRegistry | None = None
@@ -168,13 +96,15 @@ class DecisionMetrics:
         self.model_name = model_name
         self.registry = registry if registry is not None else REGISTRY
         r = self.registry
-        self.requests = Counter(
+        counter = partial(Counter, registry=r)
+        histogram = partial(Histogram, registry=r)
+        gauge = partial(Gauge, multiprocess_mode="mostrecent", registry=r)
+        self.requests = counter(
             "vllm:decision_requests",
             "Decision requests, by endpoint and outcome.",
             ["model_name", "endpoint", "outcome"],
-            registry=r,
         )
-        self.questions = Counter(
+        self.questions = counter(
             "vllm:decision_questions",
             "Decision questions, by endpoint, question type, backend, readout, outcome (answered, refused) and "
             "LoRA adapter (empty: the base model).",
@@ -187,57 +117,46 @@ class DecisionMetrics:
                 "outcome",
                 "adapter",
             ],
-            registry=r,
         )
-        self.refusals = Counter(
+        self.refusals = counter(
             "vllm:decision_refusals",
             "Refused decision requests (level=request: an error response) and questions (level=question), by reason.",
             ["model_name", "endpoint", "level", "reason"],
-            registry=r,
         )
-        self.request_latency = Histogram(
+        self.request_latency = histogram(
             "vllm:decision_request_latency_seconds",
             "Decision request latency in seconds, from the route receiving it to the response.",
             ["model_name", "endpoint", "outcome"],
             buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.engine_read_latency = Histogram(
+        self.engine_read_latency = histogram(
             "vllm:decision_engine_read_latency_seconds",
             "Latency in seconds of each engine read the decision backends make, by kind and phase.",
             ["model_name", "kind", "phase"],
             buckets=ENGINE_READ_BUCKETS,
-            registry=r,
         )
-        self.option_mass = Histogram(
+        self.option_mass = histogram(
             "vllm:decision_option_mass",
             "Next-token probability mass on the option labels, per answered question that reports it.",
             ["model_name", "question_type", "backend", "adapter"],
             buckets=OPTION_MASS_BUCKETS,
-            registry=r,
         )
-        self.temperature = Gauge(
+        self.temperature = gauge(
             "vllm:decision_calibration_temperature",
             "The calibration temperature in force, server-wide (scope=server) or for a question type's own fit, "
             "for the base model (adapter empty) or a LoRA adapter.",
             ["model_name", "scope", "adapter"],
-            multiprocess_mode="mostrecent",
-            registry=r,
         )
-        self.temperature_source = Gauge(
+        self.temperature_source = gauge(
             "vllm:decision_calibration_temperature_source",
             "1 for where the temperature in force for a scope came from (configured, calibrated, default), else 0.",
             ["model_name", "scope", "source", "adapter"],
-            multiprocess_mode="mostrecent",
-            registry=r,
         )
-        self.calibration_stage = Gauge(
+        self.calibration_stage = gauge(
             "vllm:decision_calibration_stage",
             "1 for the calibration in force (first_pass while the full one reads on in the background, "
             "full after), else 0.",
             ["model_name", "stage", "adapter"],
-            multiprocess_mode="mostrecent",
-            registry=r,
         )
         # Known label sets start at 0, so rates and dashboards see them before the first event.
         for endpoint in ENDPOINTS:
@@ -248,20 +167,11 @@ class DecisionMetrics:
                     self.refusals.labels(model_name, endpoint, level, reason)
 
     def unregister(self) -> None:
-        for metric in (
-            self.requests,
-            self.questions,
-            self.refusals,
-            self.request_latency,
-            self.engine_read_latency,
-            self.option_mass,
-            self.temperature,
-            self.temperature_source,
-            self.calibration_stage,
-        ):
+        for metric in vars(self).values():
             # Already gone when vLLM rebuilt its own stat logger, which unregisters every vllm: collector.
-            with suppress(KeyError):
-                self.registry.unregister(metric)
+            if isinstance(metric, (Counter, Gauge, Histogram)):
+                with suppress(KeyError):
+                    self.registry.unregister(metric)
 
 
 _active: DecisionMetrics | None = None
@@ -280,8 +190,7 @@ def init_metrics(
 
 @dataclass
 class Observation:
-    """What the route knows of one request while it runs: its endpoint, why it was refused, and
-    whether the service decided it (a 2xx without a decision is a client that left)."""
+    """One request while it runs; a 2xx that was never ``decided`` is a client that left."""
 
     endpoint: str
     reason: str | None = None
@@ -294,10 +203,6 @@ _observation: ContextVar[Observation | None] = ContextVar(
 )
 
 
-def endpoint_label(path: str) -> str:
-    return path if path in ENDPOINTS else OTHER
-
-
 def outcome_label(status: int, decided: bool = True) -> str:
     if status < 400:
         return "ok" if decided else "cancelled"
@@ -307,7 +212,6 @@ def outcome_label(status: int, decided: bool = True) -> str:
 
 
 def refusal_reason(status: int, error: DecisionError | None = None) -> str:
-    """The reason label for a refusal with this HTTP status and, where there is one, this error."""
     if isinstance(error, NotReadyError):
         return NOT_READY
     if isinstance(error, EngineBusyError):
@@ -335,9 +239,8 @@ Handler = Callable[[Any], Coroutine[Any, Any, ResponseT]]
 
 
 def observed_route(path: str, handler: Handler[ResponseT]) -> Handler[ResponseT]:
-    """``handler`` (a route's whole handling, error rendering included) counted and timed as one
-    decision request on ``path``; its refusals say why through :func:`note_refusal`."""
-    endpoint = endpoint_label(path)
+    """``handler`` (error rendering included) counted and timed as one decision request on ``path``."""
+    endpoint = path if path in ENDPOINTS else OTHER
 
     async def observed(request: Any) -> ResponseT:
         observation = Observation(endpoint)
@@ -363,14 +266,13 @@ def observed_route(path: str, handler: Handler[ResponseT]) -> Handler[ResponseT]
 
 
 def note_refusal(error: DecisionError) -> None:
-    """The current request is refused with ``error`` (called where the route renders it)."""
+    """The current request is refused with ``error``."""
     observation = _observation.get()
     if observation is not None:
         observation.reason = refusal_reason(error.status, error)
 
 
 def record_request(observation: Observation, status: int, seconds: float) -> None:
-    """One decision request done: its outcome, latency and, for an error response, its refusal."""
     metrics = _active
     if metrics is None:
         return
@@ -386,48 +288,35 @@ def record_request(observation: Observation, status: int, seconds: float) -> Non
 def record_questions(
     results: Sequence[Answer | Failure], backend: str, adapter: str = ""
 ) -> None:
-    """A request's questions decided by ``backend`` (through LoRA ``adapter``): each answered or refused,
-    and each answer's option mass (when its backend reports one)."""
+    """A request's questions decided by ``backend`` through LoRA ``adapter``."""
     observation = _observation.get()
     if observation is not None:
         observation.decided = True
     metrics = _active
     if metrics is None:
         return
-    model, endpoint = (
-        metrics.model_name,
-        observation.endpoint if observation is not None else OTHER,
-    )
+    model = metrics.model_name
+    endpoint = observation.endpoint if observation is not None else OTHER
     adapter = adapter_label(adapter)
     for result in results:
         qtype = result.question.qtype.name
         if isinstance(result, Answer):
-            audit = result.audit
-            metrics.questions.labels(
-                model,
-                endpoint,
-                qtype,
-                result.backend.name,
-                audit.readout,
-                "answered",
-                adapter,
-            ).inc()
-            if audit.option_mass is not None and math.isfinite(audit.option_mass):
-                metrics.option_mass.labels(
-                    model, qtype, result.backend.name, adapter
-                ).observe(audit.option_mass)
+            labels = (result.backend.name, result.audit.readout, "answered")
+            mass = result.audit.option_mass
+            if mass is not None and math.isfinite(mass):
+                metrics.option_mass.labels(model, qtype, labels[0], adapter).observe(
+                    mass
+                )
         else:
-            metrics.questions.labels(
-                model, endpoint, qtype, backend, "none", "refused", adapter
-            ).inc()
+            labels = (backend, "none", "refused")
             reason = refusal_reason(result.error.status, result.error)
             metrics.refusals.labels(model, endpoint, "question", reason).inc()
+        metrics.questions.labels(model, endpoint, qtype, *labels, adapter).inc()
 
 
 @contextmanager
 def engine_read(kind: str) -> Iterator[None]:
-    """Times one engine read of ``kind`` (one of READ_KINDS); a read that raises is not timed. Phase
-    ``request`` inside a decision request, ``startup`` otherwise (self-check, calibration)."""
+    """Times one engine read of ``kind`` (one of READ_KINDS); a read that raises is not timed."""
     started = time.perf_counter()
     yield
     metrics = _active
@@ -441,28 +330,21 @@ def engine_read(kind: str) -> Iterator[None]:
 def record_temperatures(
     temperatures: Temperatures, adapter: str = "", stage: str | None = None
 ) -> None:
-    """The temperatures in force for the base model or LoRA ``adapter``: the server-wide one and each
-    question type's own fit, with sources; and the calibration's ``stage`` (FIRST_PASS or FULL of
-    temperature.py; "": none in force any more; None: nothing calibrated, no gauge)."""
+    """The temperatures in force for LoRA ``adapter`` ("": the base model), and the calibration's
+    ``stage`` (one of STAGES; "": none in force any more; None: nothing calibrated, no gauge)."""
     metrics = _active
     if metrics is None:
         return
-    adapter = adapter_label(adapter)
+    model, adapter = metrics.model_name, adapter_label(adapter)
     if stage is not None:
-        from vllm.entrypoints.generate.decisions.decide.temperature import (
-            STAGES,
-        )
-
         for name in STAGES:
             metrics.calibration_stage.labels(
-                metrics.model_name, name.replace(" ", "_"), adapter
+                model, name.replace(" ", "_"), adapter
             ).set(name == stage)
     scopes = {"server": temperatures.server, **temperatures.by_type}
     for scope, applied in scopes.items():
-        metrics.temperature.labels(metrics.model_name, scope, adapter).set(
-            applied.value
-        )
+        metrics.temperature.labels(model, scope, adapter).set(applied.value)
         for source in {*TEMPERATURE_SOURCES, applied.source}:
-            metrics.temperature_source.labels(
-                metrics.model_name, scope, source, adapter
-            ).set(source == applied.source)
+            metrics.temperature_source.labels(model, scope, source, adapter).set(
+                source == applied.source
+            )

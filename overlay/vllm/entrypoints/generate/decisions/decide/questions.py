@@ -1,11 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Question types: each one validates its own JSON, lists a closed option set and turns a
-probability vector over those options into its answer fields.
-
-Every backend reads a distribution over options, so a type never sees a backend and a backend
-never sees a wire format. Jev's ``noul``, ``choice`` and ``score`` are built in; backends/registry.py holds
-them and the types plugins register.
-"""
+"""Question types: each validates its own JSON, lists a closed option set and turns probabilities over
+it into answer fields; so a type never sees a backend, and a backend never sees a wire format."""
 
 from __future__ import annotations
 
@@ -25,14 +20,9 @@ from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 
 @dataclass(frozen=True)
 class Option:
-    """One member of a question's closed option set.
-
-    ``key`` identifies the option in ``option_logits`` (a choice value as JSON text, ``true`` or
-    ``false`` for yes/no, ``"0"``... for score levels); ``value`` is what the answer reports;
-    ``text`` is what the prompt shows after the option's label; ``label`` is the option's short name
-    and ``description`` what the question says about it (empty when nothing), for backends whose
-    models lay options out their own way.
-    """
+    """``key`` names the option in ``option_logits``, ``value`` is what the answer reports, ``text``
+    what the prompt shows after its label; ``label`` and ``description`` are for backends whose models
+    lay options out their own way."""
 
     key: str
     value: Any
@@ -43,8 +33,6 @@ class Option:
 
 @dataclass(frozen=True)
 class CompiledQuestion:
-    """A validated question reduced to what every backend reads: a criterion and options."""
-
     qtype: QuestionType
     instructions: str
     options: tuple[Option, ...]
@@ -53,15 +41,14 @@ class CompiledQuestion:
 
 @dataclass(frozen=True)
 class OptionsLimit:
-    """A question type's limit on its options: the :class:`Settings` field holding it (its variable is
-    ``VLLM_TYPED_DECISIONS_`` + the name in capitals) and what the options are called in the refusal."""
+    """The :class:`Settings` field capping a type's options, and what the refusal calls them."""
 
     setting: str
     noun: str
 
 
 class QuestionModel(BaseModel):
-    """Base for question JSON models: unknown fields are refused (a typo could change an answer)."""
+    """Unknown fields are refused: a typo could change an answer."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -75,12 +62,8 @@ _INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
 
 
 def content_text(content: Content | None, budget: RenderBudget | None = None) -> str:
-    """Content as prompt text: a string as it is, any other JSON value as indented JSON (key order kept).
-
-    Indented JSON grows with the square of its depth (a few KiB of nested objects render to megabytes),
-    so rendering is charged to the request's ``budget`` as it goes (budget.py; None: one with the
-    settings' defaults) and stops at the value's limit or the request's, rather than after the text is
-    built; a value nested deeper than the budget allows is refused before any of it is rendered."""
+    """A string as it is, any other JSON value as indented JSON, charged to ``budget`` as it renders
+    (budget.py says why)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -107,16 +90,12 @@ def content_text(content: Content | None, budget: RenderBudget | None = None) ->
 
 
 def takes_budget(method: Any) -> bool:
-    """Whether a question type's method renders within a budget it is given."""
     return "budget" in inspect.signature(method).parameters
 
 
 class QuestionType(ABC):
-    """A kind of question. Subclasses set ``name`` and ``model`` and implement the two methods.
-
-    A type knows no wire format: its :meth:`answer` fields are what the answer means (the built-in
-    types': the yes probability, the chosen value, the expected level), and each wire shapes its own
-    answers from them (wire/openai.py, wire/jev.py); a plugin type's fields go out whole on both."""
+    """A kind of question: subclasses set ``name`` and ``model`` and implement the two methods. Each
+    wire shapes its answers from :meth:`answer`'s fields; a plugin type's go out whole."""
 
     name: ClassVar[str]
     model: ClassVar[type[BaseModel]]
@@ -125,8 +104,8 @@ class QuestionType(ABC):
     # The setting that caps how many options one question may have (None: only the request's limits).
     options_limit: ClassVar[OptionsLimit | None] = None
 
-    # Whether instructions() and options() take the request's ``budget`` and render within it; the texts
-    # of a plugin type's methods that don't are charged to it once they are made.
+    # Whether instructions() and options() take a ``budget``; texts from a plugin's that don't are
+    # charged once made.
     budgeted: ClassVar[tuple[bool, bool]] = (True, True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -151,8 +130,7 @@ class QuestionType(ABC):
     def compile(
         self, question: BaseModel, budget: RenderBudget | None = None
     ) -> CompiledQuestion:
-        """The question as backends read it, rendered within the request's ``budget`` (None: one with the
-        settings' defaults); a text over one value's limit is refused, naming the setting."""
+        """The question as backends read it, rendered within ``budget``."""
         budget = budget if budget is not None else RenderBudget()
         with_instructions, with_options = self.budgeted
         instructions = (
@@ -174,7 +152,7 @@ class QuestionType(ABC):
 
 
 def within(question: CompiledQuestion, max_chars: int) -> CompiledQuestion:
-    """``question``, when each of its texts is at most ``max_chars`` long."""
+    """``question``, refused if any of its texts is over ``max_chars``."""
     longest = max(
         [len(question.instructions), *(len(o.text) for o in question.options)]
     )
@@ -189,9 +167,6 @@ def within(question: CompiledQuestion, max_chars: int) -> CompiledQuestion:
 def top_index(probabilities: Sequence[float]) -> int:
     """Index of the most probable option (the first one on a tie)."""
     return max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
-
-
-# --- yes/no -----------------------------------------------------------------------------------
 
 
 class NoulCriteria(QuestionModel):
@@ -212,13 +187,8 @@ def yes_no_options(
 ) -> tuple[Option, Option]:
     def option(key: str, value: bool, word: str, when: Content | None) -> Option:
         description = content_text(when, budget)
-        return Option(
-            key,
-            value,
-            f"{word}: {description}" if description else word,
-            word.lower(),
-            description,
-        )
+        text = f"{word}: {description}" if description else word
+        return Option(key, value, text, word.lower(), description)
 
     return option("true", True, "Yes", when_yes), option("false", False, "No", when_no)
 
@@ -239,9 +209,6 @@ class NoulType(QuestionType):
         return {"probability": probabilities[0]}
 
 
-# --- one of several ---------------------------------------------------------------------------
-
-
 class ChoiceQuestion(QuestionModel):
     type: Literal["choice"] = "choice"
     instructions: Instructions = None
@@ -258,11 +225,8 @@ def choice_options(
         shown = value if isinstance(value, str) else json.dumps(value)
         description = content_text(content, budget)
         text = f"{shown}: {description}" if description else shown
-        options.append(
-            Option(
-                json.dumps(value, ensure_ascii=False), value, text, shown, description
-            )
-        )
+        key = json.dumps(value, ensure_ascii=False)
+        options.append(Option(key, value, text, shown, description))
     return tuple(options)
 
 
@@ -282,9 +246,6 @@ class ChoiceType(QuestionType):
         return {"choice": options[top_index(probabilities)].value}
 
 
-# --- ordered levels ---------------------------------------------------------------------------
-
-
 class ScoreQuestion(QuestionModel):
     type: Literal["score"] = "score"
     instructions: Instructions = None
@@ -293,7 +254,7 @@ class ScoreQuestion(QuestionModel):
 
 
 def level_options(levels: Sequence[tuple[str, str | None]]) -> tuple[Option, ...]:
-    """Options for ordered levels, lowest first; a level shows as ``label`` or ``label: description``."""
+    """Options for ordered levels, lowest first."""
     return tuple(
         Option(
             str(i),

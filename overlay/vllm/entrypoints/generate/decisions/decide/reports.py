@@ -1,12 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What an answer reports beyond its probabilities, typed: the backend's facts (``extra.backend``) and
-the audit record (``extra.audit``), each with what ``detail: basic`` keeps of it, and the audit's parts
-from option rotation (reading/rotation.py), prior corrections (reading/prior_reads.py) and a question's
-own map (calibration/question_map.py). Imports nothing of the package.
-
-The backend's own entries (``Reading.meta`` and ``Reading.audit``) are laid in flat beside the
-service's, so a client reads one object per block whichever backend answered.
-"""
+"""What an answer reports beyond its probabilities: ``extra.backend`` and ``extra.audit``. The backend's
+own entries are laid in flat beside the service's, so a client reads one object per block whichever
+backend answered. Imports nothing of the package."""
 
 from __future__ import annotations
 
@@ -16,17 +11,12 @@ from pydantic import BaseModel
 
 
 class Rotation(BaseModel):
-    """One reading of a debiased question: the option it listed first, whether it reversed a scale,
-    and the option it put on top."""
-
     first: str
     reversed: bool
     top: str
 
 
 class DebiasAudit(BaseModel):
-    """What a debiased answer's ``extra.audit`` says about its readings."""
-
     debias: str
     rotations: list[Rotation]
     # The share of readings whose top option is the combined answer's.
@@ -34,7 +24,7 @@ class DebiasAudit(BaseModel):
 
 
 class PriorAudit(BaseModel):
-    """``extra.audit.prior``: the correction applied and the scores the temperature divides."""
+    """``extra.audit.prior``."""
 
     mode: str
     # Each option's content-free log-probability (readings averaged), and whether it was cached.
@@ -45,17 +35,14 @@ class PriorAudit(BaseModel):
     adjusted_logits: dict[str, float]
 
 
-# Where a question's map came from: the calibration file at startup, or the labels file the server
-# watches (runtime/live_labels.py).
+# Where a question's map came from (calibration/live_labels.py watches the labels file).
 STARTUP = "startup"
 LABELS_FILE = "labels file"
 
 
 class MapFigures(BaseModel):
-    """What a question's own map (calibration/question_map.py) was fitted on and how it did: its
-    labels, its held-out log loss and accuracy beside the type's map's and the gain's interval (what
-    the keep rule kept it on), and which fit it is: ``version`` 0 from startup's file, n the n-th refit
-    from the labels file."""
+    """A question's own map's held-out figures beside its type's map's (calibration/question_map.py);
+    ``version`` n is the n-th refit from the labels file."""
 
     labels: int
     log_loss: float
@@ -68,25 +55,20 @@ class MapFigures(BaseModel):
 
 
 class QuestionMapAudit(MapFigures):
-    """``extra.audit.question_map``: the question's map's figures and each option's bias (logit units;
-    the scale is ``1 / calibration_temperature``)."""
+    """``extra.audit.question_map``; ``bias`` in logit units, scaled ``1 / calibration_temperature``."""
 
     bias: dict[str, float]
 
 
 class ExamplesAudit(QuestionMapAudit):
-    """``extra.audit.examples``: the question was asked with ``examples`` of its labelled inputs ahead
-    of the input (calibration/examples.py), and its scores mapped by the map fitted on such reads;
-    the figures are held out with examples, ``type_*`` without them."""
+    """``extra.audit.examples`` (calibration/examples.py): figures with examples, ``type_*`` without."""
 
     examples: int
 
 
 class AbstentionReport(BaseModel):
-    """``extra.abstention``: whether this answer clears the confidence threshold fitted for the
-    precision the operator asked of its type or question (``abstain`` False) or not, with what the threshold was
-    fitted for and reached on held-out labels (calibration/abstention.py). ``threshold`` None: no
-    threshold reaches the precision, every answer abstains, ``reason`` says why."""
+    """``extra.abstention`` (calibration/abstention.py). ``threshold`` None: no threshold reaches the
+    precision, every answer abstains, ``reason`` says why."""
 
     abstain: bool
     precision: float
@@ -100,7 +82,7 @@ class AbstentionReport(BaseModel):
 
 
 class BackendReport(BaseModel):
-    """``extra.backend``: which backend answered, each option's raw score, and the backend's facts."""
+    """``extra.backend``."""
 
     BASIC: ClassVar[tuple[str, ...]] = ("name", "option_logits")
 
@@ -114,7 +96,7 @@ class BackendReport(BaseModel):
 
 
 class AuditRecord(BaseModel):
-    """``extra.audit``: what produced the numbers, enough to reproduce or question them."""
+    """``extra.audit``: enough to reproduce or question the numbers."""
 
     BASIC: ClassVar[tuple[str, ...]] = (
         "calibration_temperature",
@@ -135,8 +117,7 @@ class AuditRecord(BaseModel):
     calibration_temperature: float
     temperature_source: str
     temperature_scope: str
-    # What the server's calibration in force was fitted on: "first pass" (answers meanwhile, while the
-    # full one reads on) or "full", and its labelled question reads; None where nothing was calibrated.
+    # The calibration in force ("first pass" or "full") and its reads; None where nothing was calibrated.
     calibration_stage: str | None = None
     calibration_reads: int | None = None
     forward_passes: int
@@ -144,39 +125,24 @@ class AuditRecord(BaseModel):
     cached_input_tokens: int
     option_mass: float | None
     readout: str
-    # The backend's own audit entries (``Reading.audit``), and the readings behind a debiased answer.
+    # The backend's own audit entries (``Reading.audit``).
     backend: dict[str, Any] = {}
     debias: DebiasAudit | None = None
-    # The prior correction applied and the scores the temperature divided (option_logits stay raw).
+    # The scores the temperature divided (option_logits stay raw).
     prior: PriorAudit | None = None
-    # The question's own map from the operator's labels, where one is kept (temperature_scope says so).
     question_map: QuestionMapAudit | None = None
-    # The in-context examples it was asked with, and their map, where they are kept.
     examples: ExamplesAudit | None = None
 
     def as_json(self, basic: bool = False) -> dict[str, Any]:
-        # The base model's answers name no adapter.
-        nested = {"backend", "debias", "prior", "question_map", "examples"} | (
-            {"adapter"} if self.adapter is None else set()
-        )
-        record = {
-            **self.backend,
-            **self.model_dump(exclude=nested),
-            **(self.debias.model_dump() if self.debias is not None else {}),
-            **(
-                {"prior": self.prior.model_dump(exclude_none=True)}
-                if self.prior is not None
-                else {}
-            ),
-            **(
-                {"question_map": self.question_map.model_dump()}
-                if self.question_map is not None
-                else {}
-            ),
-            **(
-                {"examples": self.examples.model_dump()}
-                if self.examples is not None
-                else {}
-            ),
-        }
+        nested = {"backend", "debias", "prior", "question_map", "examples"}
+        if self.adapter is None:  # the base model's answers name no adapter
+            nested.add("adapter")
+        record = {**self.backend, **self.model_dump(exclude=nested)}
+        if self.debias is not None:
+            record.update(self.debias.model_dump())
+        if self.prior is not None:
+            record["prior"] = self.prior.model_dump(exclude_none=True)
+        for name in ("question_map", "examples"):
+            if (part := getattr(self, name)) is not None:
+                record[name] = part.model_dump()
         return {k: record[k] for k in self.BASIC if k in record} if basic else record

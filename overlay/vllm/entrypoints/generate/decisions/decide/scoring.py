@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The arithmetic every answer shares: a question's readings combined into scores, temperature softmax
-and the confidence formula."""
+"""The arithmetic every answer shares: readings combined, temperature softmax, confidence."""
 
 from __future__ import annotations
 
@@ -12,12 +11,8 @@ CONFIDENCE_FORMULA = "normalized-peak-v1"
 
 
 def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
-    """``softmax(scores / T)`` for any T > 0 and scores that are real or ``-inf`` (probability 0).
-
-    The top score is subtracted before dividing by T, so every exponent is at most 0 and the top one
-    exactly 0: nothing overflows, however small T or large the scores (dividing first overflows to
-    ``inf - inf`` = NaN for a T near 0), and the sum is at least 1.
-    """
+    """``softmax(scores / T)`` for any T > 0; ``-inf`` scores get 0. The top score is subtracted before
+    dividing by T: dividing first overflows to ``inf - inf`` = NaN for a T near 0."""
     top = max(scores)
     if top == -math.inf:
         return [1.0 / len(scores)] * len(scores)
@@ -29,8 +24,7 @@ def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
 
 
 def log_softmax(scores: Sequence[float]) -> list[float]:
-    """Log-probabilities over the options (``-inf`` stays ``-inf``): a reading as a distribution,
-    whatever the scale of its scores."""
+    """A reading as log-probabilities over the options, whatever its scale (``-inf`` stays)."""
     top = max(scores)
     total = top + math.log(sum(math.exp(s - top) for s in scores if s != -math.inf))
     return [s - total for s in scores]
@@ -45,8 +39,8 @@ def confidence(probabilities: Sequence[float]) -> float:
 
 
 def non_finite(values: Any) -> str | None:
-    """Where ``values`` (a number, or lists and dicts of them) holds a NaN or infinity: its path, else None.
-    What an answer sends must be a real number: JSON has no NaN, and null is no probability."""
+    """The path of a NaN or infinity in ``values`` (nested lists and dicts), else None: JSON has no NaN,
+    and null is no probability."""
     stack: list[tuple[str, Any]] = [("", values)]
     while stack:
         where, value = stack.pop()
@@ -65,9 +59,8 @@ def adjusted(
     priors: Sequence[Sequence[float]] | None,
     bias: Sequence[float] | None,
 ) -> list[float]:
-    """A question's score per option, the readings averaged: each reading's log-probabilities (in the
-    client's option order), less its content-free prior when given, plus the bias of the position each
-    option had in that reading when given (positions past the bias's end get none)."""
+    """Each option's score, averaged over readings: log-probability, less the content-free prior, plus
+    the bias of the option's position in that reading (past the bias's end: none)."""
     count = len(rows[0])
     total = [0.0] * count
     for index, row in enumerate(rows):

@@ -1,13 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every setting of the decision endpoints, read from the environment once, at startup.
 
-A bad value stops the server with a message naming the variable and what it accepts, so a typo never
-turns into a silently different behaviour; :func:`check_environment` does that in the API server before
-the engine starts (the router patch calls it from vLLM's serve-argument checks), so a bad value costs
-seconds, not a model load. Switches read ``1/true/yes/on`` and ``0/false/no/off`` in any case, and an
-empty value as off (the usual way to switch a variable off in an env file); in the other settings an
-empty value means the default. Limits live here too: each request check names the variable to raise.
-"""
+A bad value stops the server naming the variable and what it accepts; the router patch calls
+:func:`check_environment` before the engine starts, so a typo costs seconds, not a model load. An empty
+value means the default; for a switch, off (the usual way to switch a variable off in an env file)."""
 
 from __future__ import annotations
 
@@ -15,54 +11,30 @@ import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from contextlib import suppress
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeVar, get_args
 
-from vllm.entrypoints.generate.decisions.decide.prior_modes import (
-    AUTO,
-    PRIOR_CHOICES,
-    PriorSetting,
-)
+# The prior corrections (reading/prior.py); auto: calibration's choice per question type.
+PriorMode = Literal["off", "content-free", "fitted", "content-free+fitted"]
+PriorSetting = Literal["auto", PriorMode]
+MODES: tuple[PriorMode, ...] = get_args(PriorMode)
+PRIOR_CHOICES: tuple[PriorSetting, ...] = get_args(PriorSetting)
+AUTO: PriorSetting = "auto"
+
+
+def uses_content_free(mode: str) -> bool:
+    return mode.startswith("content-free")
+
+
+def uses_fitted(mode: str) -> bool:
+    return mode.endswith("fitted")
+
 
 PREFIX = "VLLM_TYPED_DECISIONS_"
 ENABLE_VARIABLE = "VLLM_ENABLE_TYPED_DECISIONS"
 
 W = TypeVar("W", bound=str)
-
-# Every name this module reads: the one list of them. The router patch declares whatever
-# VLLM_TYPED_DECISIONS_* name the environment holds in vllm/envs.py, so vLLM's environment validation
-# lets them all through; check_environment refuses a name not listed here (unknown_variables).
-VARIABLES = (
-    ENABLE_VARIABLE,
-    PREFIX + "BACKEND",
-    PREFIX + "TEMPERATURE",
-    PREFIX + "MIN_TEMPERATURE",
-    PREFIX + "MAX_TEMPERATURE",
-    PREFIX + "MAX_QUESTIONS",
-    PREFIX + "MAX_CHOICES",
-    PREFIX + "MAX_LEVELS",
-    PREFIX + "MAX_BODY_BYTES",
-    PREFIX + "MAX_BODY_BYTES_IN_FLIGHT",
-    PREFIX + "MAX_INPUT_CHARS",
-    PREFIX + "MAX_REQUEST_CHARS",
-    PREFIX + "MAX_JSON_DEPTH",
-    PREFIX + "MIN_OPTION_MASS",
-    PREFIX + "CALIBRATION",
-    PREFIX + "CALIBRATION_DIR",
-    PREFIX + "FIRST_PASS",
-    PREFIX + "STARTUP_WAIT",
-    PREFIX + "DEBIAS",
-    PREFIX + "BULK_IN_FLIGHT",
-    PREFIX + "BULK_WINDOW",
-    PREFIX + "PRIOR",
-    PREFIX + "PRIOR_CACHE",
-    PREFIX + "PRIOR_CACHE_BYTES",
-    PREFIX + "MAX_ADAPTERS",
-    PREFIX + "PRECISION",
-    PREFIX + "LABELS",
-    PREFIX + "EXAMPLES",
-)
-
 
 SWITCH_ON = ("1", "true", "yes", "on")
 SWITCH_OFF = ("0", "false", "no", "off", "")
@@ -72,22 +44,18 @@ SWITCH_WORDS = (
 
 # A decision request is an input and its questions: a few MiB hold any context a model has today.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# The body bytes an API-server process holds at once, by default: bodies of 64 KiB and more may hold
-# three quarters of it (http/wire/body.py), room for twelve at the default limit.
+# Bodies of 64 KiB and up may hold 3/4 of the bytes in flight (http/wire/body.py): twelve at the limit.
 BODIES_IN_FLIGHT_PER_BODY = 16
 DEFAULT_MAX_INPUT_CHARS = 1_000_000
-# A request's input and questions together, by default: room for the longest input and three times its
-# length in questions, which no model's context holds in one prompt today.
+# The longest input and three times its length in questions: more than any model's context today.
 REQUEST_CHARS_PER_INPUT = 4
-# How deep a JSON value may nest: above the deepest one DEFAULT_MAX_INPUT_CHARS can hold once indented
-# (about 707 levels: a value d deep renders to about 2 * d**2 characters), below where Python's own
-# recursion runs out (the body parser refuses about 1,000).
+# Above the deepest value DEFAULT_MAX_INPUT_CHARS holds indented (about 707: d deep renders to about
+# 2 * d**2 characters), below where Python's recursion runs out (the body parser refuses about 1,000).
 DEFAULT_MAX_JSON_DEPTH = 800
 DEFAULT_STARTUP_WAIT = 900.0
 DEFAULT_PRIOR_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_ADAPTERS = 16
-# The temperatures a request, the configuration or a saved calibration may apply: wide enough for any
-# real fit (calibration searches 0.05 to 20), narrow enough that no score divided by one overflows.
+# Wide enough for any real fit (calibration searches 0.05 to 20); no score divided by one overflows.
 DEFAULT_MIN_TEMPERATURE = 0.001
 DEFAULT_MAX_TEMPERATURE = 1000.0
 
@@ -97,11 +65,8 @@ class SettingsError(ValueError):
 
 
 def parse_switch(name: str, raw: str | None) -> bool:
-    """A switch: the words of SWITCH_ON or SWITCH_OFF, in any case, spaces around ignored; None is off.
-
-    vllm/envs.py (the router patch) reads VLLM_ENABLE_TYPED_DECISIONS with the same words, but takes any
-    other value as off rather than fail in an engine process; this is where such a value is refused.
-    """
+    """vllm/envs.py (the router patch) reads VLLM_ENABLE_TYPED_DECISIONS with the same words but takes
+    any other value as off rather than fail in an engine process; this is where such a value is refused."""
     word = (raw or "").strip().lower()
     if word in SWITCH_ON:
         return True
@@ -130,15 +95,11 @@ class Debias:
 
 
 NO_DEBIAS = Debias()
-
-
-# The debias forms, as messages and the request schema name them (parse_debias).
 DEBIAS_FORMS = "off, rotate or rotate:N with N >= 1"
 
 
 def parse_debias(text: str, exact: bool = False) -> Debias:
-    """``off``, ``rotate`` or ``rotate:N`` (N >= 1): in any case and spacing (the
-    variable), or when ``exact`` (a request's ``extra.debias``) spelled as str() spells
+    """In any case and spacing, or when ``exact`` (a request's ``extra.debias``) spelled as str() spells
     the result; ValueError naming the accepted forms otherwise."""
     mode, sep, count = (part.strip() for part in text.strip().lower().partition(":"))
     parsed = None
@@ -159,11 +120,14 @@ DEFAULT_DEBIAS = Debias("rotate", 1)
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """The values in force. Each default is written once, where :meth:`from_env`
-    reads its variable (the fields have none: only from_env builds Settings)."""
+    """The values in force, one per variable in VARIABLES' order; each default is written once, where
+    :meth:`from_env` reads its variable."""
 
     backend: BackendSpec
     temperature: float | None
+    # The temperatures that may apply (a request's, the configured one, a saved calibration's).
+    min_temperature: float
+    max_temperature: float
     max_questions: int
     max_choices: int
     max_levels: int
@@ -172,45 +136,35 @@ class Settings:
     max_body_bytes_in_flight: int
     # The longest input (state) text, in characters, after input items are rendered to text.
     max_input_chars: int
+    # One budget per request (budget.py).
+    max_request_chars: int
+    max_json_depth: int
     min_option_mass: float
     # "off", "on" (the bundled question set) or the path of an operator question file.
     calibration: str
     calibration_dir: str
+    # Whether a fresh calibration answers after a smaller first pass while the full one runs on.
+    first_pass: bool
     # Seconds an API-server process waits for another one's startup work before doing it itself.
     startup_wait: float
-    # How answers are made independent of the clients' option order (reading/rotation.py).
     debias: Debias
-    # vllm run-batch: the most lines in flight at once, and the most read ahead to group lines about one
-    # input (bulk/run_batch.py).
+    # vllm run-batch: the most lines in flight, and the most read ahead to group lines about one input.
     bulk_in_flight: int
     bulk_window: int
-    # The prior correction of each read (prior.py): a mode, or auto for what calibration chose per type;
-    # and how many questions' content-free reads are kept, and in how much memory (per decision service).
+    # The content-free reads kept per decision service: how many questions' and in how much memory.
     prior: PriorSetting
     prior_cache: int
     prior_cache_bytes: int
-    # The most LoRA adapters with a decision service of their own at once (adapters.py): least recently
-    # used out, its saved calibration kept for its return.
+    # LoRA adapters with a decision service of their own at once: least recently used out (adapters.py).
     max_adapters: int
-    # Whether a fresh calibration answers after a smaller first pass while the full one runs on.
-    first_pass: bool
-    # The most characters a request's input and questions render to together, and the
-    # deepest JSON value in them: one budget per request (budget.py).
-    max_request_chars: int
-    max_json_depth: int
-    # The temperatures that may apply (a request's, the configured one, a saved calibration's).
-    min_temperature: float
-    max_temperature: float
     # The precision each question type's answers should reach ("*": every type's); empty: none asked.
     precision: Mapping[str, float] = field(default_factory=dict)
-    # The operator's labels file the server watches while serving ("": none; runtime/live_labels.py).
+    # The labels file the server watches while serving ("": none; calibration/live_labels.py).
     labels: str = ""
-    # The most labelled inputs a labelled question is asked with ahead of its input, where calibration
-    # keeps them (calibration/examples.py); 0: none.
+    # The most labelled inputs a labelled question is asked with ahead of its input; 0: none.
     examples: int = 4
 
     def temperature_problem(self, value: float) -> str | None:
-        """Why ``value`` may not apply as a temperature, naming the settings that bound it; None if it may."""
         if self.min_temperature <= value <= self.max_temperature:
             return None
         return (
@@ -222,15 +176,15 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         max_input_chars = _int_at_least(
-            env, PREFIX + "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1
+            env, "MAX_INPUT_CHARS", DEFAULT_MAX_INPUT_CHARS, 1
         )
         low, high = _temperature_range(env)
         max_body_bytes = _int_at_least(
-            env, PREFIX + "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024
+            env, "MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024
         )
         in_flight = _int_at_least(
             env,
-            PREFIX + "MAX_BODY_BYTES_IN_FLIGHT",
+            "MAX_BODY_BYTES_IN_FLIGHT",
             BODIES_IN_FLIGHT_PER_BODY * max_body_bytes,
             1024,
         )
@@ -240,7 +194,7 @@ class Settings:
                 f"{PREFIX}MAX_BODY_BYTES_IN_FLIGHT={in_flight}: at least 4/3 of {PREFIX}MAX_BODY_BYTES "
                 f"({max_body_bytes}) is needed, so that a body at that limit can be taken"
             )
-        temperature = _positive_float(env, PREFIX + "TEMPERATURE")
+        temperature = _positive_float(env, "TEMPERATURE")
         if temperature is not None and not low <= temperature <= high:
             raise SettingsError(
                 f"{PREFIX}TEMPERATURE={temperature!r}: outside {low!r} to {high!r}, the range "
@@ -249,49 +203,47 @@ class Settings:
         return cls(
             backend=parse_backend_spec(env.get(PREFIX + "BACKEND", "")),
             temperature=temperature,
-            max_questions=_int_at_least(env, PREFIX + "MAX_QUESTIONS", 64, 1),
-            max_choices=_int_at_least(env, PREFIX + "MAX_CHOICES", 255, 2),
-            max_levels=_int_at_least(env, PREFIX + "MAX_LEVELS", 10, 2),
+            max_questions=_int_at_least(env, "MAX_QUESTIONS", 64, 1),
+            max_choices=_int_at_least(env, "MAX_CHOICES", 255, 2),
+            max_levels=_int_at_least(env, "MAX_LEVELS", 10, 2),
             max_body_bytes=max_body_bytes,
             max_body_bytes_in_flight=in_flight,
             max_input_chars=max_input_chars,
-            min_option_mass=_fraction(env, PREFIX + "MIN_OPTION_MASS", 0.5),
+            min_option_mass=_fraction(env, "MIN_OPTION_MASS", 0.5),
             calibration=_calibration(env),
             calibration_dir=env.get(PREFIX + "CALIBRATION_DIR", "").strip()
             or default_calibration_dir(env),
-            startup_wait=_positive_float(
-                env, PREFIX + "STARTUP_WAIT", DEFAULT_STARTUP_WAIT
-            ),
+            startup_wait=_positive_float(env, "STARTUP_WAIT", DEFAULT_STARTUP_WAIT),
             debias=_debias(env),
-            bulk_in_flight=_int_at_least(env, PREFIX + "BULK_IN_FLIGHT", 256, 1),
-            bulk_window=_int_at_least(env, PREFIX + "BULK_WINDOW", 4096, 1),
-            prior=_choice(env, PREFIX + "PRIOR", PRIOR_CHOICES, AUTO),
-            prior_cache=_int_at_least(env, PREFIX + "PRIOR_CACHE", 4096, 1),
+            bulk_in_flight=_int_at_least(env, "BULK_IN_FLIGHT", 256, 1),
+            bulk_window=_int_at_least(env, "BULK_WINDOW", 4096, 1),
+            prior=_choice(env, "PRIOR", PRIOR_CHOICES, AUTO),
+            prior_cache=_int_at_least(env, "PRIOR_CACHE", 4096, 1),
             prior_cache_bytes=_int_at_least(
-                env, PREFIX + "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536
+                env, "PRIOR_CACHE_BYTES", DEFAULT_PRIOR_CACHE_BYTES, 65536
             ),
-            max_adapters=_int_at_least(
-                env, PREFIX + "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1
-            ),
+            max_adapters=_int_at_least(env, "MAX_ADAPTERS", DEFAULT_MAX_ADAPTERS, 1),
             first_pass=parse_switch(
                 PREFIX + "FIRST_PASS",
                 env.get(PREFIX + "FIRST_PASS", "").strip() or "on",
             ),
             max_request_chars=_int_at_least(
-                env,
-                PREFIX + "MAX_REQUEST_CHARS",
-                REQUEST_CHARS_PER_INPUT * max_input_chars,
-                1,
+                env, "MAX_REQUEST_CHARS", REQUEST_CHARS_PER_INPUT * max_input_chars, 1
             ),
             max_json_depth=_int_at_least(
-                env, PREFIX + "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1
+                env, "MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH, 1
             ),
             min_temperature=low,
             max_temperature=high,
             precision=_precision(env),
             labels=_labels(env),
-            examples=_int_at_least(env, PREFIX + "EXAMPLES", 4, 0),
+            examples=_int_at_least(env, "EXAMPLES", 4, 0),
         )
+
+
+# Every name this module reads. The router patch declares every VLLM_TYPED_DECISIONS_* name the
+# environment holds in vllm/envs.py; check_environment refuses one not listed here.
+VARIABLES = (ENABLE_VARIABLE, *(PREFIX + f.name.upper() for f in fields(Settings)))
 
 
 def decisions_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -301,13 +253,8 @@ def decisions_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> Settings | None:
-    """Every variable of ours, checked before the engine starts: the settings when decisions are on,
-    None when off. Raises SettingsError, naming the variable and what it accepts, for a bad value, and
-    naming it for a ``VLLM_TYPED_DECISIONS_*`` name that no setting reads.
-
-    The backend's name and arguments are checked against the registered backends later, at startup,
-    once plugins are loaded in the API-server process that uses them.
-    """
+    """The settings when decisions are on, None when off; SettingsError for a bad value or an unknown
+    name. The backend is checked at startup, once plugins are loaded."""
     env = os.environ if environ is None else environ
     if not decisions_enabled(env):
         return None
@@ -337,10 +284,8 @@ def parse_value(text: str) -> int | float | bool | str:
     if lowered in ("true", "false"):
         return lowered == "true"
     for convert in (int, float):
-        try:
+        with suppress(ValueError):
             return convert(text)
-        except ValueError:
-            pass
     return text
 
 
@@ -363,13 +308,14 @@ def parse_backend_spec(text: str) -> BackendSpec:
 
 def _number(
     env: Mapping[str, str],
-    name: str,
+    key: str,
     kind: type[int] | type[float],
     default: Any,
     valid: Callable[[float], bool],
     accepted: str,
 ) -> Any:
-    """A numeric setting: its default when unset or empty, else the parsed value if it is ``accepted``."""
+    """Variable PREFIX + ``key``: its default when unset or empty, else its value if ``valid``."""
+    name = PREFIX + key
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -385,31 +331,29 @@ def _number(
     return value
 
 
-def _int_at_least(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    return _number(
-        env,
-        name,
-        int,
-        default,
-        lambda v: v >= minimum,
-        f"a whole number of at least {minimum}",
-    )
+def _int_at_least(env: Mapping[str, str], key: str, default: int, minimum: int) -> int:
+    accepted = f"a whole number of at least {minimum}"
+    return _number(env, key, int, default, lambda v: v >= minimum, accepted)
 
 
 def _positive_float(
-    env: Mapping[str, str], name: str, default: float | None = None
+    env: Mapping[str, str], key: str, default: float | None = None
 ) -> Any:
     return _number(
-        env, name, float, default, lambda v: 0 < v < math.inf, "a finite number above 0"
+        env, key, float, default, lambda v: 0 < v < math.inf, "a finite number above 0"
+    )
+
+
+def _fraction(env: Mapping[str, str], key: str, default: float) -> float:
+    return _number(
+        env, key, float, default, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1"
     )
 
 
 def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
-    """MIN_TEMPERATURE and MAX_TEMPERATURE: finite, above 0, and around 1.0 (the default temperature)."""
-    low_name, high_name = PREFIX + "MIN_TEMPERATURE", PREFIX + "MAX_TEMPERATURE"
     low = _number(
         env,
-        low_name,
+        "MIN_TEMPERATURE",
         float,
         DEFAULT_MIN_TEMPERATURE,
         lambda v: 1e-6 <= v <= 1.0,
@@ -417,7 +361,7 @@ def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
     )
     high = _number(
         env,
-        high_name,
+        "MAX_TEMPERATURE",
         float,
         DEFAULT_MAX_TEMPERATURE,
         lambda v: 1.0 <= v <= 1e6,
@@ -427,7 +371,7 @@ def _temperature_range(env: Mapping[str, str]) -> tuple[float, float]:
 
 
 def _precision(env: Mapping[str, str]) -> dict[str, float]:
-    """VLLM_TYPED_DECISIONS_PRECISION: ``0.9`` (every question type) or ``noul=0.95,choice=0.8``."""
+    """``0.9`` (every question type) or ``noul=0.95,choice=0.8``."""
     name = PREFIX + "PRECISION"
     text = env.get(name, "").strip()
     asked: dict[str, float] = {}
@@ -451,8 +395,8 @@ def _precision(env: Mapping[str, str]) -> dict[str, float]:
 
 
 def _labels(env: Mapping[str, str]) -> str:
-    """VLLM_TYPED_DECISIONS_LABELS: empty (off) or the path of a labels file that exists now (it may
-    be empty): a path naming nothing is far more likely a typo than a file yet to appear."""
+    """Empty, or a labels file that exists now: a path naming nothing is far more likely a typo than a
+    file yet to appear."""
     name = PREFIX + "LABELS"
     raw = env.get(name, "")
     text = raw.strip()
@@ -462,12 +406,6 @@ def _labels(env: Mapping[str, str]) -> str:
             "format), or empty for none, and no such file exists"
         )
     return text
-
-
-def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
-    return _number(
-        env, name, float, default, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1"
-    )
 
 
 def _debias(env: Mapping[str, str]) -> Debias:
@@ -481,10 +419,9 @@ def _debias(env: Mapping[str, str]) -> Debias:
         raise SettingsError(f"{name}={exc}") from None
 
 
-def _choice(
-    env: Mapping[str, str], name: str, accepted: tuple[W, ...], default: W
-) -> W:
+def _choice(env: Mapping[str, str], key: str, accepted: tuple[W, ...], default: W) -> W:
     """One word of ``accepted`` (any case), or the default when unset or empty."""
+    name = PREFIX + key
     raw = env.get(name, "")
     word = raw.strip().lower()
     if not word:
@@ -506,12 +443,8 @@ def default_calibration_dir(env: Mapping[str, str]) -> str:
 
 
 def _calibration(env: Mapping[str, str]) -> str:
-    """A switch (on: the bundled set; unset is on) or the path of an operator question file.
-
-    A path must name a file now: a word that is neither a switch nor a file is far more likely a typo
-    than a file yet to appear. Whether the file reads as questions is checked (with a warning) when
-    calibration runs.
-    """
+    """A switch (unset: on, the bundled set) or a question file that exists now: a word that is neither
+    is far more likely a typo than a file yet to appear."""
     name = PREFIX + "CALIBRATION"
     raw = env.get(name)
     if raw is None:

@@ -1,10 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The temperature an answer gets, as one value from calibration to the audit.
-
-A ``Temperature`` says what T is, where it came from (``source``) and whom it was fitted for (``scope``),
-so the audit can name exactly which T applied. ``Temperatures`` is the server's set: a server-wide T and
-each question type's own, with the precedence rule in one place.
-"""
+"""The temperature an answer gets, with where it came from and whom it was fitted for, so the audit
+can name exactly which T applied; and the precedence rule, in one place."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from dataclasses import dataclass, field
 SERVER = "server"
 REQUEST = "request"
 
-# What a calibration in force was fitted on: a first pass (answers start) or the full set of reads.
+# What a calibration in force was fitted on.
 FIRST_PASS = "first pass"
 FULL = "full"
 STAGES = (FIRST_PASS, FULL)
@@ -21,9 +17,6 @@ STAGES = (FIRST_PASS, FULL)
 
 @dataclass(frozen=True)
 class Temperature:
-    """What ``extra.audit`` reports as ``calibration_temperature``, ``temperature_source`` and
-    ``temperature_scope``."""
-
     value: float
     source: str  # "request", "configured", "calibrated" or "default"
     scope: str  # a question type's name, "server" or "request"
@@ -34,8 +27,7 @@ DEFAULT = Temperature(1.0, "default", SERVER)
 
 @dataclass(frozen=True)
 class Temperatures:
-    """The server-wide T plus the question types calibrated on their own; any other type (too few
-    calibration questions, an edge fit, a plugin type never calibrated) gets the server-wide T."""
+    """The server-wide T plus the question types calibrated on their own; any other gets the server's."""
 
     server: Temperature = DEFAULT
     by_type: dict[str, Temperature] = field(default_factory=dict)
@@ -44,14 +36,13 @@ class Temperatures:
         return self.by_type.get(name, self.server)
 
     def applied(self, qtype: str, requested: float | None = None) -> Temperature:
-        """Request > configured > calibrated (this type's, else server-wide) > default. A configured or
-        default server T comes with no per-type fits, so only the request can override it."""
+        """Request > configured > calibrated (this type's, else server-wide) > default; a configured
+        or default server T comes with no per-type fits."""
         if requested:
             return Temperature(requested, "request", REQUEST)
         return self.for_type(qtype)
 
     def describe(self) -> str:
-        """One phrase for the startup log naming every T in force."""
         text = f"T={self.server.value:.2f} ({self.server.source}, {self.server.scope})"
         if self.by_type:
             own = ", ".join(

@@ -26,11 +26,10 @@ def location(loc: tuple[Any, ...], prefix: str = "") -> str:
     """``("questions", 0, "choices")`` -> ``questions[0].choices``."""
     text = prefix
     for part in loc:
-        text += (
-            f"[{part}]"
-            if isinstance(part, int)
-            else (f".{part}" if text else str(part))
-        )
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
     return text or "body"
 
 
@@ -40,14 +39,12 @@ def detail_message(detail: list[dict[str, Any]]) -> str:
 
 
 def loc_part(part: Any) -> Any:
-    """A location's part as a message shows it: a client's key (an unknown field's name, a Jev question
-    id) cut to a short prefix, so a megabyte-long key can't make a megabyte-long error."""
+    """A client's key (an unknown field, a Jev question id) cut short: it may be megabytes long."""
     return shown(part, bare=True) if isinstance(part, str) else part
 
 
 def error_msg(error: Mapping[str, Any]) -> str:
-    """A pydantic error's message, with the one client value pydantic quotes in one (the tag a
-    discriminated union didn't know, under ``ctx``) cut to a short prefix."""
+    """A pydantic error's message, with the one client value it quotes (an unknown tag) cut short."""
     msg = str(error.get("msg", ""))
     tag = (error.get("ctx") or {}).get("tag")
     if isinstance(tag, str) and (cut := shown(tag)) != repr(tag):
@@ -66,16 +63,15 @@ def is_field_name(part: Any) -> bool:
 def validation_message(
     exc: ValidationError, prefix: str = "", skip_first: bool = False
 ) -> str:
-    """Each error as ``field: message``, joined by ``; ``; branch-mismatch noise left out when a
-    more specific error about the same field exists."""
+    """Each error as ``field: message``; branch-mismatch noise left out where a more specific error
+    about the same field exists."""
     return errors_message(exc.errors(include_url=False), skip_first, prefix)
 
 
 def errors_message(
     errors: Sequence[Mapping[str, Any]], skip_first: bool = False, prefix: str = ""
 ) -> str:
-    """:func:`validation_message` for a list of pydantic-style errors (FastAPI's body errors, whose
-    locations start with "body", with ``skip_first``)."""
+    """:func:`validation_message` for pydantic-style errors (FastAPI's, with ``skip_first``)."""
     found = []
     for error in errors:
         loc = tuple(error["loc"][1:] if skip_first else error["loc"])
@@ -91,9 +87,5 @@ def errors_message(
         if e[1] not in BRANCH_MISMATCH
         or not any(s[0][: len(e[0])] == e[0] for s in specific)
     ]
-    seen: list[str] = []
-    for loc, _, msg in kept:
-        line = f"{location(loc, prefix)}: {msg}"
-        if line not in seen:
-            seen.append(line)
-    return "; ".join(seen)
+    lines = [f"{location(loc, prefix)}: {msg}" for loc, _, msg in kept]
+    return "; ".join(dict.fromkeys(lines))

@@ -1,9 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What differs between the vLLM versions this overlay installs into (0.30 and 0.32), named once.
-
-Everything else the overlay uses from vLLM is the same in both; ``tests/install/test_vllm_imports.py``
-checks every ``vllm`` import of the package against each version's sources (and 0.33's), so a move
-upstream shows up there first. docs/install.md lists the differences."""
+"""What differs between the vLLM versions this overlay installs into (0.30 and 0.32), named once;
+tests/install/test_vllm_imports.py checks every other ``vllm`` import against each version."""
 
 from __future__ import annotations
 
@@ -11,13 +8,8 @@ from typing import Any
 
 import vllm
 
-
-def _release(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
-
-
-VLLM_RELEASE = _release(vllm.__version__)
+_MAJOR, _MINOR = vllm.__version__.split(".")[:2]
+VLLM_RELEASE = (int(_MAJOR), int(_MINOR))
 # vLLM 0.32 answers POST /v1/systemone itself (vllm/entrypoints/generate/structured_decisions) on every
 # server; with decisions on, this overlay takes the path over (api_router.py).
 UPSTREAM_SYSTEMONE = VLLM_RELEASE >= (0, 32)
@@ -27,8 +19,7 @@ BUILT_IN_CANVAS_READ = VLLM_RELEASE >= (0, 32)
 
 
 def load_chat_template(template: str | None) -> Any:
-    """vLLM's ``--chat-template`` loader: ``vllm.entrypoints.chat_utils`` in 0.30,
-    ``vllm.renderers.chat_utils`` from 0.32."""
+    """vLLM's ``--chat-template`` loader."""
     if VLLM_RELEASE >= (0, 32):
         from vllm.renderers.chat_utils import load_chat_template as load
     else:

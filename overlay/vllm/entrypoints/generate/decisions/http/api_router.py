@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The decision endpoints on vLLM's app: each wire format's router (``wire/*/api_router.py``), and
-``GET /v1/models`` with the ``models`` list the TypeSafe SDK reads beside OpenAI's ``data``; and the
-wire that answers each decision path, for bulk (:func:`wire_at`)."""
+"""The decision endpoints on vLLM's app: each wire format's router, ``GET /v1/models`` with the
+``models`` list the TypeSafe SDK reads, and the wire answering each decision path (:func:`wire_at`)."""
 
 from __future__ import annotations
 
@@ -13,14 +12,8 @@ from fastapi.routing import APIRoute
 
 from vllm.entrypoints.generate.decisions.decide.paths import DECISION_PATHS
 from vllm.entrypoints.generate.decisions.http.wire.handling import Wire
-from vllm.entrypoints.generate.decisions.http.wire.jev.api_router import JEV
-from vllm.entrypoints.generate.decisions.http.wire.jev.api_router import (
-    router as jev_router,
-)
-from vllm.entrypoints.generate.decisions.http.wire.openai.api_router import OPENAI
-from vllm.entrypoints.generate.decisions.http.wire.openai.api_router import (
-    router as openai_router,
-)
+from vllm.entrypoints.generate.decisions.http.wire.jev import api_router as jev
+from vllm.entrypoints.generate.decisions.http.wire.openai import api_router as openai
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -32,10 +25,7 @@ SERVING_SINCE = time.strftime("%Y-%m-%d", time.gmtime())
 
 @models_router.get("/v1/models")
 async def list_models(raw_request: Request) -> Response:
-    """vLLM's model list, plus the same models as ``{name, description, release_date}``.
-
-    vLLM does not know a model's release date; ``release_date`` is the day this server started.
-    """
+    """vLLM's model list, plus ``models``; vLLM knows no release date, so it is the server's start."""
     listing = (
         await raw_request.app.state.openai_serving_models.show_available_models()
     ).model_dump()
@@ -51,16 +41,15 @@ async def list_models(raw_request: Request) -> Response:
 
 
 def wire_at(path: str) -> Wire:
-    """The wire format that answers ``path``, one of the decision paths."""
-    for wire in (OPENAI, JEV):
+    for wire in (openai.OPENAI, jev.JEV):
         if path in wire.paths:
             return wire
     raise ValueError(f"{path!r}: not a decision endpoint ({', '.join(DECISION_PATHS)})")
 
 
 def take_over(app: FastAPI, router: APIRouter) -> None:
-    """Drop the app's routes answering a path and method that ``router`` answers, then add ``router``'s:
-    vLLM 0.32 answers ``POST /v1/systemone`` itself, and with decisions on that path is ours."""
+    """``router``'s routes in place of the app's for the same path and method (vLLM 0.32 answers
+    ``POST /v1/systemone`` itself)."""
     ours = {
         (route.path, method)
         for route in router.routes
@@ -80,8 +69,8 @@ def take_over(app: FastAPI, router: APIRouter) -> None:
 
 
 def register_decisions_api_router(app: FastAPI) -> None:
-    take_over(app, openai_router)
-    take_over(app, jev_router)
+    take_over(app, openai.router)
+    take_over(app, jev.router)
     # vLLM registered its own GET /v1/models earlier; ours must come first to be the one that answers.
     app.include_router(models_router)
     ours = app.router.routes[-len(models_router.routes) :]

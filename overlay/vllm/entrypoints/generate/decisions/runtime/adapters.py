@@ -1,20 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which service answers a decision request: the model it names, and one decision service per LoRA
-adapter, chosen here in front of the services (a service knows nothing of adapters but its own).
-
-A request's ``model`` is resolved exactly as vLLM's own endpoints resolve it, by vLLM's own code
-(``BaseServing._check_model`` and ``_maybe_get_adapters`` over the server's ``OpenAIServingModels``): no
-name or a served model name is the base model; an adapter's name (``--lora-modules``, or loaded at run
-time) is that adapter's ``LoRARequest``; anything else is vLLM's 404 "The model `X` does not exist."
-vLLM's own ``VLLM_SKIP_MODEL_NAME_VALIDATION=1`` takes any other name as the base model.
-
-An adapter changes the model's answers, so each adapter is answered by a decision service of its own
-(startup.py builds it over the same engine, reading through the adapter): its own self-check,
-calibration and readiness, saved under the adapter's weights. It starts at startup for
-``--lora-modules`` adapters and on the first request naming it otherwise (503 with Retry-After for that
-adapter meanwhile), and is dropped when vLLM no longer serves the adapter (unloaded, or loaded again).
-Names that reach one adapter folder share its service, and at most VLLM_TYPED_DECISIONS_MAX_ADAPTERS
-services are held: a client naming adapters can't make the server hold (or calibrate) without bound.
+"""Which service answers a request: its ``model`` resolved by vLLM's own code, as its endpoints do,
+and a decision service per LoRA adapter (an adapter changes the answers, so it has its own
+calibration). At most VLLM_TYPED_DECISIONS_MAX_ADAPTERS are held, so a client naming adapters can't
+make the server hold (or calibrate) without bound.
 """
 
 from __future__ import annotations
@@ -27,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from vllm.entrypoints.generate.decisions.decide.errors import (
@@ -59,17 +48,8 @@ logger = init_logger(__name__)
 WEIGHT_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
-@dataclass(frozen=True)
-class Named:
-    """What vLLM's model checks read of a request: its ``model``."""
-
-    model: str | None
-
-
 @dataclass
 class AdapterService:
-    """The decision service answering through one adapter, and its startup work."""
-
     adapter: LoRARequest
     service: DecisionService
     started: asyncio.Task[None]
@@ -81,11 +61,8 @@ Start = Callable[["DecisionService"], Coroutine[Any, Any, None]]
 
 
 class ServedModels:
-    """The server's models as vLLM serves them, each request handed to the service of the model it
-    names: ``base``, or a decision service per adapter in use: one per adapter folder, whatever name
-    reaches it (``x``, ``./x`` and ``x/`` through vLLM's filesystem resolver are one adapter), at most
-    ``limit`` of them, the least recently used set aside for a new one (its saved calibration brings
-    it back without measuring again). Without vLLM's ``serving_models`` every request is the base's."""
+    """Hands each request to the service of the model it names: ``base``, or one per adapter folder
+    (at most ``limit``; without vLLM's ``serving_models``, always the base)."""
 
     def __init__(
         self,
@@ -107,7 +84,7 @@ class ServedModels:
         )
         self._build, self._start = build, start
         self.limit = limit
-        # By adapter identity (:func:`adapter_identity`), least recently used first.
+        # By adapter_identity, least recently used first.
         self._services: OrderedDict[str, AdapterService] = OrderedDict()
         self._building = asyncio.Lock()
         # Whether a request waits for its adapter's startup work rather than being refused 503 meanwhile
@@ -120,24 +97,21 @@ class ServedModels:
 
     @property
     def readiness(self) -> Readiness:
-        """The base model's: until it is ready no request is answered (an adapter's service starts
-        only on a ready base)."""
+        """The base model's: an adapter's service starts only on a ready base."""
         return self.base.readiness
 
     async def decide(self, request: DecisionRequest) -> Decision:
-        """``request`` decided by the service of the model it names; a name vLLM doesn't serve is
-        vLLM's 404."""
         adapter = await self.adapter(request.model)
         service = self.base if adapter is None else await self.service_for(adapter)
         return await service.decide(request)
 
     async def adapter(self, model: str | None) -> LoRARequest | None:
-        """The adapter ``model`` names (None: the base model), or vLLM's refusal of an unknown model. Under
-        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` vLLM's LoRA resolvers may load it here, as for its own APIs."""
+        """The adapter ``model`` names (None: the base), or vLLM's refusal (404)."""
         if self._vllm is None:
             return None
         self.prune()
-        named: Any = Named(model or None)
+        # What vLLM's model checks read of a request: its ``model``.
+        named = SimpleNamespace(model=model or None)
         refusal = await self._vllm._check_model(named)
         if refusal is not None:
             error = refusal.error
@@ -151,10 +125,7 @@ class ServedModels:
         return self._vllm._maybe_get_adapters(named)
 
     def _loaded(self) -> dict[str, LoRARequest]:
-        """The adapters vLLM serves now, by name."""
-        if self.serving_models is None:
-            return {}
-        return self.serving_models.lora_requests
+        return {} if self.serving_models is None else self.serving_models.lora_requests
 
     def _current(self, held: AdapterService | None) -> bool:
         """Whether vLLM still serves ``held``'s adapter as it was when its service was built."""
@@ -164,8 +135,7 @@ class ServedModels:
         )
 
     async def service_for(self, adapter: LoRARequest) -> DecisionService:
-        """The decision service of ``adapter``'s folder, built and its startup begun the first time it is
-        asked for; another name for the same folder gets the same service."""
+        """``adapter``'s folder's service, built and its startup begun the first time it is asked for."""
         identity = adapter_identity(adapter)
         held = self._services.get(identity)
         if not self._current(held):
@@ -186,8 +156,7 @@ class ServedModels:
         return held.service
 
     def _make_room(self) -> None:
-        """Set aside the least recently used services whose startup has finished until a new one fits;
-        when every one is still starting, refuse (503) rather than start more at once."""
+        """Set aside the least recently used started services; when all are starting, 503."""
         while len(self._services) >= self.limit:
             idle = next(
                 (key for key, held in self._services.items() if held.started.done()),
@@ -216,7 +185,7 @@ class ServedModels:
                 await held.started
 
     def prune(self) -> None:
-        """Drop the services of adapters vLLM no longer serves as they were (unloaded, or loaded again)."""
+        """Drop the services of adapters vLLM no longer serves as they were."""
         served = self._loaded()
         for identity, held in list(self._services.items()):
             if not self._current(held):
@@ -230,15 +199,14 @@ class ServedModels:
                 del self._services[identity]
 
     def services(self) -> dict[str, DecisionService]:
-        """Each service by the name of the adapter it reads through."""
         return {
             held.adapter.lora_name: held.service for held in self._services.values()
         }
 
 
 def adapter_identity(adapter: LoRARequest) -> str:
-    """Which adapter a LoRARequest loads: its folder with the path resolved (``x``, ``./x``, ``x/`` and
-    ``x/.`` are one), or its path as given where that is no local folder (a hub id)."""
+    """Which adapter a LoRARequest loads: its resolved folder (``x``, ``./x`` and ``x/`` are one), or
+    its path as given where that is no local folder (a hub id)."""
     path = adapter.lora_path
     return (
         "path:" + os.path.realpath(path)
@@ -248,15 +216,10 @@ def adapter_identity(adapter: LoRARequest) -> str:
 
 
 def weights_sha256(path: str) -> str:
-    """SHA-256 over an adapter's weight files (and config), so a saved calibration is reused only for the
-    same weights; an adapter that isn't a local folder (a hub id vLLM downloads) is keyed by its path."""
+    """SHA-256 over an adapter's weight files and config; one not in a local folder is keyed by path."""
     folder = Path(path)
     digest = hashlib.sha256()
-    files = (
-        [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
-        if folder.is_dir()
-        else []
-    )
+    files = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
     if not files:
         digest.update(f"path:{path}".encode())
     for file in files:

@@ -1,16 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What a saved startup check or calibration was measured on: everything that changes what a read returns.
-
-A saved result is reused only on an exact key match, so the key must change whenever the reads could:
-the model's files by content (config, tokenizer, weights), the tokenizer named by ``--tokenizer``, the
-chat template and its kwargs as the server renders with them, the dtypes and quantization, and the vLLM
-version. (The backend adds its options, what its startup check found and the prompt's render version;
-calibration adds its own settings: runtime/calibration.py.)
-
-Weights are hashed by content, streamed (SHA-256), and each file's hash is kept in the calibration folder
-under its resolved path, size, mtime and ctime, so a restart hashes nothing again and a changed file is
-hashed anew. A model that is no local folder (nor in the local Hugging Face cache) is keyed by its name
-and revision alone, and the log says so.
+"""What a saved startup check or calibration was measured on: everything that changes what a read
+returns, since a saved result is reused only on an exact key match. File hashes are kept by resolved
+path, size, mtime and ctime, so a restart hashes nothing again.
 """
 
 from __future__ import annotations
@@ -26,8 +17,7 @@ from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-# The files of a model folder that decide what it reads: configs and indexes, weights, tokenizer files,
-# chat templates and remote code. Hidden files and the rest (README, images) are not read.
+# The files of a model folder that decide what it reads (not hidden ones, README, images).
 MODEL_FILE_SUFFIXES = (
     ".json",
     ".safetensors",
@@ -45,23 +35,8 @@ HASH_CACHE = "content-hashes.json"
 BLOCK = 1 << 22
 
 
-def model_files(folder: Path) -> list[Path]:
-    """The files at the top of ``folder`` that decide what the model reads, by name."""
-    return sorted(
-        (
-            path
-            for path in folder.iterdir()
-            if not path.name.startswith(".")
-            and path.suffix in MODEL_FILE_SUFFIXES
-            and path.is_file()
-        ),
-        key=lambda path: path.name,
-    )
-
-
 def file_sha256(path: Path, cache: dict[str, Any]) -> tuple[str, int]:
-    """``path``'s SHA-256, from ``cache`` when its size, mtime and ctime are the ones hashed; and the
-    bytes read for it now (0 from the cache)."""
+    """``path``'s SHA-256 (from ``cache`` when its stamp matches) and the bytes read for it now."""
     real = os.path.realpath(path)
     stat = os.stat(real)
     stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
@@ -81,8 +56,7 @@ def file_sha256(path: Path, cache: dict[str, Any]) -> tuple[str, int]:
 
 
 def folder_sha256(folder: Path, cache_dir: Path) -> str:
-    """One SHA-256 over each model file's name and content hash; the file hashes are cached in
-    ``cache_dir`` (a cache that can't be read or written only costs hashing again)."""
+    """One SHA-256 over the model files' names and hashes (a cache that fails only costs hashing)."""
     cache_path = cache_dir / HASH_CACHE
     try:
         cache = json.loads(cache_path.read_text())
@@ -91,7 +65,14 @@ def folder_sha256(folder: Path, cache_dir: Path) -> str:
         cache = {}
     started, hashed = time.monotonic(), 0
     digest = hashlib.sha256()
-    for path in model_files(folder):
+    files = sorted(
+        path
+        for path in folder.iterdir()
+        if not path.name.startswith(".")
+        and path.suffix in MODEL_FILE_SUFFIXES
+        and path.is_file()
+    )
+    for path in files:
         sha, read = file_sha256(path, cache)
         hashed += read
         digest.update(f"{path.name}\0{sha}\n".encode())
@@ -117,7 +98,7 @@ def folder_sha256(folder: Path, cache_dir: Path) -> str:
 
 
 def local_folder(name: str, revision: str | None) -> Path | None:
-    """The local folder of a model or tokenizer: the path itself, or its snapshot in the Hugging Face cache."""
+    """The path itself, or its snapshot in the Hugging Face cache."""
     if os.path.isdir(name):
         return Path(name)
     try:
@@ -135,14 +116,12 @@ def content_key(
     tokenizer_revision: str | None,
     cache_dir: str,
 ) -> dict[str, Any]:
-    """The model's files (and a separate ``--tokenizer``'s) by content; None where no local folder holds them."""
+    """The model's (and a separate tokenizer's) files by content; None where no local folder has them."""
     key: dict[str, Any] = {}
-    for name, (path, rev) in {
-        "model": (model, revision),
-        "tokenizer": (tokenizer, tokenizer_revision),
-    }.items():
-        if name == "tokenizer" and (path is None or path == model):
-            continue
+    targets = {"model": (model, revision)}
+    if tokenizer is not None and tokenizer != model:
+        targets["tokenizer"] = (tokenizer, tokenizer_revision)
+    for name, (path, rev) in targets.items():
         folder = local_folder(str(path), rev)
         if folder is None:
             logger.warning(
@@ -157,13 +136,6 @@ def content_key(
     return key
 
 
-def chat_template_sha256(template: Any) -> str:
-    """The chat template the server renders with, by content (None, a tokenizer without one, included)."""
-    return hashlib.sha256(
-        json.dumps(template, sort_keys=True, default=str).encode()
-    ).hexdigest()
-
-
 def deployment(
     model_config: Any,
     served_model: str,
@@ -171,8 +143,7 @@ def deployment(
     chat_template_kwargs: dict[str, Any],
     logit_dtype: str | None = None,
 ) -> dict[str, Any]:
-    """What identifies the served model for saved startup work, short of its files' content
-    (:func:`content_key`, added when the startup work begins)."""
+    """The served model's key for saved startup work, short of :func:`content_key`."""
     import vllm
 
     return {
@@ -185,7 +156,9 @@ def deployment(
         "tokenizer": getattr(model_config, "tokenizer", None),
         "tokenizer_revision": getattr(model_config, "tokenizer_revision", None),
         "tokenizer_mode": str(getattr(model_config, "tokenizer_mode", None)),
-        "chat_template_sha256": chat_template_sha256(chat_template),
+        "chat_template_sha256": hashlib.sha256(
+            json.dumps(chat_template, sort_keys=True, default=str).encode()
+        ).hexdigest(),
         "chat_template_kwargs": chat_template_kwargs,
         "vllm_version": vllm.__version__,
     }

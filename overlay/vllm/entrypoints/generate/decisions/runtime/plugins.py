@@ -1,13 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Plugins from installed packages: the ``vllm.decision_backends`` and ``vllm.decision_question_types``
-entry-point groups, loaded once at startup into the server's registry (decide/backends/registry.py).
-
-A backend entry point names a backend class, a question-type one a question type (class or
-instance); either may instead name a function that registers things itself, and importing its module
-may also register on its own. Anything else an entry point names is a load failure, and so is a name
-already taken (a plugin replaces a built-in only by registering it with ``override=True``). A plugin
-that fails to load is left out, never silently: the log names it and why, and so does every refusal
-of a request that needs it (and the server won't start if the configured backend was one of its).
+"""Plugins from installed packages' entry points, loaded once at startup into the registry. One that
+fails to load is left out, never silently: the log names it and why, as does every refusal needing it.
 """
 
 from __future__ import annotations
@@ -37,7 +30,6 @@ ACCEPTED = {
 
 
 def load_plugins() -> list[str]:
-    """Load every decision plugin entry point; returns their names."""
     loaded = []
     for group in GROUPS:
         for point in entry_points(group=group):
@@ -61,7 +53,6 @@ def load_plugins() -> list[str]:
 
 
 def register_target(group: str, target: object) -> None:
-    """Register what one entry point named, if its group takes that; TypeError otherwise."""
     if (
         group == BACKENDS
         and isinstance(target, type)
@@ -84,7 +75,6 @@ def register_target(group: str, target: object) -> None:
 
 
 def described(target: object) -> str:
-    """What an entry point named, for its load failure."""
     if isinstance(target, type):
         return f"the class {target.__module__}.{target.__qualname__}"
     return f"{type(target).__name__} {str(target)[:60]!r}"

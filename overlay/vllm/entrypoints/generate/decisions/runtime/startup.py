@@ -1,28 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Server startup: settings -> backend -> decision service -> startup work in the background.
-
-Bad settings stop the server here, with a message naming the variable. Startup work (the backend's
-own checks) runs as a task, so vLLM's ``/health`` comes up while decision requests get 503.
-"""
+"""Server startup: settings -> backend -> decision service -> startup work in the background (a task,
+so vLLM's ``/health`` comes up while decision requests get 503)."""
 
 from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 from starlette.datastructures import State
 
 from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
+    identify_run,
+    once_per_server,
+    run_id,
+    this_run,
+)
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     backend_names,
     backend_options,
     choose_backend,
 )
+from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.decide.errors import BackendUnavailable
 from vllm.entrypoints.generate.decisions.decide.metrics import init_metrics
 from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
@@ -32,16 +36,9 @@ from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.temperature import FIRST_PASS
-from vllm.entrypoints.generate.decisions.decide.vllm_host import VllmHost
 from vllm.entrypoints.generate.decisions.runtime.adapters import (
     ServedModels,
     weights_sha256,
-)
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
-    identify_run,
-    once_per_server,
-    run_id,
-    this_run,
 )
 from vllm.entrypoints.generate.decisions.runtime.model_identity import (
     content_key,
@@ -61,8 +58,7 @@ def served_model_name(args: Namespace) -> str:
 async def init_decisions_state(
     engine_client: EngineClient, state: State, args: Namespace
 ) -> None:
-    """The server's models, each with its decision service, on the API server's app state; their
-    startup work as a background task."""
+    """The server's models and their decision services on the app state; startup work as a task."""
     served = build_service(
         engine_client, args, getattr(state, "openai_serving_models", None)
     )
@@ -78,15 +74,12 @@ async def init_decisions_state(
 def build_service(
     engine_client: EngineClient, args: Namespace, serving_models: Any = None
 ) -> ServedModels:
-    """Settings, plugins, host, backend and the base model's decision service for ``vllm serve`` or
-    ``vllm run-batch`` (``args``: either's), its deployment's key for saved startup work on it, behind
-    the served models that choose a service per request. Nothing started yet. With vLLM's
-    ``OpenAIServingModels``, a request's ``model`` is checked as vLLM checks it, and one naming a LoRA
-    adapter is decided through it (adapters.py); without, any ``model`` is the base's."""
+    """The served models for ``vllm serve`` or ``vllm run-batch`` (``args``: either's), not started."""
     from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
         load_chat_template,
     )
     from vllm.entrypoints.launchers.cli_args import resolve_default_chat_template_kwargs
+    from vllm.entrypoints.serve.utils.request_logger import RequestLogger
 
     settings = Settings.from_env()
     identify_run(getattr(args, "api_server_count", None))
@@ -98,7 +91,9 @@ def build_service(
         chat_template_kwargs=resolve_default_chat_template_kwargs(args)
         if hasattr(args, "default_chat_template_kwargs")
         else None,
-        request_logger=request_logger(args),
+        request_logger=RequestLogger(max_log_len=args.max_log_len)
+        if getattr(args, "enable_log_requests", False)
+        else None,
     )
     # metrics.py: after vLLM's stat logger, in every API-server process
     init_metrics(host.served_model)
@@ -147,49 +142,29 @@ def new_service(
     adapter: Any = None,
     content: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> DecisionService:
-    """The configured backend over ``host`` and a decision service for it, its startup work saved under
-    ``model`` (the deployment's key, completed by ``content``, the model files' hashes, when the startup
-    work begins) and to be started (:func:`start_service`)."""
+    """A service for the configured backend; ``content`` completes ``model`` when startup begins."""
     backend_cls = choose_backend(settings.backend, host.architectures)
     backend = backend_cls(
         host, backend_options(backend_cls, settings.backend.args), settings
     )
     readiness = Readiness()
+
+    async def starter(chosen: DecisionBackend) -> None:
+        # The model files' hashes into ``model`` (shared with calibration), then the start.
+        if content is not None:
+            model.update(await content())
+        await start_backend_once(chosen, settings, model, readiness.waiting)
+
     service = DecisionService(
         settings,
         backend,
         adapter.lora_name if adapter is not None else host.served_model,
-        starter=lambda chosen: start_keyed(chosen, settings, model, content, readiness),
+        starter=starter,
         readiness=readiness,
         adapter=adapter,
     )
     service.deployment = model
     return service
-
-
-def request_logger(args: Namespace) -> Any:
-    """vLLM's request logger, as its own endpoints get it, when ``--enable-log-requests`` is on."""
-    from vllm.entrypoints.serve.utils.request_logger import RequestLogger
-
-    return (
-        RequestLogger(max_log_len=args.max_log_len)
-        if getattr(args, "enable_log_requests", False)
-        else None
-    )
-
-
-async def start_keyed(
-    backend: DecisionBackend,
-    settings: Settings,
-    model: dict[str, Any],
-    content: Callable[[], Awaitable[dict[str, Any]]] | None,
-    readiness: Readiness,
-) -> None:
-    """The model files' hashes into ``model`` (the service's key, shared with its calibration), then
-    the backend's start once per server."""
-    if content is not None:
-        model.update(await content())
-    await start_backend_once(backend, settings, model, readiness.waiting)
 
 
 class Once:
@@ -212,8 +187,7 @@ async def start_backend_once(
     waiting: Callable[[], None] | None = None,
 ) -> None:
     """Start ``backend`` once per server: one API-server process runs its start hook and the others adopt
-    the facts it returned (or start themselves, for a backend that shares none); a refusal is shared too.
-    ``waiting`` is told when this process waits for another's start (decide/serving/readiness.py)."""
+    its facts (or start themselves, for a backend that shares none); a refusal is shared too."""
     key = {
         **model,
         "backend": backend.name,
@@ -226,7 +200,14 @@ async def start_backend_once(
             facts = await backend.start()
         except BackendUnavailable as exc:
             return {"failure": str(exc), "run": run_id()}
-        return {"facts": shareable(backend, facts), "run": run_id()}
+        if facts is not None and (
+            backend.facts_model is None or not isinstance(facts, backend.facts_model)
+        ):
+            raise TypeError(
+                f"backend {backend.name!r}: start() returned {type(facts).__name__}, not its facts_model"
+            )
+        dumped = None if facts is None else facts.model_dump(mode="json")
+        return {"facts": dumped, "run": run_id()}
 
     record, loaded = await once_per_server(
         Path(settings.calibration_dir),
@@ -248,60 +229,36 @@ async def start_backend_once(
         backend.adopt(backend.facts_model.model_validate(record["facts"]))
 
 
-def shareable(
-    backend: DecisionBackend, facts: BaseModel | None
-) -> dict[str, Any] | None:
-    """The facts ``start`` returned, as JSON for the other processes; None when it shares none."""
-    if facts is None:
-        return None
-    if backend.facts_model is None or not isinstance(facts, backend.facts_model):
-        raise TypeError(
-            f"backend {backend.name!r}: start() returned {type(facts).__name__}, not its facts_model"
-        )
-    return facts.model_dump(mode="json")
-
-
 async def start_served(served: ServedModels) -> None:
-    """The base model's startup work, then, once it is ready, each LoRA adapter's already loaded
-    (``--lora-modules``), one after another."""
+    """The base model's startup work, then, once it is ready, each ``--lora-modules`` adapter's."""
     await start_service(served.base)
     if served.base.readiness.ready:
         await served.start_loaded()
 
 
 async def start_service(service: DecisionService) -> None:
-    """One service's startup work: the backend's start (once per server), then calibration unless T
-    is configured. A failure is logged, never raised: requests then get 503 with the reason
-    (``service.readiness``). Stopped under it (cancelled, or the engine stopping, as when the server
-    stops), it logs one line of what it cut short: that is no failure."""
-    from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
-        Calibrated,
-    )
-    from vllm.entrypoints.generate.decisions.runtime.calibration import (
+    """One service's startup work; a failure is logged, never raised (requests get 503 with why)."""
+    from vllm.entrypoints.generate.decisions.calibration.calibrate import (
         startup_calibration,
     )
-    from vllm.entrypoints.generate.decisions.runtime.live_labels import watch
+    from vllm.entrypoints.generate.decisions.calibration.live_labels import watch
 
-    async def calibrate() -> Calibrated:
-        return await startup_calibration(
-            service.backend,
-            service.settings,
-            service.deployment,
-            service.readiness,
-            service.use_first_pass,
-        )
-
+    calibrate = partial(
+        startup_calibration,
+        service.backend,
+        service.settings,
+        service.deployment,
+        service.readiness,
+        service.use_first_pass,
+    )
     try:
         await service.start(calibrate)
-        # The labels file the server watches, once a calibration is in force (live_labels.py).
         watch(service)
     except asyncio.CancelledError:
         # The server's shutdown (its event loop's end), or, for an adapter's, the adapter unloaded.
         logger.info("%s", cut_short(service, "cancelled"))
         raise
-    except (
-        BackendUnavailable
-    ) as exc:  # a known refusal: its message says why and what to change
+    except BackendUnavailable as exc:  # its message says why and what to change
         logger.error(
             "decisions unavailable on this server (decision requests will get 503): %s",
             exc,
@@ -319,8 +276,7 @@ async def start_service(service: DecisionService) -> None:
 
 
 def cut_short(service: DecisionService, how: str) -> str:
-    """The one line startup work stopped under it says, ``how`` it stopped (a server stopping is no
-    failure): the step and how far it got, or, on a first pass, that the next start answers on it."""
+    """The line startup work stopped ``how`` logs: the step and how far it got."""
     readiness, progress = service.readiness, service.readiness.progress
     if service.calibrated.stage == FIRST_PASS:
         return (

@@ -1,44 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backends: what one is (base.py) and the built-in ones; registry.py registers and chooses them.
+"""Backends: what one is (base.py), the built-in ones, and their registry (registry.py).
 
-The built-in backends are imported on first use (``backends.LogitBackend``, or the registry looking
-one up), not with this package: checking settings or loading plugins then doesn't pull in three
-backends' code.
-"""
+Built-ins are imported on first use, so checking settings or loading plugins doesn't import them."""
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import Any, cast
 
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
 
-# Each built-in backend by the name it is selected by: its class's name and the subpackage holding it.
-BUILT_IN: dict[str, tuple[str, str]] = {
-    "logit": ("LogitBackend", ".logit"),
-    "encoder": ("EncoderBackend", ".encoder"),
-    "canvas": ("CanvasBackend", ".canvas"),
+# Each built-in backend's class by the name it is selected by, also the name of its subpackage.
+BUILT_IN = {
+    "logit": "LogitBackend",
+    "encoder": "EncoderBackend",
+    "canvas": "CanvasBackend",
 }
-SUBPACKAGES = {class_name: subpackage for class_name, subpackage in BUILT_IN.values()}
+SUBPACKAGES = {class_name: f".{name}" for name, class_name in BUILT_IN.items()}
 
 
 def __getattr__(name: str) -> Any:
-    """``LogitBackend``, ``EncoderBackend``, ``CanvasBackend``: imported when first asked for."""
     if name in SUBPACKAGES:
         return getattr(import_module(SUBPACKAGES[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def built_in_backend(name: str) -> type[DecisionBackend]:
-    """The built-in backend selected by ``name`` (one of :data:`BUILT_IN`), importing it if need be."""
-    class_name, subpackage = BUILT_IN[name]
-    cls: type[DecisionBackend] = getattr(
-        import_module(subpackage, __name__), class_name
-    )
-    return cls
+    return cast(type[DecisionBackend], __getattr__(BUILT_IN[name]))
 
 
 __all__ = [

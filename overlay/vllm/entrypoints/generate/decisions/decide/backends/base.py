@@ -19,13 +19,11 @@ from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
 from vllm.entrypoints.generate.decisions.decide.validation import validation_message
 
-# What a reading reports beyond its scores: a pydantic model of the backend's own (what the built-in
-# backends use; fields left unset are not reported), or a plain JSON object.
+# What a reading reports beyond its scores: a pydantic model (unset fields are not reported) or JSON.
 Facts: TypeAlias = BaseModel | Mapping[str, JsonValue]
 
 
 def facts_json(facts: Facts) -> dict[str, Any]:
-    """``facts`` as the JSON object an answer carries."""
     return (
         facts.model_dump(exclude_unset=True)
         if isinstance(facts, BaseModel)
@@ -35,12 +33,8 @@ def facts_json(facts: Facts) -> dict[str, Any]:
 
 @dataclass
 class Reading:
-    """A backend's raw result for one question.
-
-    ``scores`` holds one raw score per option (log-probabilities for the logit backend);
-    ``meta`` lands in the answer's ``extra.backend`` and ``audit`` in its ``extra.audit``; the token
-    and pass counts feed the audit.
-    """
+    """A backend's raw result for one question: a raw score per option (log-probabilities for the
+    logit backend); ``meta`` lands in the answer's ``extra.backend``, ``audit`` in its ``extra.audit``."""
 
     scores: list[float]
     forward_passes: int
@@ -57,12 +51,8 @@ OptionsT = TypeVar("OptionsT", bound=BaseModel | None)
 
 
 class DecisionBackend(ABC, Generic[OptionsT]):
-    """A way of reading a distribution over a question's options from the served model.
-
-    Backends reach the engine only through the :class:`BackendHost` they are built with, which keeps
-    them testable without an engine and independent of vLLM's internals. A backend is generic in its
-    options model (``DecisionBackend[MyOptions]``): ``self.options`` and ``read``'s ``options`` are one.
-    """
+    """A way of reading a distribution over a question's options from the served model. It reaches
+    the engine only through its :class:`BackendHost`: testable without an engine, apart from vLLM."""
 
     name: ClassVar[str]
     # Model architectures (``config.architectures``) this backend serves by default.
@@ -73,15 +63,14 @@ class DecisionBackend(ABC, Generic[OptionsT]):
     facts_model: ClassVar[type[BaseModel] | None] = None
     # Names the prompt layout, so answers and saved calibrations can say which prompt they saw.
     render_version: ClassVar[str] = "none"
-    # The option naming how a question's labels are laid out, for a backend with several ways (the logit
-    # backend's ``labels``), and its values; startup calibration compares them per question type.
+    # The option naming how labels are laid out (logit's ``labels``) and its values, compared by
+    # startup calibration per question type.
     layout_option: ClassVar[str | None] = None
     layouts: ClassVar[tuple[str, ...]] = ()
-    # Whether a reading doesn't depend on the order of the question's options (a backend that scores each
-    # option on its own): debiasing then reads such a backend once, in the client's order.
+    # Whether a reading doesn't depend on the options' order: debiasing then reads it once.
     order_independent: ClassVar[bool] = False
-    # Options a read never looks at per request (the startup options decide them, as the logit backend's
-    # ``markers`` make its label catalog): a request naming another value is refused, not silently ignored.
+    # Options only startup decides (logit's ``markers``): a request naming another value is refused,
+    # not silently ignored.
     startup_only: ClassVar[tuple[str, ...]] = ()
     # Set for a subclass whose ``read`` still takes ``(state, question, request_id, options)``.
     legacy_read: ClassVar[bool] = False
@@ -109,7 +98,7 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         self.settings = settings or Settings.from_env({})
 
     def request_options(self, overrides: dict[str, Any] | None) -> OptionsT:
-        """The startup options with a request's ``backend_options`` laid over them, validated."""
+        """The startup options with a request's ``backend_options`` laid over them."""
         if not overrides:
             return self.options
         if self.options_model is None:
@@ -133,8 +122,8 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         return cast(OptionsT, options)
 
     def compared_layouts(self) -> tuple[str, ...]:
-        """The layouts startup calibration compares, the first its baseline: none where the backend has
-        one way, or where the operator chose one at startup."""
+        """The layouts startup calibration compares, the first its baseline: none where the operator
+        chose one."""
         chosen = (
             self.options is not None
             and self.layout_option in self.options.model_fields_set
@@ -142,47 +131,38 @@ class DecisionBackend(ABC, Generic[OptionsT]):
         return () if self.layout_option is None or chosen else self.layouts
 
     def with_layout(self, options: OptionsT, layout: str | None) -> OptionsT:
-        """``options`` reading with ``layout`` (None: as they are)."""
         if layout is None or self.layout_option is None or options is None:
             return options
         return options.model_copy(update={self.layout_option: layout})
 
     def seeded(self, options: OptionsT, seed: int | None) -> OptionsT:
-        """``options`` for a request that sent ``extra.seed``: backends whose reads draw randomness take
-        it from here; the others ignore it."""
+        """``options`` for a request that sent ``extra.seed`` (for backends whose reads draw randomness)."""
         return options
 
     async def start(self) -> BaseModel | None:
-        """The one startup hook: checks and preparation before the first request, for the default
-        backend and for one a request names alike. Raise :class:`BackendUnavailable` when this model
-        can't be served (requests then get a 503 saying why).
-
-        Work worth doing once per server rather than once per API-server process (reading the model,
-        say) is shared by returning what it found as an instance of :attr:`facts_model`: the other
-        processes of this server then :meth:`adopt` it instead of starting. None (the default): each
-        process starts."""
+        """Checks and preparation before the first request; raise :class:`BackendUnavailable` when this
+        model can't be served (requests then get a 503 saying why). Returning a :attr:`facts_model` lets
+        the other API-server processes :meth:`adopt` it instead of starting; None: each process starts."""
         return None
 
     def read_key(self) -> dict[str, Any]:
-        """What the startup check found that changes what reads return (read precision, say), for the
-        saved calibration's key; call after :meth:`start` or :meth:`adopt`."""
+        """What the startup check found that changes reads (precision, say), for the saved
+        calibration's key."""
         return {}
 
     def adopt(self, facts: Any) -> None:  # noqa: B027 - optional hook
-        """Apply the facts (a :attr:`facts_model`) another API-server process's :meth:`start` returned."""
+        """Apply the facts another API-server process's :meth:`start` returned."""
 
     @abstractmethod
     async def read(
         self, question: CompiledQuestion, context: ReadContext[OptionsT]
     ) -> Reading:
-        """Score every option of ``question`` about ``context.state``, with this request's options
-        (``context.options``, from :meth:`request_options`); engine reads go through the host with
-        ``context`` (or ``context.part(...)`` for each of several)."""
+        """Score every option of ``question`` about ``context.state``; engine reads go through the host
+        with ``context`` (or ``context.part(...)`` for each of several)."""
 
 
 def takes_legacy_read(read: Any) -> bool:
-    """Whether ``read`` is the old ``read(self, state, question, request_id, options=None)``: more than
-    two positional parameters after ``self``."""
+    """Whether ``read`` is the old ``read(self, state, question, request_id, options=None)``."""
     try:
         parameters = list(inspect.signature(read).parameters.values())[1:]
     except (TypeError, ValueError):

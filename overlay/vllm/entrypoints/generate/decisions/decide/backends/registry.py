@@ -1,17 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What this server can answer with: the registered backends and question types, which of them are
-built in, and the plugins that failed to load.
+"""The registered backends and question types, which are built in, and plugins that failed to load.
 
-Everything that registers or looks up a backend or a question type goes through a :class:`Registry`:
-the server has one (:data:`REGISTRY`, which the module-level functions here use), holding the built-ins
-from the start and plugins (plugins.py) once loaded; the wires, the service and startup only read.
-A name is taken once: registering it again is refused unless the caller says ``override=True``, so a
-plugin can replace a built-in only on purpose, and then everywhere (``BACKEND=logit`` and the default
-choice alike). Built-ins are known by identity, not by name: a plugin type that replaced ``choice``
-gets a plugin's answer shape. Built-in backends are imported when first looked up or chosen, so
-importing this module (for settings checks, say) doesn't import them. A refusal that a failed plugin
-might explain says so (:meth:`Registry.failures_note`).
-"""
+A name is taken once unless ``override=True``, so a plugin replaces a built-in only on purpose, and then
+everywhere. Built-ins are known by identity, not name: a plugin type that replaced ``choice`` gets a
+plugin's answer shape."""
 
 from __future__ import annotations
 
@@ -50,7 +42,7 @@ class Registry:
     """Backends and question types by name, the built-ins among them, and plugins that failed."""
 
     def __init__(self) -> None:
-        # None stands for a built-in backend not imported yet (backends/__init__.py imports it).
+        # None: a built-in backend not imported yet.
         self._backends: dict[str, type[DecisionBackend] | None] = {}
         self._built_in_backends: set[str] = set()
         self._question_types: dict[str, QuestionType] = {}
@@ -60,31 +52,23 @@ class Registry:
 
     @classmethod
     def with_built_ins(cls) -> Registry:
-        """A registry holding the built-in backends (not imported yet) and question types."""
         registry = cls()
-        for name in BUILT_IN:
-            registry._backends[name] = None
-            registry._built_in_backends.add(name)
-        for qtype in (NOUL, CHOICE, SCORE):
-            registry._question_types[qtype.name] = registry._built_in_types[
-                qtype.name
-            ] = qtype
+        registry._backends = dict.fromkeys(BUILT_IN)
+        registry._built_in_backends = set(BUILT_IN)
+        registry._built_in_types = {
+            qtype.name: qtype for qtype in (NOUL, CHOICE, SCORE)
+        }
+        registry._question_types = dict(registry._built_in_types)
         return registry
 
     # --- backends -----------------------------------------------------------------------------
 
     def register_backend(self, cls: B, *, override: bool = False) -> B:
-        """Make a backend selectable by its ``name``; a name already taken by another class is refused
-        unless ``override`` (registering the same class again changes nothing)."""
         if not (isinstance(cls, type) and issubclass(cls, DecisionBackend)):
             raise TypeError(
                 f"a backend must be a DecisionBackend subclass, not {cls!r}"
             )
-        name = getattr(cls, "name", None)
-        if not isinstance(name, str) or not name:
-            raise ValueError(
-                f"backend {cls.__qualname__} sets no name (the class attribute `name`)"
-            )
+        name = class_name(cls, "backend")
         if name in self._backends and not override:
             current = self.backend_class(name)
             if current is not cls:
@@ -103,7 +87,7 @@ class Registry:
         return cls
 
     def unregister_backend(self, name: str) -> None:
-        """Take a plugin backend out again (tests): a built-in it replaced comes back; built-ins stay."""
+        """Take a plugin backend out again (tests): a built-in it replaced comes back."""
         if name not in self._built_in_backends:
             self._backends.pop(name, None)
         elif not self.is_built_in_backend(self._backends[name]):
@@ -113,7 +97,6 @@ class Registry:
         return sorted(self._backends)
 
     def backend_class(self, name: str) -> type[DecisionBackend] | None:
-        """The backend registered as ``name`` (a built-in is imported here, the first time)."""
         if name not in self._backends:
             return None
         cls = self._backends[name]
@@ -122,15 +105,13 @@ class Registry:
         return cls
 
     def is_built_in_backend(self, cls: type[DecisionBackend] | None) -> bool:
-        """Whether ``cls`` is the very class this project ships under its name (not a plugin's)."""
         name = getattr(cls, "name", None)
         return name in self._built_in_backends and built_in_backend(name) is cls
 
     def choose_backend(
         self, spec: BackendSpec, architectures: tuple[str, ...]
     ) -> type[DecisionBackend]:
-        """The configured backend, else one claiming the model's architecture (plugins first), else
-        whichever is registered as ``logit``."""
+        """The configured backend, else one claiming the architecture (plugins first), else ``logit``."""
         if spec.name:
             chosen = self.backend_class(spec.name)
             if chosen is None:
@@ -163,19 +144,13 @@ class Registry:
     def register_question_type(
         self, qtype: QuestionType | type[QuestionType], *, override: bool = False
     ) -> QuestionType:
-        """Make a question type available on both endpoints; returns the registered instance. A name
-        already taken by another type is refused unless ``override`` (the same type again, class or
-        instance, changes nothing)."""
+        """Make a question type available on both endpoints; returns the registered instance."""
         kind = qtype if isinstance(qtype, type) else type(qtype)
         if not issubclass(kind, QuestionType):
             raise TypeError(
                 f"a question type must be a QuestionType subclass or instance, not {qtype!r}"
             )
-        name = getattr(kind, "name", None)
-        if not isinstance(name, str) or not name:
-            raise ValueError(
-                f"question type {kind.__qualname__} sets no name (the class attribute `name`)"
-            )
+        name = class_name(kind, "question type")
         if name in RESERVED_TYPE_NAMES:
             raise ValueError(
                 f"question type name {name!r} is reserved by OpenAI's format"
@@ -200,8 +175,8 @@ class Registry:
         return sorted(self._question_types)
 
     def built_in_question_type(self, qtype: str | QuestionType) -> bool:
-        """Whether a type is one of Jev's ``noul``, ``choice`` and ``score`` as this project ships them
-        (each wire has its own answer shape for those); given a name, the type registered under it."""
+        """Whether a type (or the one registered under a name) is a built-in one as shipped: each wire
+        has its own answer shape for those."""
         found = self._question_types.get(qtype) if isinstance(qtype, str) else qtype
         return found is not None and self._built_in_types.get(found.name) is found
 
@@ -211,7 +186,6 @@ class Registry:
         self._failures[name] = why
 
     def failures(self) -> dict[str, str]:
-        """Each plugin that failed to load and why (for the operator: logs, startup errors)."""
         return dict(self._failures)
 
     def failures_detail(self) -> str:
@@ -223,19 +197,25 @@ class Registry:
         )
 
     def failures_note(self) -> str:
-        """A clause for refusals that might be explained by a plugin that failed to load."""
+        """A clause for refusals a failed plugin might explain: names only (the reasons may hold paths)."""
         if not self._failures:
             return ""
-        # Names only: why each failed (exception text, local paths) is in the server's log, not in responses.
         return f"; plugins that failed to load (the server's log says why): {', '.join(self._failures)}"
 
 
-# The server's registry: what the plugin API and the functions below register in and read.
+def class_name(cls: type, what: str) -> str:
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"{what} {cls.__qualname__} sets no name (the class attribute `name`)"
+        )
+    return name
+
+
 REGISTRY = Registry.with_built_ins()
 
 
 def backend_options(cls: type[DecisionBackend], args: Mapping[str, Any]) -> Any:
-    """Validate startup arguments against the backend's options model; unknown ones fail."""
     if cls.options_model is None:
         if args:
             raise SettingsError(
@@ -250,7 +230,7 @@ def backend_options(cls: type[DecisionBackend], args: Mapping[str, Any]) -> Any:
         ) from None
 
 
-# --- the server registry's operations, as functions (the plugin API and the callers') -----------
+# --- the server registry's operations, as functions (the plugin API) ------------------------------
 
 
 @overload
@@ -262,8 +242,7 @@ def register_backend(
 def register_backend(
     cls: B | None = None, /, *, override: bool = False
 ) -> B | Callable[[B], B]:
-    """Make a backend selectable by name; as a class decorator, ``@register_backend`` or
-    ``@register_backend(override=True)`` (to replace a backend of the same name on purpose)."""
+    """Make a backend selectable by name; also a class decorator, with or without ``override``."""
     if cls is None:
         return lambda later: REGISTRY.register_backend(later, override=override)
     return REGISTRY.register_backend(cls, override=override)
@@ -280,8 +259,7 @@ def register_question_type(
 def register_question_type(
     qtype: QuestionType | type[QuestionType] | None = None, /, *, override: bool = False
 ) -> QuestionType | Callable[[QuestionType | type[QuestionType]], QuestionType]:
-    """Make a question type available on both endpoints; as a class decorator, ``@register_question_type``
-    or ``@register_question_type(override=True)`` (to replace a type of the same name on purpose)."""
+    """Make a question type available; also a class decorator, with or without ``override``."""
     if qtype is None:
         return lambda later: REGISTRY.register_question_type(later, override=override)
     return REGISTRY.register_question_type(qtype, override=override)

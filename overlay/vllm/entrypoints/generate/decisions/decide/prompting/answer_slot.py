@@ -1,22 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where the model's next token is its answer, and which token each option label is there.
 
-The rendered chat prompt ends on the assistant's turn. Some templates leave something open there (a
-reasoning block, an output channel): we close it. Then comes an optional empty reasoning block (chosen
-by the startup self-check for models that start one by themselves) and a short answer cue. The last
-plain-text run (the text after the last special token) is re-tokenized with the cue, so the prompt is
-tokenized exactly as the tokenizer would have done it. A label is read at the token that follows the
-cue: it must be a single token that leaves the prompt's tokens unchanged and decodes back to the label,
-or the question is refused (reading a different token would report the wrong probability).
-
-Word labels (labels.py) may instead be read after a space that ends the prompt (:meth:`place_words`):
-most BPE tokenizers keep a digit apart from the space before it, so "Answer: 1" is the cue, a space,
-then the digit, and the digit is read at the token after the space.
-"""
+What the template leaves open at the assistant's turn is closed, then come an optional empty reasoning
+block and the answer cue; the last plain-text run is re-tokenized with them, as the tokenizer would. A
+label must be one token there that leaves the prompt's tokens unchanged and decodes back to itself, or
+the question is refused: reading another token would report the wrong probability. Word labels may be
+read after a space ending the prompt instead: most BPE tokenizers keep a digit apart from its space."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
@@ -24,17 +18,14 @@ from vllm.entrypoints.generate.decisions.decide.host import BackendHost
 
 ANSWER_CUE = "Answer:"
 
-# The most label tokens remembered (letters and pairs need about 700 per prompt ending; words come from
-# requests, so the oldest are forgotten past this).
+# Letters and pairs need about 700 per prompt ending; words come from requests: the oldest go.
 LABEL_CACHE_SIZE = 4096
 
-# Endings some templates leave open whatever the thinking switch says, and what closes them.
+# Endings some templates leave open whatever the thinking switch says, and what closes them:
+# GPT-OSS (harmony) picks the final channel, GLM-5.x closes its opened reasoning block.
 OPEN_ENDINGS = (
-    (
-        "<|start|>assistant",
-        "<|channel|>final<|message|>",
-    ),  # GPT-OSS (harmony): pick the final channel
-    ("<think>", "</think>"),  # GLM-5.x: an opened reasoning block
+    ("<|start|>assistant", "<|channel|>final<|message|>"),
+    ("<think>", "</think>"),
     ("<think>\n", "</think>\n"),
 )
 
@@ -49,7 +40,7 @@ class AnswerSlot:
 
 
 class AnswerSlotPlacer:
-    """Places the answer cue and finds the label tokens; label tokens are cached per prompt ending."""
+    """Places the answer cue and finds the label tokens, cached per prompt ending."""
 
     def __init__(
         self, host: BackendHost, cue: str = ANSWER_CUE, reasoning_block: str = ""
@@ -62,33 +53,26 @@ class AnswerSlotPlacer:
     def ending(self, rendered_ids: Sequence[int]) -> tuple[int, str]:
         """Where the last plain-text run starts, and the text that replaces everything from there."""
         start = self.text_start(rendered_ids)
-        closing = self._closing_at(rendered_ids, start)
-        return start, self.host.decode(
-            rendered_ids[start:]
-        ) + closing + self.reasoning_block + self.cue
+        closing = self.closing(rendered_ids, start)
+        text = self.host.decode(rendered_ids[start:])
+        return start, text + closing + self.reasoning_block + self.cue
 
     def text_start(self, rendered_ids: Sequence[int]) -> int:
-        """Where the last plain-text run (after the last special token) starts."""
         special = self.host.special_token_ids()
         start = len(rendered_ids)
         while start > 0 and rendered_ids[start - 1] not in special:
             start -= 1
         return start
 
-    def closing(self, rendered_ids: Sequence[int]) -> str:
+    def closing(self, rendered_ids: Sequence[int], start: int | None = None) -> str:
         """What closes the ending the template leaves open ("" when it leaves none open)."""
-        return self._closing_at(rendered_ids, self.text_start(rendered_ids))
-
-    def _closing_at(self, rendered_ids: Sequence[int], start: int) -> str:
+        if start is None:
+            start = self.text_start(rendered_ids)
         tail_with_markers = self.host.decode(rendered_ids[max(0, start - 4) :])
-        return next(
-            (
-                closer
-                for opener, closer in OPEN_ENDINGS
-                if tail_with_markers.endswith(opener)
-            ),
-            "",
-        )
+        for opener, closer in OPEN_ENDINGS:
+            if tail_with_markers.endswith(opener):
+                return closer
+        return ""
 
     def place(
         self, rendered_ids: Sequence[int], labels: Sequence[str], spaced: bool = False
@@ -107,16 +91,13 @@ class AnswerSlotPlacer:
     def place_words(
         self, rendered_ids: Sequence[int], words: Sequence[str]
     ) -> AnswerSlot | None:
-        """The slot for word labels: after the cue where each word (with its space) is one token there,
-        else after the cue's space where each word is one token after it; None where neither holds for
-        every word, or where two words share a token."""
+        """The slot for word labels, after the cue or else after its space; None where neither makes each
+        word its own single token."""
         for spaced in (False, True):
-            try:
+            with suppress(DecisionError):
                 slot = self.place(rendered_ids, words, spaced)
-            except DecisionError:
-                continue
-            if len(set(slot.label_ids)) == len(words):
-                return slot
+                if len(set(slot.label_ids)) == len(words):
+                    return slot
         return None
 
     def label_id(
@@ -136,7 +117,6 @@ class AnswerSlotPlacer:
                 raise DecisionError(
                     f"option label {shown(label)} does not decode back to itself"
                 )
-            # word labels come from requests: keep the newest
             if len(self._labels) >= LABEL_CACHE_SIZE:
                 del self._labels[next(iter(self._labels))]
             self._labels[key] = ids[-1]
@@ -150,11 +130,9 @@ class AnswerSlotPlacer:
         tail_ids = self.host.encode(tail_text)
         usable = []
         for label in candidates:
-            try:
+            with suppress(DecisionError):
                 self.label_id(tail_text, tail_ids, label)
-            except DecisionError:
-                continue
-            usable.append(label)
+                usable.append(label)
         return usable
 
 

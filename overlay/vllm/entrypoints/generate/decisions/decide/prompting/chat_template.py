@@ -1,11 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Whether the model's chat template takes the decision instructions as a system message.
-
-Several templates have no system role: Gemma 2's (and other older families') raise on one, some drop it
-without a word. The startup check renders a probe both ways and keeps the instructions in a system
-message only where the template renders them; otherwise they open the user turn. A template that can't
-render a plain user turn either (a base model with no chat template) is unusable, and the error says so.
-"""
+"""Whether the model's chat template takes the decision instructions as a system message: Gemma 2's
+(and other older families') raise on one, some drop it without a word."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ class UnusableTemplate(BackendUnavailable):
 
 
 async def takes_system_role(host: BackendHost) -> bool:
-    """True where the template renders a system message's text; False where it refuses or drops it and
-    renders the instructions at the head of the user turn. Raises :class:`UnusableTemplate` otherwise."""
+    """Whether a probe's system message is rendered; :class:`UnusableTemplate` if neither layout is."""
     probe = "Paris is the capital of France."
     try:
         rendered = await host.render_chat(chat(probe, "Question: ?"))
@@ -41,7 +35,7 @@ async def takes_system_role(host: BackendHost) -> bool:
     try:
         rendered = await host.render_chat(chat(probe, "Question: ?", system_role=False))
     except Exception as exc:
-        # The renderer's own text stays in the server's log (the exception is chained); the refusal says what to do.
+        # The renderer's own text stays in the server's log (chained); the refusal says what to do.
         raise UnusableTemplate(
             f"the chat template can't render a user turn; {NO_TEMPLATE_HINT}"
         ) from exc

@@ -1,11 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Option labels, in two layouts.
-
-- letters: one marker per option (A-Z by default), then marker pairs (AA, AB, ...) that the tokenizer
-  keeps as single tokens at the answer slot. How many pairs qualify depends on the tokenizer.
-- words: each option's own word (:func:`word_labels`): Yes/No, a level's number, a choice's value. A
-  question uses them only where each is one token at its answer slot; otherwise it uses letters.
-"""
+"""Option labels: letters (A-Z, then the pairs the tokenizer keeps as single tokens at the answer slot)
+or each option's own word, where each is one token there (:func:`word_labels`)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ from typing import Literal
 
 from vllm.entrypoints.generate.decisions.decide.questions import NOUL, CompiledQuestion
 
-# The default markers: one capital letter per option.
 MARKERS = string.ascii_uppercase
 
 LabelLayout = Literal["letters", "words"]
@@ -52,15 +46,8 @@ class LabelCatalog:
 
 
 def word_labels(question: CompiledQuestion) -> list[str] | None:
-    """The words layout's label of each option of ``question`` in the order listed, or None where it
-    has none (the question then uses letters). A label names its option wherever it is listed:
-
-    - a yes/no question: ``Yes`` and ``No``;
-    - an ordered question (a score's levels) of at most 9 levels: the level's number, 1 for the lowest
-      (a reversed listing reads 3, 2, 1);
-    - any other: each option's own short name (a choice's value as the client wrote it), when they are
-      all distinct, non-empty words.
-    """
+    """Each option's word, in the order listed: Yes and No, a level's number (1: the lowest, wherever it
+    is listed) or the option's own label; None where they are not distinct words (then: letters)."""
     options = question.options
     if question.qtype.name == NOUL.name:
         words = [YES_NO_WORDS.get(option.key, "") for option in options]
@@ -77,8 +64,6 @@ def word_labels(question: CompiledQuestion) -> list[str] | None:
         words = [str(level + 1) for level in levels]
     else:
         words = [option.label for option in options]
-    if any(not word or word != word.strip() for word in words) or len(
-        set(words)
-    ) != len(words):
+    if len(set(words)) != len(words) or any(not w or w != w.strip() for w in words):
         return None
     return words

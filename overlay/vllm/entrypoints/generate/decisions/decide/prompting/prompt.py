@@ -1,28 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The logit backend's prompt: the state first, then the criterion, then labelled options.
+"""The logit backend's prompt: the state first, so every question about one state shares a token prefix
+that vLLM's prefix cache prefills once; then the criterion and labelled options.
 
-The state comes first so that every question about one state shares a token prefix, which vLLM's
-prefix cache then prefills once. Every question is framed alike (the same instructions, the state
-under ``Document:``) except a yes/no question in words: a small model reads a plain Yes or No asked
-for in the instructions, the state as ``Text:`` and the criteria as ``Yes: ...`` and ``No: ...``
-better than an options list (docs/quality.md, "A yes/no frame"), so those questions share the state's
-prefix with each other, not with the rest. The instructions go in a system message, or, for
-chat templates with no system role (they refuse one or drop it), at the head of the user turn
-(``system_role=False``). ``RENDER_VERSION`` names this exact text: it is derived from it, a hash of
-a fixed probe (a question of each type, both label layouts, both instruction placements, the two-stage
-check and the answer cue) rendered by this code, so any change to the text is a new version, and
-saved calibrations measured with the old text are not reused. tests/golden pins the full prompts byte
-for byte under the version's name.
-
-Options are listed by layout (labels.py): letters as ``A. text``; words as ``- word: description``,
-or, for an ordered scale, numbered ``1. text``; a yes/no question in words says what each answer
-means, ``Yes: description.``, with no list and no answer instruction (its frame's instructions ask).
-
-A question the operator labelled may be asked with answered examples (in-context examples): earlier
-turns asking the same question about other documents, each answered ``Answer: <label>`` in the read's
-own labels, ahead of the document. They come before the state, so every read of that question shares
-them as a prefix (a question's reads no longer share the state's prefix with other questions).
-"""
+A yes/no question in words has a frame of its own (``Text:``, plain Yes or No asked for, ``Yes: ...``
+criteria, no options list): small models read it better (docs/quality.md, "A yes/no frame"). Answered
+examples, where kept, come before the state, as a prefix shared by that question's reads.
+``RENDER_VERSION`` is a hash of a fixed probe rendered by this code, so any change to the text is a new
+version and saved calibrations of the old text are not reused; tests/golden pins the full prompts."""
 
 from __future__ import annotations
 
@@ -38,6 +22,7 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     SCORE,
     ChoiceQuestion,
     CompiledQuestion,
+    NoulCriteria,
     NoulQuestion,
     Option,
     ScoreQuestion,
@@ -53,8 +38,7 @@ YES_NO_SYSTEM_PROMPT = "Read the text and answer Yes or No."
 
 @dataclass(frozen=True)
 class Frame:
-    """What a prompt puts around the state and the question: the instructions and the state's
-    heading (see the module's docstring for why yes/no questions in words have a frame of their own)."""
+    """What a prompt puts around the state and the question."""
 
     yes_no: bool = False
 
@@ -72,7 +56,6 @@ YES_NO_FRAME = Frame(yes_no=True)
 
 
 def frame_for(question: CompiledQuestion, words: bool) -> Frame:
-    """The frame ``question`` is asked in, in words (``words``) or in letters."""
     return (
         YES_NO_FRAME if words and question.qtype.name == NOUL.name else DOCUMENT_FRAME
     )
@@ -95,20 +78,18 @@ def answer_instruction(
 
 def option_line(label: str, option: Option, words: bool = False) -> str:
     """One option's line: ``A. text`` (letters, and numbered levels), ``- word: text`` (words)."""
-    if not words:
-        return f"{label}. {option.text}"
     text = option.text
-    return (
-        f"- {text}"
-        if text == label or text.startswith(f"{label}: ")
-        else f"- {label}: {text}"
-    )
+    if not words:
+        return f"{label}. {text}"
+    if text == label or text.startswith(f"{label}: "):
+        return f"- {text}"
+    return f"- {label}: {text}"
 
 
 def question_text(
     question: CompiledQuestion, labels: Sequence[str], words: bool = False
 ) -> str:
-    """The question's text with ``labels``; ``words``: they are the words layout's (labels.py)."""
+    """The question's text with ``labels``, of the words layout (labels.py) with ``words``."""
     if frame_for(question, words).yes_no:
         return "\n".join(
             [f"Question: {question.instructions}".rstrip()]
@@ -131,8 +112,7 @@ def question_text(
 
 @dataclass(frozen=True)
 class Shown:
-    """An answered example as a prompt shows it: its document, the question's text in the read's
-    labels, and the label of its answer."""
+    """An answered example as a prompt shows it, in the read's labels."""
 
     state: str
     question_body: str
@@ -147,8 +127,7 @@ def messages(
     words: bool = False,
     examples: Sequence[Shown] = (),
 ) -> list[dict[str, str]]:
-    """Chat messages for one question; everything before the question text depends only on the
-    examples, the state and the question's frame."""
+    """Chat messages for one question."""
     return chat(
         state,
         question_text(question, labels, words),
@@ -165,23 +144,16 @@ def chat(
     examples: Sequence[Shown] = (),
     frame: Frame = DOCUMENT_FRAME,
 ) -> list[dict[str, str]]:
-    """The chat around a question's text: the frame's instructions, the answered ``examples`` (a user
-    turn and the assistant's answer each), then the state and ``question_body``."""
+    """The instructions go in a system message or, for chat templates with no system role (they refuse
+    one or drop it), at the head of the first user turn."""
     turns = []
     for shown in examples:
-        turns.append(
-            {
-                "role": "user",
-                "content": user_turn(shown.state, shown.question_body, frame),
-            }
-        )
+        content = user_turn(shown.state, shown.question_body, frame)
+        turns.append({"role": "user", "content": content})
         turns.append({"role": "assistant", "content": f"{ANSWER_CUE} {shown.answer}"})
     turns.append({"role": "user", "content": user_turn(state, question_body, frame)})
     if not system_role:
-        turns[0] = {
-            "role": "user",
-            "content": f"{frame.instructions}\n\n{turns[0]['content']}",
-        }
+        turns[0]["content"] = f"{frame.instructions}\n\n{turns[0]['content']}"
         return turns
     return [{"role": "system", "content": frame.instructions}, *turns]
 
@@ -199,8 +171,7 @@ def option_check(question: CompiledQuestion, option: Option) -> CompiledQuestion
 
 
 def probe_rendering() -> str:
-    """The probe the render version is a hash of: a question of each type in every layout this module
-    renders, both instruction placements, the two-stage check and the answer cue."""
+    """What the render version hashes: each question type in every layout and placement."""
     from vllm.entrypoints.generate.decisions.decide.prompting.labels import (
         MARKERS,
         word_labels,
@@ -208,11 +179,9 @@ def probe_rendering() -> str:
 
     questions = [
         NOUL.compile(
-            NoulQuestion.model_validate(
-                {
-                    "instructions": "Is this urgent?",
-                    "criteria": {"true": "time-sensitive"},
-                }
+            NoulQuestion(
+                instructions="Is this urgent?",
+                criteria=NoulCriteria(true="time-sensitive"),
             )
         ),
         CHOICE.compile(
@@ -227,30 +196,19 @@ def probe_rendering() -> str:
             )
         ),
     ]
+    doc = "Probe document."
     rendered: list[object] = [ANSWER_CUE]
     for question in questions:
         letters = list(MARKERS[: len(question.options)])
         words = word_labels(question)
         check = option_check(question, question.options[0])
-        for system_role in (True, False):
-            rendered.append(messages("Probe document.", question, letters, system_role))
+        answered = Shown("Probe example.", question_text(question, letters), "B")
+        for role in (True, False):
+            rendered.append(messages(doc, question, letters, role))
             if words is not None:
-                rendered.append(
-                    messages(
-                        "Probe document.", question, words, system_role, words=True
-                    )
-                )
-            rendered.append(messages("Probe document.", check, ["A", "B"], system_role))
-            answered = Shown("Probe example.", question_text(question, letters), "B")
-            rendered.append(
-                messages(
-                    "Probe document.",
-                    question,
-                    letters,
-                    system_role,
-                    examples=[answered],
-                )
-            )
+                rendered.append(messages(doc, question, words, role, words=True))
+            rendered.append(messages(doc, check, ["A", "B"], role))
+            rendered.append(messages(doc, question, letters, role, examples=[answered]))
     return json.dumps(rendered, ensure_ascii=False)
 
 

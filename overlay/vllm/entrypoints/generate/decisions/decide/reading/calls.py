@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one way the package calls a backend's ``read``, and the check of what it returns: every read
-of a decision, a rotation, a content-free read or a calibration question goes through these two."""
+"""The one way the package calls a backend's ``read``, and the check of what it returns."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 async def backend_read(
     backend: DecisionBackend[Any], question: CompiledQuestion, context: ReadContext[Any]
 ) -> Reading:
-    """``backend``'s reading of ``question``: the one way the package calls ``read``, so backends written
-    for the old signature keep working."""
+    """Also calls backends written for the old ``read`` signature."""
     if backend.legacy_read:
         legacy: Any = backend.read
         return cast(
@@ -32,8 +30,8 @@ async def backend_read(
 
 
 def checked_scores(reading: Any, options: int, backend: str) -> list[float]:
-    """A backend's scores as floats: one real number (or -inf) per option, not all -inf. Anything else
-    is the backend's fault, refused for this question rather than sent on as NaN."""
+    """A backend's scores as floats, one per option, finite or -inf, not all -inf; anything else is
+    the backend's fault, refused (500) rather than sent on as NaN."""
     scores = getattr(reading, "scores", None)
     try:
         values = [float(score) for score in scores]  # type: ignore[union-attr]

@@ -1,22 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Corrections for what a model answers whatever the input says: its prior over the options.
+"""The content-free prior: a question read about neutral inputs, cached per question fingerprint.
 
-A small model reading lettered options leans to one letter or one word whatever the evidence, and
-the evidence moves its log-probabilities by a few hundredths; a temperature never changes which option
-is on top, so calibration alone can't fix that. Two corrections, each a shift of a reading's
-log-probabilities (each reading first normalised over the options):
-
-- ``content-free``: the same question read about neutral inputs (``NEUTRAL_INPUTS``), its mean
-  log-probabilities subtracted: what the model says with no evidence is taken out. The neutral reads
-  depend only on the question, so they are cached per question fingerprint (:class:`PriorCache`): a
-  server asking the same questions about many inputs pays them once per distinct question, submitted
-  with the first real read.
-- ``fitted``: an additive bias per option position (a letter, a level), per question type, fitted with
-  the temperature on the calibration set (calibration/bias.py).
-
-``auto`` is what startup calibration chose for each type by held-out log loss and accuracy (``off``
-where nothing helped or nothing was measured). ``option_logits`` stay the raw reading; the audit gives
-the correction and the adjusted scores the temperature divides.
+A small model leans to one label whatever the evidence, and a temperature never changes which option
+is on top; subtracting what it says with no evidence does. The ``fitted`` correction's per-position
+bias comes from calibration/bias.py instead.
 """
 
 from __future__ import annotations
@@ -42,8 +29,7 @@ PRIOR_FLOOR = -20.0
 
 @dataclass(frozen=True)
 class PriorRead:
-    """A question's content-free log-probabilities in the order it was read, and whether they came
-    from the cache."""
+    """Content-free log-probabilities in the order read, and whether they came from the cache."""
 
     logprobs: list[float]
     cached: bool
@@ -58,9 +44,7 @@ def fingerprint(
     option_texts: Sequence[str],
     examples: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """What a content-free read depends on: the backend and its options, the prompt's version, the
-    question as read (its type, criterion and option texts in the order read) and the in-context
-    examples ahead of it (input, answer key)."""
+    """Everything a content-free read depends on, options in the order read."""
     dumped = (
         options.model_dump(mode="json") if isinstance(options, BaseModel) else options
     )
@@ -78,22 +62,19 @@ def fingerprint(
     )
 
 
-# What one cached entry costs besides its values: the digest, the table slot, the future and the list.
+# Estimates from CPython's sizes: an entry's digest, slot, future and list; a float and its pointer.
 ENTRY_OVERHEAD = 256
-# What one cached value costs: a float object and the list's pointer to it.
 VALUE_BYTES = 32
 
 
 def entry_bytes(values: int) -> int:
-    """The memory a cached entry of ``values`` log-probabilities holds (an estimate from CPython's sizes)."""
     return ENTRY_OVERHEAD + VALUE_BYTES * values
 
 
 class PriorCache:
-    """Content-free reads by question fingerprint, the most recently used kept: at most ``size`` of them
-    and at most ``max_bytes`` of memory. A fingerprint holds the question's whole text, so it is kept as
-    its SHA-256 digest: a long question costs the cache as much as a short one. A read in flight is
-    shared by every request that needs it; a failed read is not kept."""
+    """Content-free reads by fingerprint, LRU within ``size`` entries and ``max_bytes``. Keyed by the
+    fingerprint's SHA-256, so a long question costs no more; a read in flight is shared, a failed one
+    not kept."""
 
     def __init__(self, size: int, max_bytes: int | None = None) -> None:
         self.size = size
@@ -136,7 +117,6 @@ class PriorCache:
         return PriorRead(list(value), False)
 
     def _evict(self) -> None:
-        """The least recently used out until both bounds hold (the newest entry stays)."""
         while len(self._entries) > 1 and (
             len(self._entries) > self.size
             or (self.max_bytes is not None and self.bytes > self.max_bytes)
@@ -146,6 +126,5 @@ class PriorCache:
 
 
 def mean_log_probabilities(readings: Sequence[Sequence[float]]) -> list[float]:
-    """The neutral readings' log-probabilities over the options, averaged."""
     rows = [[max(v, PRIOR_FLOOR) for v in log_softmax(list(r))] for r in readings]
     return [sum(column) / len(rows) for column in zip(*rows, strict=True)]

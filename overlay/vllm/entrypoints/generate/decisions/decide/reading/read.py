@@ -1,45 +1,31 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One question's read, planned once and run by :func:`read`.
-
-:func:`plan_read` resolves how the question is read before anything goes to the engine: the label
-layout over the backend's options, the option orders (one, or the rotations ``debias`` asks for),
-the prior correction and the temperature its answer gets. :func:`read` runs the plan in three steps:
-every order read together with the content-free reads the correction needs (one batch, sharing the
-state's prefix), the orders combined (rotation.py), the correction applied (prior_reads.py) and the
-question's own bias where it has a map. It returns the scores the temperature divides."""
+"""One question's read: :func:`plan_read` resolves it before anything goes to the engine, and
+:func:`read` runs it, every order and content-free read in one batch sharing the state's prefix."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    QuestionMap,
-)
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
-from vllm.entrypoints.generate.decisions.decide.prior_modes import (
-    uses_content_free,
-)
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import QuestionMap
 from vllm.entrypoints.generate.decisions.decide.reading.calls import (
     backend_read,
     checked_scores,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.prior import (
-    PriorRead,
-)
+from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorRead
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     NO_CORRECTION,
     Correction,
     corrected,
-    in_client_priors,
-    prior_reads,
+    prior_read,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.rotation import (
     combined,
@@ -49,18 +35,16 @@ from vllm.entrypoints.generate.decisions.decide.reading.rotation import (
 )
 from vllm.entrypoints.generate.decisions.decide.reports import DebiasAudit, PriorAudit
 from vllm.entrypoints.generate.decisions.decide.scoring import log_softmax
-from vllm.entrypoints.generate.decisions.decide.settings import Debias
-from vllm.entrypoints.generate.decisions.decide.temperature import (
-    DEFAULT,
-    Temperature,
+from vllm.entrypoints.generate.decisions.decide.settings import (
+    Debias,
+    uses_content_free,
 )
+from vllm.entrypoints.generate.decisions.decide.temperature import DEFAULT, Temperature
 
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """How one question is read, resolved before any read: its context (the label layout laid over
-    the backend's options), the option orders to read (prompt order, as indices into the question's
-    options), the ``debias`` setting they come from, the prior correction and the temperature."""
+    """How one question is read; ``context`` has the label layout laid over the backend's options."""
 
     backend: DecisionBackend
     question: CompiledQuestion
@@ -74,16 +58,26 @@ class ReadPlan:
 
     @property
     def rotated(self) -> bool:
-        """Whether the orders are rotations to combine (else one read, taken as it is)."""
         return self.debias.mode != "off" and not self.backend.order_independent
 
     @property
     def content_free(self) -> bool:
-        """Whether the correction needs content-free reads (and has a cache for them)."""
         return (
             uses_content_free(self.correction.mode)
             and self.correction.cache is not None
         )
+
+    def prior_reads(self) -> list[Awaitable[PriorRead]]:
+        """One content-free read per order."""
+        return [
+            prior_read(
+                self.backend,
+                reordered(self.question, order),
+                self.context.part(f"p{i}"),
+                self.correction,
+            )
+            for i, order in enumerate(self.orders)
+        ]
 
 
 def plan_read(
@@ -96,8 +90,7 @@ def plan_read(
     temperature: Temperature = DEFAULT,
     question_map: QuestionMap | None = None,
 ) -> ReadPlan:
-    """The plan for reading ``question`` under ``context`` in ``layout`` (None: the options as the
-    context has them)."""
+    """``layout`` None: the options as the context has them."""
     return ReadPlan(
         backend,
         question,
@@ -112,19 +105,15 @@ def plan_read(
 
 @dataclass
 class QuestionRead:
-    """A question's read in the client's option order; ``debias`` is None for a single read.
-
-    ``rows`` are each order's log-probabilities and ``positions`` the position each option had in it
-    (client order); ``priors`` each order's content-free log-probabilities, when read; ``prior`` the
-    correction applied, and ``corrected`` its scores (with the question's own bias, where it has a
-    map). :attr:`scores` are what the temperature divides.
-    """
+    """A question's read in client option order: per order, ``rows`` (log-probabilities),
+    ``positions`` (each option's place) and ``priors`` (content-free, when read); ``corrected``: the
+    scores with the correction and the question map's bias. :attr:`scores` are what T divides."""
 
     reading: Reading
     raw: list[float]
-    debias: DebiasAudit | None = None
-    rows: list[list[float]] = field(default_factory=list)
-    positions: list[list[int]] = field(default_factory=list)
+    debias: DebiasAudit | None
+    rows: list[list[float]]
+    positions: list[list[int]]
     priors: list[list[float]] | None = None
     prior: PriorAudit | None = None
     corrected: list[float] | None = None
@@ -135,8 +124,7 @@ class QuestionRead:
 
 
 async def read(plan: ReadPlan) -> QuestionRead:
-    """``plan`` run: its orders read (with the content-free reads not yet cached, one batch),
-    combined, and corrected; scores in the client's option order."""
+    """``plan`` run: its orders read (with the content-free reads), combined and corrected."""
     backend, question, context = plan.backend, plan.question, plan.context
     several = len(plan.orders) > 1
     reads: list[Awaitable[Any]] = [
@@ -148,7 +136,7 @@ async def read(plan: ReadPlan) -> QuestionRead:
         for i, order in enumerate(plan.orders)
     ]
     if plan.content_free:
-        reads += prior_reads(backend, question, context, plan.orders, plan.correction)
+        reads += plan.prior_reads()
     results = await gather_or_cancel(reads)
     readings: list[Reading] = list(results[: len(plan.orders)])
     per_order = [
@@ -158,39 +146,32 @@ async def read(plan: ReadPlan) -> QuestionRead:
         for reading, order in zip(readings, plan.orders, strict=True)
     ]
     rows = [log_softmax(row) for row in per_order]
+    reading, raw, audit = readings[0], per_order[0], None
     if plan.rotated:
         reading, audit = combined(question, plan.debias, plan.orders, readings, rows)
-        done = QuestionRead(reading, list(reading.scores), audit)
-    else:
-        done = QuestionRead(readings[0], per_order[0])
-    done.rows = rows
-    done.positions = [
-        in_client_order(range(len(order)), order) for order in plan.orders
-    ]
+        raw = list(reading.scores)
+    positions = [in_client_order(range(len(order)), order) for order in plan.orders]
+    done = QuestionRead(reading, raw, audit, rows, positions)
     priors = list(results[len(plan.orders) :]) if plan.content_free else None
     return with_correction(plan, done, priors)
 
 
 async def with_content_free(plan: ReadPlan, done: QuestionRead) -> QuestionRead:
-    """``done`` (read without content-free reads) with them, as :func:`read` would have given it:
-    only the content-free reads go to the engine (calibration's full pass adds them to its first
-    pass's reads)."""
+    """``done`` as :func:`read` would have given it with the content-free reads (calibration)."""
     assert plan.correction.cache is not None
-    priors = await gather_or_cancel(
-        prior_reads(
-            plan.backend, plan.question, plan.context, plan.orders, plan.correction
-        )
-    )
+    priors = await gather_or_cancel(plan.prior_reads())
     return with_correction(plan, replace(done), list(priors))
 
 
 def with_correction(
     plan: ReadPlan, done: QuestionRead, priors: list[PriorRead] | None
 ) -> QuestionRead:
-    """``done`` with its content-free reads (``priors``, None when not read) and the plan's
-    correction applied."""
+    """``done`` with its content-free reads (None: not read) and the plan's correction applied."""
     if priors is not None:
-        done.priors = in_client_priors(priors, plan.orders)
+        done.priors = [
+            in_client_order(p.logprobs, order)
+            for p, order in zip(priors, plan.orders, strict=True)
+        ]
     if plan.correction.mode != "off":
         done.corrected, done.prior = corrected(
             plan.question,

@@ -1,18 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Option rotation (``debias``): answers that don't depend on the order a client listed the options in.
+"""Option rotation (``debias``): answers independent of the order the client listed the options in.
 
-A model reading lettered options favours some positions and letters over others, whatever the
-evidence. With ``rotate`` the options of an unordered question (choice, yes/no, plugin types) are
-first put in a canonical order (sorted by the text the prompt shows), so the client's order can't
-matter; the question is then read under N cyclic rotations of that order, each option in a different
-position, all reads submitted together so they share the state's prefix-cache blocks. An ordered
-question (a score's levels) keeps its scale: its second reading lists the levels reversed.
-
-The readings are combined by averaging each option's log-probability over the readings (each
-reading normalised over the options first). If a position adds the same bias to whichever option
-sits there, a full cycle cancels that bias exactly, and fewer rotations spread it evenly; the mean
-of log-probabilities is a product of the readings, so an option only wins if it is likely in every
-order; and the result stays a log-probability, so the calibration temperature applies unchanged.
+Unordered questions are read in a canonical order and its cyclic rotations (an ordered one forwards
+and reversed), together so they share the prefix cache. Averaging log-probabilities cancels a
+per-position bias over a full cycle, lets an option win only if likely in every order, and stays a
+log-probability, so the temperature applies unchanged.
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ DEFAULT_ROTATIONS = 2
 def orders(
     question: CompiledQuestion, debias: Debias, order_independent: bool = False
 ) -> list[list[int]]:
-    """The option orders to read, each a list of indices into ``question.options`` in prompt order; one,
-    the client's, for a backend whose readings don't depend on the order."""
+    """The option orders to read, as indices into ``question.options`` in prompt order."""
     count = len(question.options)
     if debias.mode == "off" or order_independent:
         return [list(range(count))]
@@ -64,8 +55,7 @@ def reordered(question: CompiledQuestion, order: Sequence[int]) -> CompiledQuest
 
 
 def in_client_order(values: Sequence[T], order: Sequence[int]) -> list[T]:
-    """Values read in ``order`` (scores, or the positions themselves) back at the options' positions
-    in the question as sent."""
+    """Values read in ``order`` back at the options' positions as sent."""
     back: list[T] = list(values)
     for position, index in enumerate(order):
         back[index] = values[position]
@@ -79,8 +69,7 @@ def combined(
     readings: Sequence[Reading],
     rows: list[list[float]],
 ) -> tuple[Reading, DebiasAudit]:
-    """The readings averaged, and what the rotations did; ``rows`` are their log-probabilities in the
-    client's option order."""
+    """The readings averaged, and their audit; ``rows``: log-probabilities in client order."""
     scores = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
     if all(s == -math.inf for s in scores):
         raise DecisionError(

@@ -1,10 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One decision request as the service takes it, whichever wire it came in on.
-
-Each wire compiles its JSON into a :class:`DecisionRequest` (wire/common.py builds it from the questions
-and the ``extra`` block); the service decides it and never sees a wire's JSON. Everything an answer
-depends on is here, so a reader can see it in one place.
-"""
+"""One decision request as the service takes it, whichever wire it came in on (wire/common.py)."""
 
 from __future__ import annotations
 
@@ -15,27 +10,19 @@ from typing import TYPE_CHECKING, Any, Literal
 from vllm.entrypoints.generate.decisions.decide.read_context import sha256_of
 
 if TYPE_CHECKING:
-    from vllm.entrypoints.generate.decisions.decide.prior_modes import (
+    from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+    from vllm.entrypoints.generate.decisions.decide.settings import (
+        Debias,
         PriorSetting,
     )
-    from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-    from vllm.entrypoints.generate.decisions.decide.settings import Debias
 
 Detail = Literal["none", "basic", "full"]
 
 
 @dataclass(frozen=True)
 class DecisionRequest:
-    """The input text (``state``) and its questions, with what the client asked of the reading.
-
-    ``names`` say how the wire names each question in messages (``questions[0]``, ``questions.urgent``);
-    ``request_id`` is the one id of this request (the client's ``X-Request-Id``, or a new one): the
-    response's id and the engine's read ids (``decision-<id>-<question>...``) are made from it. The optional
-    fields are the ``extra`` block's: None means the server's setting. ``model`` is the wire's ``model``
-    field: the served model or one of its LoRA adapters (adapters.py); None or empty, the served model. ``cache_salt`` and ``priority`` go
-    to the engine with every read, as vLLM's own APIs pass them (its prefix-cache salt; its scheduling
-    priority, which needs ``--scheduling-policy priority`` when not 0).
-    """
+    """``names``: how the wire names each question in messages; ``request_id``: the client's
+    ``X-Request-Id`` or a new one; optional fields: the ``extra`` block's (None: the server's)."""
 
     state: str
     questions: tuple[CompiledQuestion, ...]

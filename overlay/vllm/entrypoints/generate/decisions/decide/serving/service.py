@@ -1,10 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one decision path both endpoints call: limits -> backend read -> temperature -> answer -> audit.
-
-Wire modules only translate JSON to a :class:`DecisionRequest` and answers back to JSON; everything that
-decides a number happens here or in a backend. Each question is read under its own :class:`ReadContext`
-(the read plan, then the backend, then the host), passed as an argument all the way down.
-"""
+"""The one decision path both endpoints call: limits -> backend read -> temperature -> answer -> audit."""
 
 from __future__ import annotations
 
@@ -41,9 +36,9 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     QuestionType,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
-    Calibrated,
     Corrections,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
@@ -84,7 +79,6 @@ logger = init_logger(__name__)
 
 
 def check_question_count(settings: Settings, count: int) -> None:
-    """Refuses more questions than VLLM_TYPED_DECISIONS_MAX_QUESTIONS: the wires call it before compiling any."""
     if count > settings.max_questions:
         raise OverLimitError(
             f"{count} questions in one request; the limit is {settings.max_questions} "
@@ -95,7 +89,6 @@ def check_question_count(settings: Settings, count: int) -> None:
 def check_option_count(
     settings: Settings, qtype: QuestionType, count: int, name: str
 ) -> None:
-    """Refuses more options than ``qtype``'s own limit allows (a wire calls it before compiling the question)."""
     if (limit := qtype.options_limit) is None:
         return
     most = getattr(settings, limit.setting)
@@ -106,7 +99,6 @@ def check_option_count(
 
 
 def request_chars(request: DecisionRequest) -> int:
-    """The characters of a request's input and every text of its questions, as compiled."""
     texts = (
         len(q.instructions) + sum(len(o.text) for o in q.options)
         for q in request.questions
@@ -114,17 +106,8 @@ def request_chars(request: DecisionRequest) -> int:
     return len(request.state) + sum(texts)
 
 
-def failure_reason(exc: Exception) -> str:
-    """What a 503 says of failed startup work: our own refusal's message (it says why and what to
-    change); of a fault, only its kind (its text stays in the server's log)."""
-    if isinstance(exc, (BackendUnavailable, SettingsError)):
-        return without_paths(str(exc))
-    return f"the startup work failed ({type(exc).__name__}); the server's log says why"
-
-
 class Decides(Protocol):
-    """What the wires and bulk decide through: one model's service, or the server's models in front
-    of a service each (runtime/adapters.py)."""
+    """What the wires and bulk decide through: a service, or runtime/adapters.py's ServedModels."""
 
     @property
     def settings(self) -> Settings: ...
@@ -133,8 +116,7 @@ class Decides(Protocol):
 
 
 class DecisionService:
-    """Decides requests on one model (the base model, or the base through one LoRA adapter): its
-    backend, startup work, readiness and calibration."""
+    """Decides requests on one model: the base, or the base through one LoRA adapter."""
 
     def __init__(
         self,
@@ -147,51 +129,43 @@ class DecisionService:
     ) -> None:
         self.settings = settings
         self.backend = backend
-        # Other registered backends, built with their defaults the first time a request names one.
         self._others: dict[str, DecisionBackend] = {}
         self._building = asyncio.Lock()
-        # Starts a backend: the default one at startup and any other a request names, the same way
-        # (startup.py passes the once-per-server start; alone, the backend's own start hook).
+        # Starts every backend, the default and any a request names (startup.py: once per server).
         self.starter = starter or (lambda chosen: chosen.start())
         self.served_model = served_model
-        # The LoRA adapter every read of this service goes through (None: the base model).
         self.adapter = adapter
-        # What identifies this service's model for its saved startup work (startup.deployment).
+        # The key of this service's saved startup work (startup.py).
         self.deployment: dict[str, Any] = {"model": served_model}
-        # Whether requests can be answered yet; while not, what startup is doing (or why it failed).
         self.readiness = readiness or Readiness()
-        configured = (
-            Temperature(settings.temperature, "configured", SERVER)
-            if settings.temperature
-            else None
-        )
+        server = DEFAULT
+        if settings.temperature:
+            server = Temperature(settings.temperature, "configured", SERVER)
         # The calibration in force, replaced as one object: a request takes it once, at its start.
-        self.calibrated = Calibrated(Temperatures(configured or DEFAULT))
+        self.calibrated = Calibrated(Temperatures(server))
         self.corrections = Corrections(
             settings.prior, settings.prior_cache, settings.prior_cache_bytes
         )
-        # Work beside the requests once started (runtime/live_labels.py's watcher), cancelled on close.
+        # calibration/live_labels.py's watcher, cancelled on close.
         self.background: set[asyncio.Task[None]] = set()
 
     def close(self) -> None:
-        """Cancels the service's background work (the event loop's end cancels it too)."""
         for task in list(self.background):
             task.cancel()
 
     async def start(
         self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None
     ) -> None:
-        """Startup work: the backend's own checks, then (unless a temperature is configured) calibration,
-        each a step of ``self.readiness`` (startup.py hands it to calibration for its progress). Requests
-        get 503 naming the step until this finishes; if anything in it fails, 503 with the reason."""
+        """The backend's start, then calibration unless T is configured, each a readiness step."""
         try:
             self.readiness.begin(SELF_CHECK)
             await self.starter(self.backend)
             if calibrate is not None and self.temperatures.server.source == "default":
                 self.readiness.begin(CALIBRATION)
                 calibrated = await calibrate()
-                if self.calibrated.stage == FIRST_PASS:
-                    self.calibrated = calibrated
+                replaces = self.calibrated.stage == FIRST_PASS
+                self.calibrated = calibrated
+                if replaces:
                     # A failed full calibration (T = 1.0, no stage) leaves no stage in force.
                     record_temperatures(
                         self.temperatures, self.adapter_name, calibrated.stage or ""
@@ -202,16 +176,19 @@ class DecisionService:
                         self.temperatures.describe(),
                     )
                     return
-                self.calibrated = calibrated
         except Exception as exc:
             # Answering on a first pass already, it stays in force; start_service logs why either way.
             if self.calibrated.stage != FIRST_PASS:
-                self.readiness.fail(failure_reason(exc))
+                # What the 503 says: a fault's text stays in the server's log.
+                self.readiness.fail(
+                    without_paths(str(exc))
+                    if isinstance(exc, (BackendUnavailable, SettingsError))
+                    else f"the startup work failed ({type(exc).__name__}); the server's log says why"
+                )
             raise
         self._ready("")
 
     def use_first_pass(self, calibrated: Calibrated) -> None:
-        """Calibration's first pass is fitted: in force, and decisions answer, while the full one reads on."""
         self.calibrated = calibrated
         self._ready(
             f" after calibration's first pass ({calibrated.question_reads} question reads; "
@@ -220,7 +197,6 @@ class DecisionService:
 
     def _ready(self, after: str) -> None:
         self.readiness.succeed()
-        # metrics.py: the temperature gauges
         record_temperatures(self.temperatures, self.adapter_name, self.calibrated.stage)
         logger.info(
             "decisions ready%s%s: backend=%s, %s",
@@ -236,22 +212,15 @@ class DecisionService:
 
     @property
     def through(self) -> str:
-        return (
-            f" through LoRA adapter {self.adapter_name!r}"
-            if self.adapter is not None
-            else ""
-        )
+        name = self.adapter_name
+        return f" through LoRA adapter {name!r}" if self.adapter is not None else ""
 
     @property
     def adapter_name(self) -> str:
         return self.adapter.lora_name if self.adapter is not None else ""
 
     def check_limits(self, request: DecisionRequest) -> None:
-        """Refuse, before any model work, a request over a configured limit, naming the setting: the
-        input's length, the number of questions, each question type's own limit on its options, and the
-        characters of the input and questions together; and a priority other than 0 where the engine
-        doesn't schedule by priority. (The wires check the counts before compiling too; this holds
-        requests built any other way.)"""
+        """Refuse a request over a configured limit before any model work (wires check counts too)."""
         s = self.settings
         if len(request.state) > s.max_input_chars:
             raise OverLimitError(
@@ -283,13 +252,7 @@ class DecisionService:
             )
 
     async def decide(self, request: DecisionRequest) -> Decision:
-        """Answer every question of ``request``, concurrently; a failed question doesn't stop the rest.
-
-        The request's optional fields override the server's settings for it: ``temperature`` the
-        calibration temperature, ``debias`` VLLM_TYPED_DECISIONS_DEBIAS, ``prior`` ..._PRIOR; ``seed``
-        reaches backends whose reads draw randomness. Which service answers a request's ``model`` was
-        decided in front of this one (runtime/adapters.py).
-        """
+        """Answer every question of ``request``, concurrently; a failed question doesn't stop the rest."""
         # A request over a limit would be refused whenever it came: say so now, not "retry shortly".
         self.check_limits(request)
         self.readiness.check()
@@ -326,16 +289,13 @@ class DecisionService:
             for question, context in zip(request.questions, contexts, strict=True)
         )
         results = await gather_or_cancel(reads)
-        # metrics.py: questions, refusals, option mass
         record_questions(results, chosen.name, self.adapter_name)
         return Decision(self.served_model, results)
 
     async def backend_named(
         self, name: str | None, request_id: str = ""
     ) -> DecisionBackend:
-        """The server's backend, or another registered one built (and started) with its defaults. One that
-        can't serve this model is a 400 naming what to change (retrying can't help); any other failure to
-        start it is a fault, logged under ``request_id``."""
+        """The server's backend, or another one built and started with its defaults (or a 400)."""
         if name is None or name == self.backend.name:
             return self.backend
         if name in self._others:
@@ -416,6 +376,7 @@ class DecisionService:
             logger.exception("decision read failed for %s", context.request_id)
             return Failure(question, internal_error(context.request_id))
         options = question.options
+        keys = [o.key for o in options]
         applied, reading, scores = plan.temperature, done.reading, done.scores
         probabilities = softmax(scores, applied.value)
         made = confidence(probabilities)
@@ -456,19 +417,15 @@ class DecisionService:
             debias=done.debias,
             prior=done.prior,
             question_map=(
-                plan.question_map.audit([o.key for o in options])
+                plan.question_map.audit(keys)
                 if plan.question_map is not None and how.examples is None
                 else None
             ),
-            examples=(
-                how.examples.audit([o.key for o in options])
-                if how.examples is not None
-                else None
-            ),
+            examples=how.examples.audit(keys) if how.examples is not None else None,
         )
         facts = BackendReport(
             name=backend.name,
-            option_logits={o.key: s for o, s in zip(options, done.raw, strict=True)},
+            option_logits=dict(zip(keys, done.raw, strict=True)),
             facts=facts_json(reading.meta),
         )
         # The threshold is fitted on calibrated answers, so it applies only to a calibrated T.

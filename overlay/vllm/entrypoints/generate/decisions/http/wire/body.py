@@ -1,16 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Request bodies: JSON only, a size limit checked before the bytes are held, ``Content-Encoding: gzip``
-/ ``zstd`` decoded piece by piece and held to the same limit, the bytes every request holds at once
-bounded server-wide, and strict JSON.
-
-The TypeSafe SDK compresses bodies over 1 KiB with zstd when its ``zstd`` extra is installed.
-zstd decoding needs ``backports.zstd`` in the server's environment (or Python 3.14's
-``compression.zstd``); without it, such a body gets a 415 that says so.
+"""Request bodies: JSON only, size-limited before the bytes are held, gzip / zstd decoded piece by piece
+under the same limit, the bytes held at once bounded server-wide, and strict JSON. The TypeSafe SDK
+zstd-compresses bodies over 1 KiB; decoding them needs ``backports.zstd`` (or Python 3.14), else 415.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -22,6 +19,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+import vllm.envs as envs
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 
@@ -35,22 +33,9 @@ LARGE_SHARE = 0.75
 DECODE_PIECE_BYTES = 64 * 1024
 
 
-def _zstd_decompressor() -> Any | None:
-    """A zstd decompressor from Python 3.14's ``compression.zstd`` or ``backports.zstd``; None when
-    neither is installed. It takes the same calls as zlib's decompress objects."""
-    for module_name in ("compression.zstd", "backports.zstd"):
-        try:
-            module: Any = __import__(module_name, fromlist=["ZstdDecompressor"])
-        except ImportError:
-            continue
-        return module.ZstdDecompressor()
-    return None
-
-
 class Decoder:
-    """A body's ``Content-Encoding``, undone piece by piece so that no more than ``limit`` bytes are
-    ever decoded: a compressed body a thousand times smaller than what it decodes to is refused
-    as soon as the decoded bytes pass the limit, each piece claimed before it is kept."""
+    """A body's ``Content-Encoding`` undone piece by piece, never past ``limit`` bytes (a bomb is
+    refused as soon as it passes), each piece claimed before it is kept."""
 
     def __init__(self, encoding: str | None, limit: int) -> None:
         self.encoding = (encoding or "identity").strip().lower()
@@ -59,7 +44,12 @@ class Decoder:
         if self.encoding == "gzip":
             self.decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif self.encoding == "zstd":
-            self.decompressor = _zstd_decompressor()
+            # zlib's calls, from compression.zstd (Python 3.14) or backports.zstd
+            for module_name in ("compression.zstd", "backports.zstd"):
+                with contextlib.suppress(ImportError):
+                    module = __import__(module_name, fromlist=["ZstdDecompressor"])
+                    self.decompressor = module.ZstdDecompressor()
+                    break
             if self.decompressor is None:
                 raise DecisionError(
                     "zstd request bodies need the backports.zstd package on the server",
@@ -72,8 +62,6 @@ class Decoder:
             )
 
     def decoded(self, raw: bytes, claim: Claim | None = None) -> bytes:
-        """``raw`` decoded; DecisionError (413) once the decoded bytes pass the limit, or (400) for a
-        stream that isn't one whole, valid stream of its encoding."""
         decompressor = self.decompressor
         if decompressor is None:
             return raw
@@ -118,18 +106,15 @@ def over_limit(size: int, limit: int) -> DecisionError:
 
 
 def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
-    """A body held whole (a bulk line, a test's) as JSON bytes: checked against ``limit`` before and after
-    decoding, as a streamed body is."""
+    """A body held whole (a bulk line), checked against ``limit`` before and after decoding."""
     if len(raw) > limit:
         raise over_limit(len(raw), limit)
     return Decoder(encoding, limit).decoded(raw)
 
 
 class BodiesInFlight:
-    """The request-body bytes one API-server process holds at once, received or decoded, from the first
-    byte until the request is answered: past ``limit`` a request is refused at once (503, Retry-After)
-    rather than queued. Large bodies share ``LARGE_SHARE`` of it, so small requests still get in.
-    Decoding claims from the parsing thread, hence the lock."""
+    """The body bytes one API-server process holds until answered, received or decoded: past ``limit``
+    a request is refused (503), not queued. Decoding claims from the parsing thread, hence the lock."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -157,8 +142,8 @@ class BodiesInFlight:
 
 
 class Claim:
-    """One request's share of the bytes in flight; :meth:`release` gives it back, and after that it
-    takes nothing more (a parse its client left may still be finishing)."""
+    """One request's share of the bytes in flight; once released it takes nothing more (a parse its
+    client left may still be finishing)."""
 
     def __init__(self, pool: BodiesInFlight) -> None:
         self.pool = pool
@@ -186,8 +171,8 @@ class ServerBusyError(DecisionError):
 
 
 def media_type(request: Request) -> None:
-    """Only JSON is decided, as vLLM's own routes take only ``application/json``: a form or text body
-    is what a web page can send without asking the server first (no CORS preflight)."""
+    """Only JSON, as vLLM's routes: a form or text body is what a web page can send without a CORS
+    preflight."""
     content_type = request.headers.get("content-type", "")
     kind = content_type.partition(";")[0].strip().lower()
     if kind != "application/json":
@@ -199,26 +184,17 @@ def media_type(request: Request) -> None:
         )
 
 
-def declared_length(request: Request, limit: int) -> int | None:
-    """The ``Content-Length`` the client declared, refused at once when it is over ``limit``."""
-    text = request.headers.get("content-length")
-    if text is None:
-        return None
-    if not text.isdecimal():
-        raise DecisionError(f"Content-Length {text[:40]!r} is not a number of bytes")
-    if (size := int(text)) > limit:
-        raise over_limit(size, limit)
-    return size
-
-
-async def read_body(
-    request: Request, limit: int, claim: Claim, idle_timeout: float
-) -> bytes:
-    """The body as sent, each byte claimed before it is kept: the declared length up front, anything
-    beyond it as it arrives. Raises DecisionError (413 past the limit, 503 when the server holds too
-    much, 408 when the client stops sending for ``idle_timeout`` seconds) or ClientDisconnect, each
-    before more is read."""
-    claim.grow(declared_length(request, limit) or 0)
+async def read_body(request: Request, limit: int, claim: Claim) -> bytes:
+    """The body as sent, each byte claimed before it is kept (the declared length up front)."""
+    idle_timeout = envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    if (declared := request.headers.get("content-length")) is not None:
+        if not declared.isdecimal():
+            raise DecisionError(
+                f"Content-Length {declared[:40]!r} is not a number of bytes"
+            )
+        if (size := int(declared)) > limit:
+            raise over_limit(size, limit)
+        claim.grow(size)
     parts: list[bytes] = []
     size = 0
     more = True
@@ -304,16 +280,15 @@ def _refuse_lone_surrogates(value: Any) -> None:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)  # in C: a body of many small objects is parsed at C's pace
-    if len(result) == len(pairs):
-        return result
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise DecisionError(
-                f"key {shown(key)} appears twice in one JSON object of the request body"
-            )
-        seen.add(key)
-    raise AssertionError("unreachable")
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DecisionError(
+                    f"key {shown(key)} appears twice in one JSON object of the request body"
+                )
+            seen.add(key)
+    return result
 
 
 def _finite(text: str) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import Request
@@ -23,11 +23,12 @@ from vllm.entrypoints.generate.decisions.decide.answers import Answer, Decision
 from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     built_in_question_type,
 )
+from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import NotReadyError
-from vllm.entrypoints.generate.decisions.decide.prior_modes import (
-    PriorSetting,
+from vllm.entrypoints.generate.decisions.decide.questions import (
+    CompiledQuestion,
+    Option,
 )
-from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.serving.request import (
     DecisionRequest,
     Detail,
@@ -35,6 +36,8 @@ from vllm.entrypoints.generate.decisions.decide.serving.request import (
 from vllm.entrypoints.generate.decisions.decide.serving.service import Decides
 from vllm.entrypoints.generate.decisions.decide.settings import (
     DEBIAS_FORMS,
+    PriorSetting,
+    Settings,
     parse_debias,
 )
 
@@ -53,17 +56,14 @@ def salt(value: str) -> str:
     return value
 
 
-# vLLM's extensions, as its own APIs take them: a salt that keeps this request's prefix-cache blocks
-# apart from other salts' (and from unsalted requests'), and a scheduling priority (lower is earlier;
-# anything but 0 needs vllm serve --scheduling-policy priority, which the service checks).
+# vLLM's extensions as its own APIs take them: a prefix-cache salt, and a scheduling priority (lower is
+# earlier; anything but 0 needs --scheduling-policy priority, which the service checks).
 CacheSalt = Annotated[str, AfterValidator(salt)]
 Priority = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 def debias_text(value: str) -> str:
-    """``extra.debias``: the forms VLLM_TYPED_DECISIONS_DEBIAS takes, spelled
-    exactly (lower case, no spaces, N without leading zeros). The message leaves the
-    value out: the field's location names it, and a body may hold megabytes of it."""
+    """``extra.debias``, spelled exactly; the message leaves the value out (it may be megabytes)."""
     try:
         parse_debias(value, exact=True)
     except ValueError:
@@ -104,8 +104,7 @@ def decision_request(
     request_id: str,
     model: str | None = None,
 ) -> DecisionRequest:
-    """The request the service decides: the compiled questions, named as the wire names them in messages
-    (``names``), for the ``model`` it names, with the ``extra`` block's choices."""
+    """The request the service decides; ``names``: the questions as the wire's messages name them."""
     return DecisionRequest(
         state,
         tuple(questions),
@@ -124,12 +123,27 @@ def decision_request(
     )
 
 
-async def decide(service: Decides, request: DecisionRequest) -> Decision:
-    """The decision for a compiled request; when no question could be answered, its first failure."""
-    decision = await service.decide(request)
-    if (failure := decision.first_failure()) is not None:
-        raise failure
-    return decision
+R = TypeVar("R")
+
+
+def serving(
+    compiled: Callable[[Any, str, Settings], tuple[Any, DecisionRequest]],
+    response: Callable[[Any, Any, Decision, str], R],
+) -> Callable[[Decides, Any, str], Awaitable[R]]:
+    """A wire's serving entry: the request ``compiled`` off the event loop (rendering a large request's
+    JSON must not hold up other clients), decided, and shaped by ``response``; when no question could
+    be answered, the decision's first failure is raised."""
+
+    async def serve(service: Decides, request: Any, request_id: str) -> R:
+        names, asked = await off_the_loop(
+            compiled, request, request_id, service.settings
+        )
+        decision = await service.decide(asked)
+        if (failure := decision.first_failure()) is not None:
+            raise failure
+        return response(request, names, decision, request_id)
+
+    return serve
 
 
 def finite(value: float | None) -> float | None:
@@ -138,12 +152,10 @@ def finite(value: float | None) -> float | None:
 
 
 class AnswerExtra(BaseModel):
-    """An answer's ``extra``: which backend answered and its raw scores (``backend``), and what produced
-    the numbers (``audit``); see reports.py for the fields."""
+    """An answer's ``extra``; reports.py has the fields."""
 
     backend: dict[str, Any]
     audit: dict[str, Any]
-    # Whether the answer clears its type's threshold, where the operator asked a precision (reports.py).
     abstention: dict[str, Any] | None = None
 
 
@@ -177,9 +189,8 @@ def answer_of(
     plugin: Callable[..., A],
     *leading: Any,
 ) -> A:
-    """``answer`` in a wire's shape: ``shapes`` has one per built-in question type,
-    ``plugin`` makes a plugin type's; either is called with the wire's ``leading``
-    arguments, then the answer. Its ``extra`` holds what ``detail`` asks for."""
+    """``answer`` in a wire's shape: ``shapes[type]`` for a built-in type, else ``plugin``, called with
+    ``leading`` and the answer."""
     qtype = answer.question.qtype
     shape = shapes.get(qtype.name) if built_in_question_type(qtype) else None
     result = (shape or plugin)(*leading, answer)
@@ -189,8 +200,25 @@ def answer_of(
     return result
 
 
+def option_probabilities(answer: Answer) -> Iterator[tuple[Option, float]]:
+    return zip(answer.question.options, answer.probabilities, strict=True)
+
+
+def by_key(answer: Answer) -> dict[str, float]:
+    return {o.key: p for o, p in option_probabilities(answer)}
+
+
+def plugin_fields(answer: Answer) -> dict[str, Any]:
+    """A plugin type's answer: its own fields, the confidence and (unless it has its own) the
+    probabilities by option key."""
+    return {
+        "probabilities": by_key(answer),
+        **answer.fields,
+        "confidence": answer.confidence,
+    }
+
+
 def decision_service(raw_request: Request) -> Decides:
-    """The server's decision service; until startup has made it, the request is refused as not ready."""
     service = getattr(raw_request.app.state, "decision_service", None)
     if service is None:
         raise NotReadyError()
@@ -198,14 +226,17 @@ def decision_service(raw_request: Request) -> Decides:
 
 
 def response_id(prefix: str, request_id: str) -> tuple[str, int]:
-    """The response's id and creation time: the request's own id under the wire's prefix
-    (``decisions-<id>``), as vLLM names a chat completion ``chatcmpl-<request id>``."""
+    """The response's id and creation time: ``<prefix>-<request id>``, as vLLM's ``chatcmpl-<id>``."""
     return f"{prefix}-{request_id}", int(time.time())
 
 
-def inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with every ``#/$defs/...`` reference replaced by its definition (these models don't
-    recurse), so it can be placed anywhere in another document."""
+def schema_of(model: type[BaseModel] | TypeAdapter[Any]) -> dict[str, Any]:
+    """``model``'s schema with its ``$defs`` references inlined (these models don't recurse), to place
+    anywhere."""
+    if isinstance(model, TypeAdapter):
+        schema = model.json_schema()
+    else:
+        schema = model.model_json_schema()
     definitions = schema.get("$defs", {})
 
     def resolve(node: Any) -> Any:
@@ -217,7 +248,7 @@ def inline(schema: dict[str, Any]) -> dict[str, Any]:
                     **{k: v for k, v in node.items() if k != "$ref"},
                 }
                 return resolve(merged)
-            # A discriminator's mapping names definitions that are inlined now; the tags stay in the schemas.
+            # a discriminator's mapping names the inlined definitions; the tags stay
             return {
                 key: resolve(value)
                 for key, value in node.items()
@@ -228,12 +259,3 @@ def inline(schema: dict[str, Any]) -> dict[str, Any]:
         return node
 
     return resolve(schema)
-
-
-def schema_of(model: type[BaseModel] | TypeAdapter[Any]) -> dict[str, Any]:
-    raw = (
-        model.json_schema()
-        if isinstance(model, TypeAdapter)
-        else model.model_json_schema()
-    )
-    return inline(raw)

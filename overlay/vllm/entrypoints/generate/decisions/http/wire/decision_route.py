@@ -1,18 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The route class of the decision endpoints: what a decision request meets over HTTP, whichever wire
-format it speaks.
-
-Before a byte of the body is held: the API key (vLLM's check, see auth.py), the request id, JSON as
-the only media type, the declared size. Then the body, read against its limit and the bytes the
-server holds in flight, decoded as it arrives and parsed strictly (body.py), and the wire's own
-handling (wire/handling.py: validation, the decision, any refusal in the wire's shape), the same code
-bulk calls. Parsing and deciding run under vLLM's ``with_cancellation`` (a client that leaves cancels
-them) and ``load_aware_call`` (``--enable-server-load-tracking``); after them, ``Retry-After`` on
-temporary refusals, the request id and the server-side time as headers.
-
-FastAPI does not validate these routes' bodies (the wire does, for bulk too): a route's endpoint
-function only gives ``/openapi.json`` its request and response models.
-"""
+"""The route class of the decision endpoints: the API key, request id, media type and declared size
+before a byte of the body is held, then the body (body.py) and the wire's handling (handling.py), under
+vLLM's ``with_cancellation`` and ``load_aware_call``. FastAPI does not validate these bodies: the
+endpoint functions only feed ``/openapi.json``."""
 
 from __future__ import annotations
 
@@ -29,12 +19,8 @@ from pydantic import BaseModel
 from starlette.datastructures import State
 from starlette.requests import ClientDisconnect
 
-import vllm.envs as envs
 from vllm.entrypoints.generate.decisions.decide.concurrency import parsed_off_the_loop
-from vllm.entrypoints.generate.decisions.decide.errors import (
-    DecisionError,
-    NotReadyError,
-)
+from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.metrics import observed_route
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.http.wire.auth import AUTHORIZED, key_required
@@ -57,8 +43,8 @@ from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancell
 
 LATENCY_HEADER = "x-decision-latency-ms"
 REQUEST_ID_HEADER = "X-Request-Id"
-# A client's request id comes back in headers and the response, and names every engine read: a longer
-# one is refused, not cut (vLLM's own cache salts stop at the same length).
+# A client's request id comes back in headers and the response and names every engine read: a longer
+# one is refused, not cut (vLLM's cache salts stop at the same length).
 MAX_REQUEST_ID_CHARS = 128
 REQUEST_ID = re.compile(rf"[!-~]{{1,{MAX_REQUEST_ID_CHARS}}}")
 
@@ -67,14 +53,6 @@ def given_request_id(request: Request) -> str | None:
     """The client's ``X-Request-Id`` when it is one the server repeats; None when absent or not."""
     given = request.headers.get(REQUEST_ID_HEADER)
     return given if given and REQUEST_ID.fullmatch(given) else None
-
-
-def refuse_unusable_request_id(request: Request) -> None:
-    if request.headers.get(REQUEST_ID_HEADER) and given_request_id(request) is None:
-        raise DecisionError(
-            f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_CHARS} printable ASCII characters "
-            "without spaces; leave it out and the server makes one"
-        )
 
 
 def bodies_in_flight(state: State, settings: Settings) -> BodiesInFlight:
@@ -87,18 +65,7 @@ def bodies_in_flight(state: State, settings: Settings) -> BodiesInFlight:
     return pool
 
 
-def authorized(request: Request) -> bool:
-    """Fail closed: with a key configured, only a verdict of True from auth.py lets a request through."""
-    return (
-        not key_required(getattr(request.app.state, "args", None))
-        or request.scope.get(AUTHORIZED) is True
-    )
-
-
 def decision_route(wire: Wire) -> type[APIRoute]:
-    """A route class answering ``wire``'s paths through ``wire``, refusals in its error shape; the
-    request id is also echoed under each of ``wire.id_headers`` (a wire's own clients may read another
-    header)."""
 
     async def answered(
         raw: bytes,
@@ -118,8 +85,6 @@ def decision_route(wire: Wire) -> type[APIRoute]:
             request = validated() if small else await parsed_off_the_loop(validated)
         except DecisionError as exc:
             return wire.refusal(exc)
-        if isinstance(request, Reply):
-            return request
         return await wire.decide(
             lambda: decision_service(raw_request), request, request_id
         )
@@ -129,29 +94,29 @@ def decision_route(wire: Wire) -> type[APIRoute]:
 
     async def reply_to(request: Request, request_id: str) -> tuple[Reply | None, bool]:
         """The reply (None: the client left), and whether the whole body was read."""
-        service = getattr(request.app.state, "decision_service", None)
         claim = None
         try:
-            if not authorized(request):
+            # fail closed: with a key configured, only a verdict of True from auth.py lets it through
+            if (
+                key_required(getattr(request.app.state, "args", None))
+                and request.scope.get(AUTHORIZED) is not True
+            ):
                 raise DecisionError(
                     "Unauthorized: send the server's API key as 'Authorization: Bearer KEY'",
                     HTTPStatus.UNAUTHORIZED,
                 )
-            refuse_unusable_request_id(request)
+            if request.headers.get(REQUEST_ID_HEADER) and not given_request_id(request):
+                raise DecisionError(
+                    f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_CHARS} printable ASCII "
+                    "characters without spaces; leave it out and the server makes one"
+                )
             media_type(request)
-            if service is None:
-                raise NotReadyError()
-            settings = service.settings
+            settings = decision_service(request).settings
             decoder = Decoder(
                 request.headers.get("content-encoding"), settings.max_body_bytes
             )
             claim = bodies_in_flight(request.app.state, settings).claim()
-            raw = await read_body(
-                request,
-                settings.max_body_bytes,
-                claim,
-                envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
-            )
+            raw = await read_body(request, settings.max_body_bytes, claim)
             reply = await answer_unless_cancelled(
                 raw, request, request_id, decoder, claim
             )
@@ -171,8 +136,8 @@ def decision_route(wire: Wire) -> type[APIRoute]:
 
         def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
             super().__init__(path, *args, **kwargs)
-            # The path exactly: Starlette's pattern ends in "$", which in Python also matches before a
-            # trailing newline, so "/v1/decisions\n" (sent as %0A) would be answered here.
+            # The path exactly: Starlette's pattern ends in "$", which also matches before a trailing
+            # newline, so "/v1/decisions\n" (sent as %0A) would be answered here.
             self.path_regex = re.compile(re.escape(path) + r"\Z")
 
         def get_route_handler(
@@ -185,7 +150,6 @@ def decision_route(wire: Wire) -> type[APIRoute]:
 
             async def handle_decision(request: Request) -> Response:
                 started = time.perf_counter()
-                # The request's one id: its engine reads and its response's id derive from it.
                 request_id = given_request_id(request) or new_request_id()
                 reply, body_read = await reply_to(request, request_id)
                 # A client that left reads nothing; metrics.py counts the request as cancelled.

@@ -1,31 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 """The canvas backend: DiffusionGemma reads the answer slot of a seeded, read-only canvas.
 
-The prompt is the logit backend's, up to its answer cue. The canvas after it holds a noise token at
-the answer slot and then the turn-close marker; one read-only denoise (``max_steps`` at most) gives
-the log-probability of each option letter at that slot. ``samples=n`` reads n canvases whose noise
-tokens come from one seed and averages the distributions.
-"""
+After the logit backend's prompt, the canvas holds a noise token at the answer slot, then the
+turn-close marker; ``samples=n`` averages n canvases whose noise comes from one seed."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
-)
-from vllm.entrypoints.generate.decisions.decide.backends.canvas.options import (
-    CanvasOptions,
-)
-from vllm.entrypoints.generate.decisions.decide.backends.canvas.samples import (
-    average,
-    noise_tokens,
 )
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.errors import (
@@ -60,8 +52,22 @@ logger = init_logger(__name__)
 
 # The canvas: the answer slot, then the turn-close marker.
 CANVAS_WIDTH = 2
-# What the startup probe has the assistant say, to find the token its chat template closes a turn with.
+MAX_SAMPLES = 64
+# What the startup probe has the assistant say, to find the token the template closes a turn with.
 _PROBE_REPLY = "The answer is B."
+
+
+# Set at startup (VLLM_TYPED_DECISIONS_BACKEND=canvas:samples=5), overridable per request
+# (extra.backend_options; extra.seed sets seed).
+class CanvasOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # How many noise draws (canvas reads) to average per question; each is one more read.
+    samples: int = Field(default=1, ge=1, le=MAX_SAMPLES)
+    # The most denoising steps one read may take (1: the first denoise's distribution).
+    max_steps: int = Field(default=1, ge=1)
+    # Fixes the noise draws; None draws a fresh seed for each request (reported either way).
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
 
 
 class SampleFacts(BaseModel):
@@ -123,11 +129,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
     async def read(
         self, question: CompiledQuestion, context: ReadContext[CanvasOptions]
     ) -> Reading:
-        options, turn_close, state = (
-            context.options or self.options,
-            self.turn_close,
-            context.state,
-        )
+        options, turn_close = context.options or self.options, self.turn_close
         if turn_close is None:
             raise DecisionError(
                 "the canvas backend has not started", HTTPStatus.SERVICE_UNAVAILABLE
@@ -140,7 +142,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
         labels = self.catalog.labels(count)
         slot = self.placer.place(
             await self.host.render_chat(
-                messages(state, question, labels, self.system_role)
+                messages(context.state, question, labels, self.system_role)
             ),
             labels,
         )
@@ -169,7 +171,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
             canvas_read(i) for i in range(1, options.samples)
         )
         scores = [label_scores(read, slot.label_ids) for read in reads]
-        together = average([softmax(read_scores) for read_scores in scores])
+        together = average([softmax(s) for s in scores])
         keys = [o.key for o in question.options]
         return Reading(
             scores=[
@@ -179,10 +181,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
             input_tokens=sum(r.prompt_tokens for r in reads),
             cached_input_tokens=sum(r.cached_tokens for r in reads),
             readout="direct",
-            option_mass=sum(
-                sum(math.exp(v) for v in read_scores) for read_scores in scores
-            )
-            / len(scores),
+            option_mass=sum(sum(math.exp(v) for v in s) for s in scores) / len(scores),
             meta=CanvasFacts(
                 seed=seed,
                 samples=SampleFacts(
@@ -223,3 +222,34 @@ async def turn_close_id(host: BackendHost) -> int:
             "the chat template closes an assistant turn with no special token; the canvas needs one"
         )
     return after[0]
+
+
+def noise_tokens(seed: int, count: int, vocab_size: int) -> list[int]:
+    """``count`` noise tokens, uniform over the vocabulary (as the engine draws a fresh canvas), fixed by
+    ``seed`` alone, so the same seed gives the same canvases on any host."""
+    draw = random.Random(seed)
+    return [draw.randrange(vocab_size) for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class Average:
+    probabilities: list[float]
+    # The standard error of each option's mean probability (0 for one sample).
+    stderr: list[float]
+    # The share of samples whose top option is the average's top option.
+    agreement: float
+
+
+def average(distributions: Sequence[Sequence[float]]) -> Average:
+    n, columns = len(distributions), list(zip(*distributions, strict=True))
+    means = [sum(column) / n for column in columns]
+    stderr = [
+        math.sqrt(sum((p - mean) ** 2 for p in column) / (n - 1) / n) if n > 1 else 0.0
+        for column, mean in zip(columns, means, strict=True)
+    ]
+    top = _top(means)
+    return Average(means, stderr, sum(_top(d) == top for d in distributions) / n)
+
+
+def _top(probabilities: Sequence[float]) -> int:
+    return max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -23,20 +24,21 @@ from vllm.entrypoints.generate.decisions.decide.backends.encoder.checkpoint impo
 from vllm.entrypoints.generate.decisions.decide.backends.encoder.laya_prompts import (
     PROMPT_VERSION,
 )
-from vllm.entrypoints.generate.decisions.decide.backends.encoder.layout import (
-    laya_options,
-)
 from vllm.entrypoints.generate.decisions.decide.errors import (
     BackendUnavailable,
     DecisionError,
 )
-from vllm.entrypoints.generate.decisions.decide.host import BackendHost
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+# What Laya's noul options say when the question gives no criterion.
+NOUL_DEFAULTS = {
+    "false": "no, the statement does not hold",
+    "true": "yes, the statement holds",
+}
 
 
 class EncoderFacts(BaseModel):
@@ -44,9 +46,7 @@ class EncoderFacts(BaseModel):
 
     # Which Laya prompt builder wrote the prompt: the checkpoint's own or the built-in one.
     prompt_source: str
-    # The checkpoint's act-head outputs, reported as they are.
     act_scores: list[float]
-    # The temperature the checkpoint ships for this question type and option count, if any.
     checkpoint_temperature: float | None
 
 
@@ -66,7 +66,7 @@ class EncoderBackend(DecisionBackend[None]):
                 f"the tokenizer's [MASK] is {getattr(tokenizer, 'mask_token_id', None)}, "
                 f"laya_config.mask_token_id is {config.mask_token_id}: the model would find no option markers"
             )
-        # The model picks a question's type embedding by the token after [CLS]: the prompts must put it there.
+        # The model picks a question's type embedding by the token after [CLS].
         for qtype in LAYA_TYPES:
             ids, _ = builder.build(
                 tokenizer,
@@ -95,11 +95,6 @@ class EncoderBackend(DecisionBackend[None]):
 
     def _max_len(self, config: LayaConfig) -> int:
         return min(config.max_len, self.host.max_model_len)
-
-    def __init__(
-        self, host: BackendHost, options: None = None, settings: Settings | None = None
-    ) -> None:
-        super().__init__(host, None, settings)
 
     async def read(
         self, question: CompiledQuestion, context: ReadContext[None]
@@ -169,3 +164,26 @@ def _flat(output: Any) -> list[float]:
         float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
         for v in output
     ]
+
+
+@dataclass(frozen=True)
+class LayaOptions:
+    texts: list[str]
+    # slots[i]: the slot (marker) of the question's i-th option
+    slots: list[int]
+
+    def in_question_order(self, slot_scores: list[float]) -> list[float]:
+        return [slot_scores[slot] for slot in self.slots]
+
+
+def laya_options(question: CompiledQuestion) -> LayaOptions:
+    """Options as Laya renders them: noul lists false before true; score levels read ``level i: ...``."""
+    options = question.options
+    if question.qtype.name == "noul":
+        order = ["false", "true"]
+        described = {o.key: o.description for o in options}
+        texts = [f"{key}: {described.get(key) or NOUL_DEFAULTS[key]}" for key in order]
+        return LayaOptions(texts, [order.index(o.key) for o in options])
+    score = question.qtype.name == "score"
+    texts = [f"level {i}: {o.text}" if score else o.text for i, o in enumerate(options)]
+    return LayaOptions(texts, list(range(len(options))))

@@ -21,6 +21,8 @@ logger = init_logger(__name__)
 LAYA_TYPES = ("choice", "score", "noul")
 # Laya's own agent confines its fitted temperatures to this range before applying them.
 TEMPERATURE_RANGE = (0.5, 5.0)
+# The option-count buckets of ``temperature_by_options`` ("choice:3-5"), each up to its most; then "11+".
+OPTION_BUCKETS = (("2", 2), ("3-5", 5), ("6-10", 10))
 
 
 class LayaConfig(BaseModel):
@@ -44,15 +46,7 @@ class LayaConfig(BaseModel):
 
     def checkpoint_temperature(self, question_type: str, options: int) -> float:
         """The temperature Laya's own agent would apply to this question (reported, not applied)."""
-        size = (
-            "2"
-            if options <= 2
-            else "3-5"
-            if options <= 5
-            else "6-10"
-            if options <= 10
-            else "11+"
-        )
+        size = next((name for name, most in OPTION_BUCKETS if options <= most), "11+")
         row = self.question_types.get(question_type, 0)
         value = self.temperature_by_options.get(
             f"{question_type}:{size}", self.temperature[row]
@@ -85,12 +79,9 @@ def read_laya_config(host: BackendHost) -> LayaConfig:
     return config
 
 
-PromptBuild = Callable[..., tuple[list[int], list[int]]]
-
-
 @dataclass(frozen=True)
 class PromptBuilder:
-    build: PromptBuild
+    build: Callable[..., tuple[list[int], list[int]]]
     source: str  # "checkpoint" (its laya_prompts.py) or "built-in"
 
 

@@ -24,8 +24,8 @@ from vllm.entrypoints.generate.decisions.decide.backends.logit.readouts import (
 )
 from vllm.entrypoints.generate.decisions.decide.backends.logit.self_check import (
     PROBES,
+    probe_mass,
     self_check,
-    words_option_mass,
 )
 from vllm.entrypoints.generate.decisions.decide.backends.logit.stencil import (
     StencilPool,
@@ -63,22 +63,20 @@ logger = init_logger(__name__)
 class StartupFacts(BaseModel):
     """What the startup checks found, adopted by every API-server process of the server."""
 
-    # Whether the chat template takes the instructions as a system message (else they open the user turn).
+    # Whether the chat template takes the instructions as a system message.
     system_role: bool
-    # What the answer slot appends to close an ending the template leaves open (a reasoning block, harmony's
-    # channel), then the empty reasoning block the self-check chose ("" for none), and its option mass.
+    # What the answer slot appends to close an ending the template leaves open (a reasoning block,
+    # harmony's channel), then the empty reasoning block the self-check chose, and its option mass.
     closing: str
     reasoning_block: str
     option_mass: float
-    # The probes' option mass in the words layout (labels=words), with the same answer slot; None where no
-    # probe's words are single tokens there. Below VLLM_TYPED_DECISIONS_MIN_OPTION_MASS (or None), reads
-    # asking for words use letters.
+    # The probes' option mass with labels=words (None: no probe's words are single tokens); below the
+    # minimum, reads asking for words use letters.
     words_option_mass: float | None = None
     # Marker pairs that are single tokens on this tokenizer: the wide-direct labels.
     pairs: list[str]
-    # Whether the state can be rendered and tokenized once per request (stencil.py).
     stencil: bool
-    # Why fp32 reads are unavailable, or None when they passed their check (precision.py).
+    # Why fp32 reads are unavailable (None: they passed their check).
     fp32_missing: str | None
 
 
@@ -87,9 +85,7 @@ class LogitBackend(DecisionBackend[LogitOptions]):
     render_version = RENDER_VERSION
     options_model = LogitOptions
     facts_model = StartupFacts
-    # The label catalog is built from the startup markers; a request's would go unread.
     startup_only = ("markers",)
-    # Startup calibration compares both per question type unless VLLM_TYPED_DECISIONS_BACKEND sets labels.
     layout_option = "labels"
     layouts = ("letters", "words")
 
@@ -101,8 +97,8 @@ class LogitBackend(DecisionBackend[LogitOptions]):
     ) -> None:
         super().__init__(host, options or LogitOptions(), settings)
         markers = self.options.markers
-        # The default 26 letters may exceed the default window (20): top-k then floors the rest. A marker
-        # set someone configured on purpose must fit, or the configuration is refused.
+        # The default 26 letters may exceed the default window (20), and top-k floors the rest; markers
+        # configured on purpose must fit.
         explicit = "markers" in self.options.model_fields_set
         if explicit and host.max_logprobs != -1 and len(markers) > host.max_logprobs:
             raise SettingsError(
@@ -113,18 +109,10 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         self.catalog = LabelCatalog(tuple(markers), ())
         self.prompts = StencilPool(host, enabled=False)
         self.runner = ReadoutRunner(host, self.placer, self.catalog, self.prompts)
-        self.facts: StartupFacts | None = (
-            None  # what the startup check found, once adopted
-        )
+        self.facts: StartupFacts | None = None
 
     async def start(self) -> StartupFacts:
-        """The answer-slot self-check, the label pairs, the stencil and precision checks, as facts that
-        every API-server process adopts."""
-        facts = await self.check()
-        self.adopt(facts)
-        return facts
-
-    async def check(self) -> StartupFacts:
+        """The answer-slot self-check, the label pairs, the stencil and precision checks."""
         host = self.host
         if host.logprobs_mode != "raw_logprobs":
             raise BackendUnavailable(
@@ -144,10 +132,10 @@ class LogitBackend(DecisionBackend[LogitOptions]):
             rendered, pair_candidates(self.options.markers)
         )
         slot = self.placer.place(rendered, ["A", "B"])
-        words_mass = await words_option_mass(
-            host, self.prompts, self.placer, self.catalog
+        words_mass = await probe_mass(
+            host, self.prompts, self.placer, self.catalog, words=True
         )
-        return StartupFacts(
+        facts = StartupFacts(
             system_role=system_role,
             closing=self.placer.closing(rendered),
             reasoning_block=check.reasoning_block,
@@ -157,33 +145,27 @@ class LogitBackend(DecisionBackend[LogitOptions]):
             stencil=await stencil_check(host, system_role),
             fp32_missing=await fp32_check(host, slot.prompt_ids, slot.label_ids),
         )
+        self.adopt(facts)
+        return facts
 
     def adopt(self, facts: StartupFacts) -> None:
         self.facts = facts
         self.placer.reasoning_block = facts.reasoning_block
-        self.catalog = LabelCatalog(self.catalog.markers, tuple(facts.pairs))
+        self.catalog = self.runner.catalog = LabelCatalog(
+            self.catalog.markers, tuple(facts.pairs)
+        )
         missing, minimum = facts.fp32_missing, self.settings.min_option_mass
-        words = (
+        self.runner.fp32_reads = missing is None
+        self.runner.word_reads = (
             facts.words_option_mass is not None and facts.words_option_mass >= minimum
         )
-        self.runner = ReadoutRunner(
-            self.host,
-            self.placer,
-            self.catalog,
-            self.prompts,
-            fp32_reads=missing is None,
-            word_reads=words,
-        )
-        self.prompts.enabled, self.prompts.system_role = (
-            facts.stencil,
-            facts.system_role,
-        )
+        self.prompts.enabled = facts.stencil
+        self.prompts.system_role = facts.system_role
         logger.info(describe_prompt(facts, minimum))
         logger.info(self.describe_limits())
         logger.info(describe(self.host, missing))
 
     def read_key(self) -> dict[str, Any]:
-        """The startup facts that change reads: fp32 reads, word labels, the answer slot, the prompt's shape."""
         facts = self.facts
         if facts is None:
             return {}
@@ -197,12 +179,8 @@ class LogitBackend(DecisionBackend[LogitOptions]):
         }
 
     def describe_limits(self) -> str:
-        markers, wide, cap = (
-            len(self.catalog.markers),
-            self.catalog.wide_capacity,
-            self.host.max_logprob_token_ids,
-        )
-        window = self.host.max_logprobs
+        markers, wide = len(self.catalog.markers), self.catalog.wide_capacity
+        cap, window = self.host.max_logprob_token_ids, self.host.max_logprobs
         return (
             f"decision readouts: direct up to {markers}, wide-direct up to {min(wide, cap)} (exact), "
             f"top-k wide-direct up to {wide}, two-stage beyond (read limits: max_logprobs={window}, "
@@ -228,7 +206,6 @@ class LogitBackend(DecisionBackend[LogitOptions]):
 
 
 def describe_prompt(facts: StartupFacts, minimum: float | None = None) -> str:
-    """The startup log's account of how the decision prompt meets this chat template."""
     where = (
         "a system message"
         if facts.system_role

@@ -32,9 +32,8 @@ class LogitOptions(BaseModel):
     shortlist: int = Field(default=8, ge=2, le=26)
     # One option label per character; pairs of them make the wide-direct labels.
     markers: str = MARKERS
-    # letters: the markers. words: each option's own word (Yes/No, a level's number, a choice's value) in
-    # direct reads, where they are single tokens at the answer slot and passed the startup check; the
-    # question uses letters otherwise, and extra.audit.label_layout says which (prompting/labels.py).
+    # words: each option's own word in direct reads, where each is one token at the answer slot and
+    # the startup check passed; letters otherwise (extra.audit.label_layout says which).
     labels: LabelLayout = "letters"
 
     @field_validator("markers")

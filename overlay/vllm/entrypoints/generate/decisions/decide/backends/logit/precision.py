@@ -1,12 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which precision the option log-probabilities have, checked once at startup.
 
-A bf16/fp16 LM head rounds logits to a grid coarse enough to tie close options exactly. With
-patches/exact-logprobs the engine recomputes the ids a read returns in fp32; the startup check reads
-one prompt both ways and trusts the recomputation only if it moved the values off the grid by no
-more than the head's rounding (a model whose head the patch can't mirror fails that, and its reads
-keep the head's dtype). Every answer names its precision in ``extra.audit.logit_precision``.
-"""
+A bf16/fp16 LM head rounds logits coarsely enough to tie close options. patches/exact-logprobs
+recomputes a read's ids in fp32; the check trusts that only if it moved the values by no more than
+the head's rounding (a head the patch can't mirror fails it)."""
 
 from __future__ import annotations
 
@@ -46,7 +43,6 @@ async def fp32_check(
 
 
 def read_precision(host: BackendHost, fp32: bool) -> str:
-    """The dtype of a read's log-probabilities: fp32 when asked for and available, else the head's."""
     return "float32" if fp32 or host.logit_dtype == "float32" else host.logit_dtype
 
 

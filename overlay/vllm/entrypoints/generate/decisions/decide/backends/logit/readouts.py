@@ -1,15 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which read answers a question, and the reads themselves.
-
-- direct: one marker per option, one forward pass; or, asked for words (``labels=words``), each
-  option's own word (prompting/labels.py) where each is one token at its answer slot, else markers.
-- wide-direct: more options than markers; marker pairs that are single tokens add labels; one pass.
-- two-stage: each option scored alone as yes/no over the shared state, then the leaders through a
-  direct read; the finalists share their stage-1 mass. k + 1 passes.
-
-``auto`` takes the first that fits, in that order; an exact read past the engine's token-id cap
-becomes a top-k read rather than failing.
-"""
+"""Which read answers a question, and the reads themselves: direct (one label per option, one pass),
+wide-direct (single-token marker pairs add labels), two-stage (each option alone as yes/no, then the
+leaders through a direct read, sharing their stage-1 mass). ``auto`` takes the first that fits; an
+exact read past the engine's token-id cap becomes a top-k read rather than failing."""
 
 from __future__ import annotations
 
@@ -61,11 +54,6 @@ from vllm.entrypoints.generate.decisions.decide.read_context import (
 )
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
-TOKEN_ID_CAP_HINT = (
-    "MAX_LOGPROB_TOKEN_IDS in vllm/sampling_params.py caps an exact read at {cap} labels: apply "
-    "patches/max-logprob-token-ids-v0.30.patch to raise it, or ask for logprobs=top-k"
-)
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -79,14 +67,12 @@ def plan(
     """The read for ``count`` options under ``options``; refuses a read that can't hold them."""
     markers, wide = len(catalog.markers), catalog.wide_capacity
     mode = options.logprobs
+    fits = mode == "top-k" or count <= token_id_cap
     if options.readout == "auto":
-        if count <= markers and (mode == "top-k" or count <= token_id_cap):
+        if count <= markers and fits:
             return Plan("direct", mode)
         if count <= wide:
-            return Plan(
-                "wide-direct",
-                mode if mode == "top-k" or count <= token_id_cap else "top-k",
-            )
+            return Plan("wide-direct", mode if fits else "top-k")
         return Plan("two-stage", mode)
     if options.readout == "direct" and count > markers:
         raise DecisionError(
@@ -97,10 +83,11 @@ def plan(
             f"{count} options; wide-direct reads at most {wide} on this tokenizer "
             f"({markers} markers + {len(catalog.pairs)} single-token pairs)"
         )
-    if options.readout != "two-stage" and mode == "exact" and count > token_id_cap:
+    if options.readout != "two-stage" and not fits:
         raise DecisionError(
-            f"{count} options in one exact read: "
-            + TOKEN_ID_CAP_HINT.format(cap=token_id_cap)
+            f"{count} options in one exact read: MAX_LOGPROB_TOKEN_IDS in vllm/sampling_params.py caps an "
+            f"exact read at {token_id_cap} labels: apply patches/max-logprob-token-ids-v0.30.patch to raise "
+            "it, or ask for logprobs=top-k"
         )
     return Plan(options.readout, mode)
 
@@ -123,8 +110,7 @@ async def labelled_slot(
     examples: Sequence[Example] = (),
 ) -> LabelledSlot:
     """The prompt and label tokens of one read: in the question's words where asked and each is one
-    token at its answer slot, else in letters (never a refusal for words that don't fit); the
-    ``examples`` ahead of the state, answered in the same labels."""
+    token at its answer slot, else in letters; ``examples`` answered in the same labels."""
     if words and (labels := word_labels(question)) is not None:
         body = question_text(question, labels, words=True)
         rendered = await prompts.prompt_ids(
@@ -152,8 +138,6 @@ def shown(
     body: str,
     labels: Sequence[str],
 ) -> list[Shown]:
-    """``examples`` as the prompt shows them: the question's text and each answer's label in this
-    read's labels and option order."""
     keys = [option.key for option in question.options]
     return [
         Shown(example.state, body, labels[keys.index(example.answer)])
@@ -161,26 +145,15 @@ def shown(
     ]
 
 
+@dataclass
 class ReadoutRunner:
-    """Runs a planned read for one question through the host."""
-
-    def __init__(
-        self,
-        host: BackendHost,
-        placer: AnswerSlotPlacer,
-        catalog: LabelCatalog,
-        prompts: StencilPool | None = None,
-        fp32_reads: bool = False,
-        word_reads: bool = True,
-    ) -> None:
-        self.host = host
-        self.placer = placer
-        self.catalog = catalog
-        self.prompts = prompts or StencilPool(host, enabled=False)
-        # Whether reads asking for fp32 get it (precision.fp32_check passed at startup).
-        self.fp32_reads = fp32_reads
-        # Whether reads asking for words get them (the words' option mass passed the startup check).
-        self.word_reads = word_reads
+    host: BackendHost
+    placer: AnswerSlotPlacer
+    catalog: LabelCatalog
+    prompts: StencilPool
+    # Whether reads asking for fp32 or words get them (their startup checks passed).
+    fp32_reads: bool = False
+    word_reads: bool = True
 
     async def labelled_read(
         self,
@@ -190,9 +163,8 @@ class ReadoutRunner:
         fallback: bool = True,
         fp32: bool = False,
         words: bool = False,
-    ) -> tuple[LabelRead, list[str], str]:
-        """The read of ``question`` about ``context.state`` in letters, or in its words where asked and
-        they fit; its labels and the layout used."""
+    ) -> tuple[LabelRead, str]:
+        """The read of ``question`` about ``context.state`` and the label layout used."""
         chosen = await labelled_slot(
             self.prompts,
             self.placer,
@@ -209,21 +181,12 @@ class ReadoutRunner:
                 f"the rendered prompt has {len(slot.prompt_ids)} tokens; the model's context "
                 f"(--max-model-len {limit}) leaves room for at most {limit - 1}"
             )
+        args = (self.host, slot.prompt_ids, labels, slot.label_ids, context)
         if mode == "exact":
-            read = await read_exact(
-                self.host,
-                slot.prompt_ids,
-                labels,
-                slot.label_ids,
-                context,
-                fallback,
-                fp32,
-            )
+            read = await read_exact(*args, fallback, fp32)
         else:
-            read = await read_top_k(
-                self.host, slot.prompt_ids, labels, slot.label_ids, context, fp32
-            )
-        return read, labels, chosen.layout
+            read = await read_top_k(*args, fp32)
+        return read, chosen.layout
 
     async def run(
         self, plan: Plan, question: CompiledQuestion, context: ReadContext[LogitOptions]
@@ -232,24 +195,33 @@ class ReadoutRunner:
         fp32 = options.precision == "float32" and self.fp32_reads
         if plan.readout == "two-stage":
             # Its reads ask other questions (each option alone, then a shortlist): no examples fit them.
-            return await self.two_stage(
+            read, layout = await self.two_stage(
                 question,
                 plan.logprobs,
                 options.shortlist,
                 context.with_examples(()),
                 fp32,
             )
-        words = (
-            options.labels == "words" and plan.readout == "direct" and self.word_reads
-        )
-        read, _, layout = await self.labelled_read(
-            question, plan.logprobs, context, fp32=fp32, words=words
-        )
-        return reading(read, plan.readout, self.audit(layout, fp32))
-
-    def audit(self, layout: str, fp32: bool) -> ReadAudit:
-        return ReadAudit(
-            label_layout=layout, logit_precision=read_precision(self.host, fp32)
+        else:
+            words = (
+                options.labels == "words"
+                and plan.readout == "direct"
+                and self.word_reads
+            )
+            read, layout = await self.labelled_read(
+                question, plan.logprobs, context, fp32=fp32, words=words
+            )
+        return Reading(
+            scores=read.scores,
+            forward_passes=read.forward_passes,
+            input_tokens=read.input_tokens,
+            cached_input_tokens=read.cached_tokens,
+            readout=plan.readout,
+            option_mass=read.option_mass,
+            meta=read.facts,
+            audit=ReadAudit(
+                label_layout=layout, logit_precision=read_precision(self.host, fp32)
+            ),
         )
 
     async def two_stage(
@@ -259,7 +231,7 @@ class ReadoutRunner:
         shortlist: int,
         context: ReadContext[Any],
         fp32: bool = False,
-    ) -> Reading:
+    ) -> tuple[LabelRead, str]:
         # Stage 1: each option alone, as yes/no. Exact reads here have no fallback.
         checks = [
             self.labelled_read(
@@ -271,20 +243,19 @@ class ReadoutRunner:
             )
             for i, option in enumerate(question.options)
         ]
-        stage1 = [read for read, _, _ in await gather_or_cancel(checks)]
+        stage1 = [read for read, _ in await gather_or_cancel(checks)]
         p_yes = [softmax(r.scores)[0] for r in stage1]
         total = sum(p_yes)
         first = [p / total for p in p_yes]
-        leaders = sorted(range(len(first)), key=lambda i: (-first[i], i))[
-            : min(shortlist, len(first))
-        ]
-        leaders.sort()
+        leaders = sorted(
+            sorted(range(len(first)), key=lambda i: (-first[i], i))[:shortlist]
+        )
         finals = CompiledQuestion(
             question.qtype,
             question.instructions,
             tuple(question.options[i] for i in leaders),
         )
-        final, _, layout = await self.labelled_read(
+        final, layout = await self.labelled_read(
             finals, mode, context.part("s2"), fp32=fp32
         )
         shared = sum(first[i] for i in leaders)
@@ -293,14 +264,13 @@ class ReadoutRunner:
             probabilities[i] = shared * p
         keys = [o.key for o in question.options]
         reads = [*stage1, final]
-        return Reading(
+        return LabelRead(
             scores=[math.log(p) if p > 0 else -math.inf for p in probabilities],
+            option_mass=final.option_mass,
             forward_passes=sum(r.forward_passes for r in reads),
             input_tokens=sum(r.input_tokens for r in reads),
-            cached_input_tokens=sum(r.cached_tokens for r in reads),
-            readout="two-stage",
-            option_mass=final.option_mass,
-            meta=final.facts.model_copy(
+            cached_tokens=sum(r.cached_tokens for r in reads),
+            facts=final.facts.model_copy(
                 update={
                     "stage1_scores": {
                         keys[i]: math.log(p) if p > 0 else None
@@ -309,18 +279,4 @@ class ReadoutRunner:
                     "shortlist": [keys[i] for i in leaders],
                 }
             ),
-            audit=self.audit(layout, fp32),
-        )
-
-
-def reading(read: LabelRead, readout: str, audit: ReadAudit) -> Reading:
-    return Reading(
-        scores=read.scores,
-        forward_passes=read.forward_passes,
-        input_tokens=read.input_tokens,
-        cached_input_tokens=read.cached_tokens,
-        readout=readout,
-        option_mass=read.option_mass,
-        meta=read.facts,
-        audit=audit,
-    )
+        ), layout

@@ -1,11 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One engine read of the label tokens, exact or top-k, and what it means for the scores.
+"""One engine read of the label tokens: exact (``logprob_token_ids``) or top-k (``--max-logprobs``).
 
-exact names the label ids (``logprob_token_ids``): every label is read, bounded by
-MAX_LOGPROB_TOKEN_IDS. top-k reads vLLM's plain top-k list (window = ``--max-logprobs``): a label
-outside the window scores the window's lowest log-probability, an upper bound on its true value, and
-is reported as floored; ``option_mass`` then counts only the labels actually read.
-"""
+In a top-k read a label outside the window scores the window's lowest log-probability, an upper bound
+on its true value, and is reported as floored; ``option_mass`` counts only the labels read."""
 
 from __future__ import annotations
 
@@ -54,14 +51,10 @@ class LabelRead:
     facts: ReadFacts = field(default_factory=lambda: ReadFacts(logprobs="exact"))
 
 
-def top_k_window(host: BackendHost) -> int:
-    return host.max_logprobs
-
-
 def scores_from(
     read: TokenRead, labels: Sequence[str], ids: Sequence[int], floor: float
 ) -> tuple[list[float], list[str]]:
-    """Each label's log-probability, or ``floor`` (and its name in the floored list) when unread."""
+    """Each label's log-probability, or ``floor`` (and its name in the floored list) where unread."""
     scores, floored = [], []
     for label, token in zip(labels, ids, strict=True):
         if token in read.logprobs:
@@ -84,7 +77,7 @@ async def read_top_k(
     context: ReadContext[Any],
     fp32: bool = False,
 ) -> LabelRead:
-    window = top_k_window(host)
+    window = host.max_logprobs
     read = await host.read_top_logprobs(prompt_ids, window, context, fp32)
     scores, floored = scores_from(read, labels, ids, min(read.logprobs.values()))
     facts = ReadFacts(logprobs="top-k", topk_window=window, floored=floored)
@@ -102,9 +95,8 @@ async def read_exact(
     fallback: bool = True,
     fp32: bool = False,
 ) -> LabelRead:
-    """An exact read; when the engine returns it incomplete (as under speculative decoding), a
-    degraded fallback fills the gaps from a top-k read, or the question fails if ``fallback`` is off.
-    ``fp32``: ask for fp32 log-probabilities (:mod:`.precision`)."""
+    """An exact read; one the engine returns incomplete (as under speculative decoding) is filled in
+    from a top-k read, or fails if ``fallback`` is off."""
     read = await host.read_token_logprobs(prompt_ids, list(ids), context, fp32)
     missing = [
         label
@@ -114,12 +106,7 @@ async def read_exact(
     if not missing:
         scores, _ = scores_from(read, labels, ids, -math.inf)
         return LabelRead(
-            scores,
-            mass(read, ids),
-            1,
-            read.prompt_tokens,
-            read.cached_tokens,
-            ReadFacts(logprobs="exact"),
+            scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens
         )
     reason = f"the engine's exact read lacked {len(missing)} of {len(ids)} label log-probabilities"
     if not fallback:
@@ -127,8 +114,9 @@ async def read_exact(
             f"{reason}; this read has no fallback (try logprobs=top-k)",
             HTTPStatus.SERVICE_UNAVAILABLE,
         )
+    window = host.max_logprobs
     top = await host.read_top_logprobs(
-        prompt_ids, top_k_window(host), context.part("fallback"), fp32
+        prompt_ids, window, context.part("fallback"), fp32
     )
     merged = TokenRead(
         {**top.logprobs, **read.logprobs},
@@ -141,7 +129,7 @@ async def read_exact(
         degraded=True,
         degraded_reason=reason,
         floored=floored,
-        topk_window=top_k_window(host),
+        topk_window=window,
     )
     return LabelRead(
         scores,

@@ -1,14 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The startup self-check: does the model's next token land on the option letters?
+"""The startup self-check: does the model's next token land on the option letters of easy probes?
 
-It asks a few easy questions and measures how much next-token probability falls on their letters
-(an exact read). Below the threshold the model is about to write something else first; the check
-then tries each empty reasoning block the tokenizer supports and keeps the first that passes.
-
-Letters are what every question falls back to, so they decide the check. The same probes are then
-read in the words layout (their own labels) with the block found: :func:`words_option_mass`. Below
-the threshold, reads asking for words use letters.
-"""
+Below the threshold the model is about to write something else first; the check then tries each empty
+reasoning block the tokenizer supports. Letters are what every question falls back to, so they decide
+the check; the words layout's mass only decides whether reads asking for words get them."""
 
 from __future__ import annotations
 
@@ -69,14 +64,15 @@ class SelfCheck:
         )
 
 
-async def probe_masses(
+async def probe_mass(
     host: BackendHost,
     prompts: StencilPool,
     placer: AnswerSlotPlacer,
     catalog: LabelCatalog,
     words: bool = False,
-) -> list[float]:
-    """The option mass of each probe read in letters, or (``words``) of each probe whose words fit."""
+) -> float | None:
+    """The probes' mean option mass read in letters, or (``words``) over the probes whose words fit
+    (None: none do)."""
     masses = []
     for i, (state, question) in enumerate(PROBES):
         chosen = await labelled_slot(prompts, placer, catalog, state, question, words)
@@ -88,27 +84,6 @@ async def probe_masses(
         )
         read = await read_exact(host, slot.prompt_ids, labels, slot.label_ids, context)
         masses.append(read.option_mass)
-    return masses
-
-
-async def option_mass(
-    host: BackendHost,
-    prompts: StencilPool,
-    placer: AnswerSlotPlacer,
-    catalog: LabelCatalog,
-) -> float:
-    masses = await probe_masses(host, prompts, placer, catalog)
-    return sum(masses) / len(masses)
-
-
-async def words_option_mass(
-    host: BackendHost,
-    prompts: StencilPool,
-    placer: AnswerSlotPlacer,
-    catalog: LabelCatalog,
-) -> float | None:
-    """The probes' mean option mass in the words layout, or None where no probe's words fit."""
-    masses = await probe_masses(host, prompts, placer, catalog, words=True)
     return sum(masses) / len(masses) if masses else None
 
 
@@ -119,12 +94,12 @@ async def self_check(
     catalog: LabelCatalog,
     minimum: float,
 ) -> SelfCheck:
-    """Find the answer slot: no block, then each supported empty reasoning block. Leaves the
-    winning block (or none) set on ``placer``; ``prompts`` renders the probes as requests are."""
+    """Find the answer slot: no block, then each supported empty reasoning block; leaves the
+    winning block (or the best) set on ``placer``."""
     tried: list[tuple[str, float]] = []
     for block in ["", *supported_reasoning_blocks(host)]:
         placer.reasoning_block = block
-        mass = await option_mass(host, prompts, placer, catalog)
+        mass = await probe_mass(host, prompts, placer, catalog) or 0.0
         tried.append((block, mass))
         if mass >= minimum:
             return SelfCheck(True, block, mass, tuple(tried))

@@ -1,19 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The state's part of the prompt, rendered and tokenized once for every question about it.
 
-Every question about one state in one frame (prompt.Frame) shares the text before its question
-(template head, system prompt, the state) and after it (the template's closing of the user turn). A
-:class:`Stencil` renders the chat once with a placeholder where the question goes, tokenizes the head
-once, and cuts it at a *seam*: a token boundary well before the state's end where tokenizing afresh
-reproduces the head's own tokens.
-A question's prompt is then the head's tokens up to the seam plus the tokens of a short text (the few
-characters from the seam, the question, the closing), so a 4,000-token state is tokenized once per
-request rather than once per question.
-
-Tokenizers that can't give character offsets, templates that transform the message text, and heads
-with no clean seam fall back to rendering each question in full; the startup check compares both ways
-on probes before this is switched on.
-"""
+A :class:`Stencil` renders the chat once with a placeholder for the question and cuts the head's tokens
+at a *seam*: a boundary well before the state's end where tokenizing afresh reproduces them. A
+question's prompt is the tokens up to the seam plus those of the rest. Tokenizers without offsets,
+templates that rewrite the text and heads with no clean seam render each question in full."""
 
 from __future__ import annotations
 
@@ -58,16 +49,15 @@ class Stencil:
     async def prompt_ids_async(
         self, host: BackendHost, question_body: str
     ) -> list[int]:
-        """:meth:`prompt_ids`, refused by length where it can't fit, else tokenized off the event loop."""
+        """:meth:`prompt_ids`, refused by length where it can't fit, tokenized off the event loop."""
         tail = self.seam_text + question_body + self.closing
         check_fits(host, len(self.prefix_ids), len(tail))
         return self.prefix_ids + await host.encode_async(tail)
 
 
 def check_fits(host: BackendHost, tokens: int, chars: int) -> None:
-    """Refuses, before tokenizing, a prompt of ``tokens`` known tokens and ``chars`` characters still to
-    tokenize that can't fit the model's context: ``chars`` need at least ``chars / host.chars_per_token``
-    tokens, so only prompts that would be refused after tokenizing are refused here."""
+    """Refuses, before tokenizing ``chars`` more characters, a prompt that can't fit the context
+    whatever they tokenize to (engine/token_bound.py)."""
     per, limit = host.chars_per_token, host.max_model_len
     if per is None:
         return
@@ -85,8 +75,6 @@ async def build_stencil(
     system_role: bool = True,
     frame: Frame = DOCUMENT_FRAME,
 ) -> Stencil | None:
-    """The stencil for ``state`` in ``frame``, or None where this host, template or state can't have
-    one."""
     if PLACEHOLDER in state:
         return None
     rendered = await host.render_chat_text(
@@ -109,8 +97,8 @@ async def build_stencil(
 
 
 def seam_candidates(head: str, spans: Sequence[tuple[int, int]]) -> list[int]:
-    """Token indices to try as the seam, nearest first: the last few tokens before the margin, then
-    line starts (a boundary for every tokenizer we know), all within SEAM_REACH characters."""
+    """Token indices to try as the seam, nearest first: the last few before the margin, then line
+    starts (a boundary for every tokenizer we know)."""
     limit = len(head.rstrip()) - SEAM_MARGIN
     near = [
         i
@@ -129,8 +117,8 @@ class _Shared:
 
 @dataclass
 class StencilPool:
-    """Shares one stencil among the reads in flight about the same state in the same frame; it is
-    dropped when the last of them has its prompt, so nothing outlives the requests that use it."""
+    """Shares one stencil among the reads in flight about the same state and frame; dropped when the
+    last of them has its prompt."""
 
     host: BackendHost
     enabled: bool = True
@@ -169,27 +157,22 @@ class StencilPool:
         examples: Sequence[Shown] = (),
         frame: Frame = DOCUMENT_FRAME,
     ) -> list[int]:
-        """The rendered prompt of one question, through the shared stencil where there is one; a
-        question with answered examples is rendered whole (its prefix is its examples, not the state)."""
+        """One question's prompt, through the shared stencil where there is one; a question with
+        examples is rendered whole (its prefix is its examples, not the state)."""
         if examples:
-            check_fits(
-                self.host,
-                0,
-                len(state) + sum(len(e.state) + len(e.question_body) for e in examples),
-            )
-            return await self.host.render_chat(
-                chat(state, question_body, self.system_role, examples, frame)
-            )
-        async with self.stencil(state, frame) as stencil:
-            if stencil is not None:
-                return await stencil.prompt_ids_async(self.host, question_body)
+            shown = sum(len(e.state) + len(e.question_body) for e in examples)
+            check_fits(self.host, 0, len(state) + shown)
+        else:
+            async with self.stencil(state, frame) as stencil:
+                if stencil is not None:
+                    return await stencil.prompt_ids_async(self.host, question_body)
         return await self.host.render_chat(
-            chat(state, question_body, self.system_role, frame=frame)
+            chat(state, question_body, self.system_role, examples, frame)
         )
 
 
 def _observe(build: asyncio.Future[Stencil | None]) -> None:
-    """Marks a failed build's exception as seen when every reader has gone (each reader re-raises it)."""
+    """Marks a failed build's exception as seen when every reader has gone."""
     if not build.cancelled():
         build.exception()
 
@@ -209,9 +192,8 @@ CHECK_QUESTIONS = (
 
 
 async def stencil_check(host: BackendHost, system_role: bool = True) -> bool:
-    """The startup check: shared rendering is switched on only if, on every probe that has a stencil,
-    it gives exactly the tokens of rendering the whole prompt (a template that rewrites the message
-    text fails it; a host without text rendering or offsets has no stencil at all)."""
+    """Shared rendering is switched on only if, on every probe that has a stencil, it gives exactly
+    the tokens of rendering the whole prompt."""
     shared = 0
     for state in CHECK_STATES:
         for frame in (DOCUMENT_FRAME, YES_NO_FRAME):

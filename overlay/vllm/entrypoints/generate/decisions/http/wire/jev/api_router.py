@@ -1,9 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The routes of Jev's System One API: ``POST /v1/systemone`` and its alias ``/api/alpha/decisions``.
-
-Errors come out as Jev clients expect them: a broken request as a 422 with FastAPI-style ``detail``
-entries, anything else as ``{"detail": {"error_type", "message"}}``.
-"""
+"""The routes of Jev's System One API (``POST /v1/systemone``, ``/api/alpha/decisions``): a broken
+request is a 422 with FastAPI-style ``detail`` entries, any other error
+``{"detail": {"error_type", "message"}}``."""
 
 from __future__ import annotations
 
@@ -42,12 +40,6 @@ ERROR_TYPES = {
 }
 
 
-def error_type(status: int) -> str:
-    return ERROR_TYPES.get(HTTPStatus(status)) or (
-        "internal_error" if status >= 500 else "invalid_request_error"
-    )
-
-
 def jev_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> Reply:
     if body_errors:
         exc = JevValidationError.from_errors(body_errors)
@@ -55,9 +47,10 @@ def jev_error(exc: DecisionError, body_errors: list[dict[str, Any]] | None) -> R
         return Reply(HTTPStatus.UNPROCESSABLE_ENTITY.value, {"detail": exc.detail})
     if exc.status == HTTPStatus.BAD_REQUEST:
         return jev_error(JevValidationError.at((), exc.message), None)
-    body = JevError(
-        detail=JevErrorDetail(error_type=error_type(exc.status), message=exc.message)
+    kind = ERROR_TYPES.get(HTTPStatus(exc.status)) or (
+        "internal_error" if exc.status >= 500 else "invalid_request_error"
     )
+    body = JevError(detail=JevErrorDetail(error_type=kind, message=exc.message))
     return Reply(HTTPStatus(exc.status).value, body.model_dump(mode="json"))
 
 
@@ -86,7 +79,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     operation_id="create_systemone_decisions_alpha",
 )
 async def create_systemone_decisions(request: SystemOneRequest) -> Response:
-    # This signature is what /openapi.json shows; the route class answers both routes through JEV.
+    # only /openapi.json reads this signature
     raise NotImplementedError(
         "answered by the decision route class (decision_route.py)"
     )

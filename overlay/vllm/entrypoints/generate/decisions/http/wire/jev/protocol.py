@@ -1,14 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Jev System One's request and response bodies (``POST /v1/systemone``, ``/api/alpha/decisions``).
-
-Jev clients send their own top-level extras, so unknown top-level fields are ignored; unknown
-fields inside a question are refused by the question type's own model, since a misspelled field
-could change an answer. vLLM 0.32's own ``/v1/systemone`` (which this route answers in its place) takes
-``cache_salt`` and ``priority`` at the top level, as vLLM's APIs take their extensions: so do we (or
-under ``extra``). Its ``instructions``, ``images``, ``audio`` and ``videos`` would change what is read, so
-they are refused rather than ignored (docs/upstream-systemone.md). Responses leave out what wasn't set (``extra`` at ``detail: none``,
-``partial_failures`` when every question was answered).
-"""
+"""Jev System One's request and response bodies. Unknown top-level fields are ignored (Jev clients send
+their own); a question's are refused by its type's model, as a typo could change an answer. Of vLLM
+0.32's own ``/v1/systemone`` fields, ``instructions`` and media are refused (docs/upstream-systemone.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +24,7 @@ from vllm.entrypoints.generate.decisions.http.wire.common import (
 
 
 def registered_questions(schema: dict[str, Any]) -> None:
-    """Each registered question type's model, plugins' included: filled in when the OpenAPI document is
-    first built, after the plugins have loaded."""
+    """Each registered question type's model, filled in once the plugins have loaded."""
     types = [question_type(name) for name in question_type_names()]
     schema["additionalProperties"] = {
         "anyOf": [schema_of(qtype.model) for qtype in types if qtype is not None]
@@ -53,8 +45,7 @@ class SystemOneRequest(BaseModel):
     cache_salt: CacheSalt | None = None
     priority: Priority | None = None
     extra: ExtraRequest = Field(default_factory=ExtraRequest)
-    # vLLM 0.32's own /v1/systemone fields that we don't take: read here only to refuse them (serving.py),
-    # and left out of the OpenAPI document.
+    # vLLM 0.32's /v1/systemone fields: read only to refuse them (serving.py)
     instructions: SkipJsonSchema[Any] = None
     images: SkipJsonSchema[Any] = None
     audio: SkipJsonSchema[Any] = None

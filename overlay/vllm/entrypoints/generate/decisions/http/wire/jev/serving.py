@@ -16,7 +16,6 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     question_type,
 )
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
-from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
@@ -24,7 +23,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
 )
 from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
 from vllm.entrypoints.generate.decisions.decide.serving.service import (
-    Decides,
     check_option_count,
     check_question_count,
 )
@@ -37,9 +35,12 @@ from vllm.entrypoints.generate.decisions.decide.validation import (
 )
 from vllm.entrypoints.generate.decisions.http.wire.common import (
     answer_of,
-    decide,
+    by_key,
     decision_request,
+    option_probabilities,
+    plugin_fields,
     response_id,
+    serving,
 )
 from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import (
     ChoiceAnswer,
@@ -145,17 +146,10 @@ NOT_TAKEN = {
 def compiled(
     request: SystemOneRequest, request_id: str, settings: Settings
 ) -> tuple[list[str], DecisionRequest]:
-    """The question ids in request order (for the answers), and the request the service decides: the
-    questions counted before any is compiled, and all of it rendered within one budget (budget.py)."""
     for name, reason in NOT_TAKEN.items():
         if getattr(request, name) not in (None, "", [], {}):
             raise JevValidationError.at((name,), reason)
-    # at the top level or under extra, not both
-    for name in (
-        "backend",
-        "cache_salt",
-        "priority",
-    ):
+    for name in ("backend", "cache_salt", "priority"):
         if (value := getattr(request, name)) is not None:
             if getattr(request.extra, name) is not None:
                 raise JevValidationError.at(
@@ -185,45 +179,30 @@ def noul_answer(answer: Answer) -> NoulAnswer:
 
 
 def choice_answer(answer: Answer) -> ChoiceAnswer:
-    options, probabilities = answer.question.options, answer.probabilities
     return ChoiceAnswer(
         type="choice",
         choice=answer.fields["choice"],
-        probabilities={
-            str(o.value): p for o, p in zip(options, probabilities, strict=True)
-        },
+        probabilities={str(o.value): p for o, p in option_probabilities(answer)},
         confidence=answer.confidence,
     )
 
 
 def score_answer(answer: Answer) -> ScoreAnswer:
-    options, probabilities = answer.question.options, answer.probabilities
     return ScoreAnswer(
         type="score",
         score=answer.fields["score"],
         confidence=answer.confidence,
-        legend={o.key: o.label for o in options},
-        probabilities={o.key: p for o, p in zip(options, probabilities, strict=True)},
+        legend={o.key: o.label for o in answer.question.options},
+        probabilities=by_key(answer),
     )
 
 
 def plugin_answer(answer: Answer) -> PluginAnswer:
-    """Any other type's answer goes out whole: its probabilities by option key, its fields, its confidence."""
-    probabilities = {
-        o.key: p
-        for o, p in zip(answer.question.options, answer.probabilities, strict=True)
-    }
-    fields = {
-        "probabilities": probabilities,
-        **answer.fields,
-        "confidence": answer.confidence,
-    }
-    return PluginAnswer(type=answer.question.qtype.name, **fields)
+    return PluginAnswer(type=answer.question.qtype.name, **plugin_fields(answer))
 
 
 JevAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer | PluginAnswer
 
-# Jev's answer shape for each of its own question types.
 ANSWER_SHAPES: dict[str, Callable[[Answer], JevAnswer]] = {
     "noul": noul_answer,
     "choice": choice_answer,
@@ -256,9 +235,4 @@ def response(
     return body
 
 
-async def create_systemone(
-    service: Decides, request: SystemOneRequest, request_id: str
-) -> SystemOneResponse:
-    # Compiled off the event loop: rendering a large request's JSON must not hold up other clients.
-    ids, asked = await off_the_loop(compiled, request, request_id, service.settings)
-    return response(request, ids, await decide(service, asked), request_id)
+create_systemone = serving(compiled, response)

@@ -54,7 +54,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.post(paths.DECISIONS, response_model=DecisionsResponse, responses=ERRORS)
 async def create_decisions(request: DecisionsRequest) -> Response:
-    # This signature is what /openapi.json shows; the route class answers the route through OPENAI.
+    # only /openapi.json reads this signature
     raise NotImplementedError(
         "answered by the decision route class (decision_route.py)"
     )

@@ -190,13 +190,10 @@ def render_input(items: list[Any], budget: RenderBudget) -> str:
     blocks = []
     for index, item in enumerate(items):
         where = f"input[{index}]"
-        if isinstance(item, UserMessage):
-            blocks.append(parts_text(item.content, f"{where}.content", budget))
-        elif isinstance(item, (InstructionMessage, AssistantMessage)):
-            label = item.role.capitalize()
-            blocks.append(
-                f"{label}: {parts_text(item.content, f'{where}.content', budget)}"
-            )
+        if isinstance(item, (UserMessage, InstructionMessage, AssistantMessage)):
+            text = parts_text(item.content, f"{where}.content", budget)
+            user = isinstance(item, UserMessage)
+            blocks.append(text if user else f"{item.role.capitalize()}: {text}")
         elif isinstance(item, ToolCall):
             calls.add(item.call_id)
             body = item.arguments if item.type == "function_call" else item.input

@@ -1,12 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""OpenAI's Decisions request and response bodies (``POST /v1/decisions``).
-
-Requests are strict: an unknown field is refused (a typo could change an answer). Questions and input
-items are validated one by one in serving.py, so a plugin's question type can join the union at
-startup and each error names its place (``questions[2].choices``); the OpenAPI document lists every
-registered type all the same. Responses leave out what wasn't set (an answer's ``extra`` at
-``detail: none``).
-"""
+"""OpenAI's Decisions request and response bodies (``POST /v1/decisions``). Requests are strict (a typo
+could change an answer); questions and input items are validated one by one in serving.py, so plugin
+types can join at startup and each error names its place (``questions[2].choices``)."""
 
 from __future__ import annotations
 
@@ -81,26 +76,15 @@ BUILT_IN: dict[str, type[Named]] = {
 
 
 def registered_questions(schema: dict[str, Any]) -> None:
-    """OpenAI's three question types, then each plugin type (with an optional ``name``): filled in when
-    the OpenAPI document is first built, after the plugins have loaded."""
-    plugins = [
-        question_type(name)
-        for name in question_type_names()
-        if not built_in_question_type(name)
-    ]
+    """OpenAI's three question types, then each plugin type with an optional ``name``, filled in once
+    the plugins have loaded."""
     questions = [schema_of(model) for model in BUILT_IN.values()]
-    for qtype in plugins:
+    for name in question_type_names():
+        qtype = None if built_in_question_type(name) else question_type(name)
         if qtype is not None:
             own = schema_of(qtype.model)
-            questions.append(
-                {
-                    **own,
-                    "properties": {
-                        "name": {"type": "string"},
-                        **own.get("properties", {}),
-                    },
-                }
-            )
+            properties = {"name": {"type": "string"}, **own.get("properties", {})}
+            questions.append({**own, "properties": properties})
     schema["items"] = {"anyOf": questions}
 
 

@@ -1,10 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Serving ``POST /v1/decisions``: a :class:`DecisionsRequest` compiled to questions for the decision
-service, and its decision shaped as a :class:`DecisionsResponse`.
-
-A predicate is read as a yes/no ``noul`` without criteria, a choice as a ``choice``, a score as a
-``score``, so each renders exactly as the same Jev question does.
-"""
+"""Serving ``POST /v1/decisions``: a :class:`DecisionsRequest` compiled for the decision service, and
+its decision as a :class:`DecisionsResponse`. A predicate is read as a ``noul`` without criteria, a
+choice as a ``choice``, a score as a ``score``, so each renders exactly as the same Jev question."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from vllm.entrypoints.generate.decisions.decide.backends.registry import (
     question_type,
 )
 from vllm.entrypoints.generate.decisions.decide.budget import RenderBudget
-from vllm.entrypoints.generate.decisions.decide.concurrency import off_the_loop
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError, shown
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
@@ -34,7 +30,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
 )
 from vllm.entrypoints.generate.decisions.decide.serving.request import DecisionRequest
 from vllm.entrypoints.generate.decisions.decide.serving.service import (
-    Decides,
     check_option_count,
     check_question_count,
 )
@@ -42,9 +37,11 @@ from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.validation import validation_message
 from vllm.entrypoints.generate.decisions.http.wire.common import (
     answer_of,
-    decide,
     decision_request,
+    option_probabilities,
+    plugin_fields,
     response_id,
+    serving,
 )
 from vllm.entrypoints.generate.decisions.http.wire.openai.input import (
     parse_items,
@@ -80,18 +77,13 @@ BUILT_IN_TYPES = {"predicate": NOUL, "choice": CHOICE, "score": SCORE}
 
 
 def input_text(value: str | list[Any], budget: RenderBudget) -> str:
-    """The input as one text: a string as it is, input items rendered in order."""
     return value if isinstance(value, str) else render_input(parse_items(value), budget)
 
 
 def compile_question(
     index: int, raw: Any, settings: Settings, budget: RenderBudget
 ) -> tuple[str | None, CompiledQuestion]:
-    """One question of the request as (its name, the compiled question).
-
-    OpenAI's three types are built in; any other registered type is a plugin question (Jev's own
-    types are not: ``predicate`` is the yes/no type here).
-    """
+    """(name, compiled question); a type other than OpenAI's three is a plugin's (Jev's are not)."""
     kind = raw.get("type") if isinstance(raw, dict) else None
     if not isinstance(kind, str) or kind not in BUILT_IN:
         return compile_plugin_question(index, raw, budget)
@@ -106,15 +98,13 @@ def compile_question(
     text = parts_text(question.instructions, f"questions[{index}].instructions", budget)
     if isinstance(question, PredicateQuestion):
         return question.name, NOUL.compile(NoulQuestion(instructions=text), budget)
-    limit = budget.max_value_chars
     if isinstance(question, ChoiceQuestion):
         options = choice_options([(c.value, c.description) for c in question.choices])
-        return question.name, within(CompiledQuestion(CHOICE, text, options), limit)
-    assert isinstance(question, ScoreQuestion)
-    options = level_options(
-        [(level.label, level.description) for level in question.levels]
-    )
-    return question.name, within(CompiledQuestion(SCORE, text, options), limit)
+    else:
+        assert isinstance(question, ScoreQuestion)
+        options = level_options([(lv.label, lv.description) for lv in question.levels])
+    asked = CompiledQuestion(BUILT_IN_TYPES[kind], text, options)
+    return question.name, within(asked, budget.max_value_chars)
 
 
 def compile_plugin_question(
@@ -144,8 +134,6 @@ def compile_plugin_question(
 def compiled(
     request: DecisionsRequest, request_id: str, settings: Settings
 ) -> tuple[list[str | None], DecisionRequest]:
-    """Each question's name (for the answers), and the request the service decides: the questions
-    counted before any is compiled, and all of it rendered within one budget (budget.py)."""
     check_question_count(settings, len(request.questions))
     budget = RenderBudget.of(settings)
     state = input_text(request.input, budget)
@@ -166,45 +154,37 @@ def predicate_answer(name: str | None, answer: Answer) -> PredicateAnswer:
 
 
 def choice_answer(name: str | None, answer: Answer) -> ChoiceAnswer:
-    options, probabilities = answer.question.options, answer.probabilities
     return ChoiceAnswer(
         name=name,
         type="choice",
         choice=answer.fields["choice"],
         probabilities=[
             ChoiceProbability(value=o.value, probability=p)
-            for o, p in zip(options, probabilities, strict=True)
+            for o, p in option_probabilities(answer)
         ],
         confidence=answer.confidence,
     )
 
 
 def score_answer(name: str | None, answer: Answer) -> ScoreAnswer:
-    options, probabilities = answer.question.options, answer.probabilities
     return ScoreAnswer(
         name=name,
         type="score",
         score=answer.fields["score"],
         probabilities=[
             LevelProbability(label=o.label, value=o.value, probability=p)
-            for o, p in zip(options, probabilities, strict=True)
+            for o, p in option_probabilities(answer)
         ],
         confidence=answer.confidence,
     )
 
 
 def plugin_answer(name: str | None, answer: Answer) -> PluginAnswer:
-    """A plugin type's answer, whole: its own fields, the confidence and (unless it has its own) the
-    probabilities by option key."""
-    options, probabilities = answer.question.options, answer.probabilities
-    fields = {**answer.fields, "confidence": answer.confidence}
-    fields.setdefault(
-        "probabilities", {o.key: p for o, p in zip(options, probabilities, strict=True)}
-    )
-    return PluginAnswer(name=name, type=answer.question.qtype.name, **fields)
+    qtype = answer.question.qtype.name
+    return PluginAnswer(name=name, type=qtype, **plugin_fields(answer))
 
 
-# OpenAI's answer shape for each built-in question type (compiled from predicate, choice and score).
+# by the compiled type (a predicate is a noul)
 ANSWER_SHAPES: dict[str, Callable[[str | None, Answer], AnyAnswer]] = {
     "noul": predicate_answer,
     "choice": choice_answer,
@@ -218,22 +198,14 @@ def response(
     decision: Decision,
     request_id: str,
 ) -> DecisionsResponse:
-    answers: list[AnyAnswer | Refusal] = []
-    for name, result in zip(names, decision.results, strict=True):
-        if isinstance(result, Answer):
-            answers.append(
-                answer_of(
-                    result, request.extra.detail, ANSWER_SHAPES, plugin_answer, name
-                )
-            )
-        else:
-            answers.append(
-                Refusal(
-                    type="refusal",
-                    name=name,
-                    extra=RefusalExtra(error=result.error.message),
-                )
-            )
+    answers: list[AnyAnswer | Refusal] = [
+        answer_of(result, request.extra.detail, ANSWER_SHAPES, plugin_answer, name)
+        if isinstance(result, Answer)
+        else Refusal(
+            type="refusal", name=name, extra=RefusalExtra(error=result.error.message)
+        )
+        for name, result in zip(names, decision.results, strict=True)
+    ]
     id_, created = response_id("decisions", request_id)
     input_tokens = decision.input_tokens
     return DecisionsResponse(
@@ -252,9 +224,4 @@ def response(
     )
 
 
-async def create_decision(
-    service: Decides, request: DecisionsRequest, request_id: str
-) -> DecisionsResponse:
-    # Compiled off the event loop: rendering a large request's JSON must not hold up other clients.
-    names, asked = await off_the_loop(compiled, request, request_id, service.settings)
-    return response(request, names, await decide(service, asked), request_id)
+create_decision = serving(compiled, response)

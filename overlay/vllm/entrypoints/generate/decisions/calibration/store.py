@@ -1,9 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Saved calibration results: one small JSON file per deployment, reused only on an exact key match.
-
-The key covers everything that changes the scores: the model (name, revision, quantization), the
-backend and its startup arguments, the prompt's render version and the question file's content.
-"""
+"""Saved startup results: one JSON file per deployment and kind, reused only on an exact key match."""
 
 from __future__ import annotations
 
@@ -14,25 +10,15 @@ from pathlib import Path
 from typing import Any
 
 
-def key_digest(key: dict[str, Any]) -> str:
-    return hashlib.sha256(
-        json.dumps(key, sort_keys=True, default=str).encode()
-    ).hexdigest()
-
-
 def path_for(directory: Path, key: dict[str, Any], kind: str = "calibration") -> Path:
-    return directory / f"{kind}-{key_digest(key)[:20]}.json"
-
-
-def lock_path(directory: Path, key: dict[str, Any], kind: str = "calibration") -> Path:
-    """The lock beside a saved result, held by the one API-server process producing it."""
-    return path_for(directory, key, kind).with_suffix(".lock")
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
+    return directory / f"{kind}-{digest.hexdigest()[:20]}.json"
 
 
 def load(
     directory: Path, key: dict[str, Any], kind: str = "calibration"
 ) -> dict[str, Any] | None:
-    """The saved result for exactly this key, or None (missing, unreadable or for another key)."""
+    """The saved result for exactly this key, or None."""
     try:
         record = json.loads(path_for(directory, key, kind).read_text())
     except (OSError, ValueError):
@@ -51,7 +37,7 @@ def save(
     record: dict[str, Any],
     kind: str = "calibration",
 ) -> Path:
-    """Write atomically, so a crash mid-write never leaves a half file to be trusted later."""
+    """Atomically, so a crash mid-write never leaves a half file to be trusted later."""
     directory.mkdir(parents=True, exist_ok=True)
     path = path_for(directory, key, kind)
     temporary = path.with_suffix(f".tmp{os.getpid()}")

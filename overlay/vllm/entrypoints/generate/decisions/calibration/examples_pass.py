@@ -1,13 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The full calibration's last step: each question the operator labelled often enough, read again
-with in-context examples, and the examples measured against its answers without them
-(calibration/examples.py).
-
-Each labelled input is read with up to VLLM_TYPED_DECISIONS_EXAMPLES examples picked from the labels
-in the other folds of its question (the folds its own map is cross-validated over), in the layout and
-under the correction its type reads with, so the held-out figures compare like with like. The inputs
-of one fold share their examples, so their prompts share a prefix in the engine's cache.
-"""
+"""The full calibration's last step: labelled questions read again with examples and measured; the
+inputs of one fold share their examples, so their prompts share a cached prefix."""
 
 from __future__ import annotations
 
@@ -16,67 +9,47 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import (
-    TypeReads,
-    question_key,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.examples import (
-    QuestionExamples,
-    ShownExample,
+from vllm.entrypoints.generate.decisions.calibration import question_file
+from vllm.entrypoints.generate.decisions.calibration.examples import (
     measure_examples,
     pick_examples,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import (
-    FOLDS,
-    fold_of_groups,
+from vllm.entrypoints.generate.decisions.calibration.fitting import (
+    as_chosen,
+    corrected_scores,
+    map_scale,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    MIN_LABELS,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.results import (
-    CalibrationRecord,
-)
+from vllm.entrypoints.generate.decisions.calibration.maths import FOLDS, fold_of_groups
+from vllm.entrypoints.generate.decisions.calibration.question_map import MIN_LABELS
+from vllm.entrypoints.generate.decisions.calibration.record import CalibrationRecord
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.decide.prior_modes import PriorSetting
-from vllm.entrypoints.generate.decisions.decide.read_context import (
-    Example,
-    ReadContext,
+from vllm.entrypoints.generate.decisions.decide.read_context import Example, ReadContext
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    QuestionExamples,
+    ShownExample,
+    TypeReads,
+    question_key,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Corrections,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.read import (
-    plan_read,
-    read,
-)
-from vllm.entrypoints.generate.decisions.decide.settings import Debias
-from vllm.entrypoints.generate.decisions.decide.temperature import (
-    DEFAULT,
-    Temperatures,
-)
-from vllm.entrypoints.generate.decisions.runtime.fitting import (
-    chosen_layout,
-    corrected_scores,
-    map_scale,
-)
+from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
+from vllm.entrypoints.generate.decisions.decide.settings import Debias, PriorSetting
+from vllm.entrypoints.generate.decisions.decide.temperature import DEFAULT, Temperatures
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
 CONCURRENCY = 8  # reads in flight at once, as the calibration's own
-PRIOR_CACHE_SIZE = (
-    1024  # content-free reads kept: one per question, layout and set of examples
-)
+# Content-free reads kept: one per question, layout and set of examples.
+PRIOR_CACHE_SIZE = 1024
 
 
 class ShownReader:
-    """Reads a labelled question with examples as a request for it is read: the layout and correction
-    Corrections.resolve gives it under the calibration's choices (its content-free reads through a
-    cache of its own, keyed with the examples)."""
+    """Reads with examples as requests read (content-free reads cached apart, keyed with them)."""
 
     def __init__(
         self, backend: DecisionBackend, debias: Debias, prior: PriorSetting
@@ -93,7 +66,7 @@ class ShownReader:
         item: question_file.LabelledQuestion,
         examples: tuple[Example, ...],
     ) -> list[float] | None:
-        """``item`` read with ``examples``: its corrected scores (None: the read was refused)."""
+        """``item``'s corrected scores read with ``examples`` (None: refused)."""
         context = ReadContext.about(
             item.state,
             f"decision-calibration-examples-{next(self.numbers)}",
@@ -127,25 +100,18 @@ class ShownReader:
 
 
 async def with_examples(
-    record: dict[str, Any],
+    record: CalibrationRecord,
     by_layout: dict[str | None, list[Any]],
-    layouts: tuple[str | None, ...],
     count: int,
     reader: ShownReader,
-) -> dict[str, Any]:
-    """``record`` (a fitted calibration) with its labelled questions' examples measured: every
-    question with at least MIN_LABELS labels from two groups or more."""
-    fits = CalibrationRecord.model_validate(record)
-    temperatures = fits.temperatures()
+) -> CalibrationRecord:
+    """``record`` with the examples of each question with MIN_LABELS labels (two groups) measured."""
+    temperatures = record.temperatures()
     labelled: dict[str, list[tuple[question_file.LabelledQuestion, list[float]]]] = {}
-    for layout, pairs in by_layout.items():
-        for item, done in pairs:
-            if layout == chosen_layout(
-                fits.reads, item.question.qtype.name, layouts[0]
-            ):
-                labelled.setdefault(question_key(item.question), []).append(
-                    (item, corrected_scores(item, done, fits.reads))
-                )
+    for item, done in as_chosen(by_layout, record.reads):
+        labelled.setdefault(question_key(item.question), []).append(
+            (item, corrected_scores(item, done, record.reads))
+        )
     asked = {
         key: rows
         for key, rows in labelled.items()
@@ -163,7 +129,7 @@ async def with_examples(
     try:
         measured = await gather_or_cancel(
             [
-                measure(key, rows, count, reader, fits, temperatures)
+                measure(key, rows, count, reader, record, temperatures)
                 for key, rows in asked.items()
             ]
         )
@@ -171,12 +137,8 @@ async def with_examples(
         # The calibration is fitted already: a fault here costs the examples, not the calibration.
         logger.exception("decision calibration: in-context examples not measured")
         return record
-    examples = {
-        key: m.model_dump(mode="json")
-        for key, m in zip(asked, measured, strict=True)
-        if m
-    }
-    return {**record, "question_examples": examples}
+    examples = {key: m for key, m in zip(asked, measured, strict=True) if m}
+    return record.model_copy(update={"question_examples": examples})
 
 
 async def measure(
@@ -185,7 +147,7 @@ async def measure(
     count: int,
     reader: ShownReader,
     fits: CalibrationRecord,
-    temperatures: Any,
+    temperatures: Temperatures,
 ) -> QuestionExamples | None:
     """One question's examples measured (None: a read with them was refused)."""
     items = [item for item, _ in rows]

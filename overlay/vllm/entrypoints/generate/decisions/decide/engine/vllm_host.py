@@ -13,17 +13,29 @@ from dataclasses import replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
+from vllm.entrypoints.generate.decisions.decide.engine.requests import (
+    canvas_read_args,
+    engine_admission,
+    engine_input,
+    fp32_reads_missing,
+    only,
+)
+from vllm.entrypoints.generate.decisions.decide.engine.token_bound import (
+    chars_per_token,
+)
 from vllm.entrypoints.generate.decisions.decide.errors import (
     DecisionError,
     without_paths,
+)
+from vllm.entrypoints.generate.decisions.decide.host import (
+    BackendHost,
+    Generation,
+    TokenRead,
 )
 from vllm.entrypoints.generate.decisions.decide.metrics import engine_read
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
     as_context,
-)
-from vllm.entrypoints.generate.decisions.decide.token_bound import (
-    chars_per_token,
 )
 from vllm.entrypoints.generate.decisions.decide.vllm_versions import (
     BUILT_IN_CANVAS_READ,
@@ -33,30 +45,13 @@ if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.serve.utils.request_logger import RequestLogger
     from vllm.lora.request import LoRARequest
-
-
-from vllm.entrypoints.generate.decisions.decide.engine_requests import (
-    canvas_read_args,
-    engine_admission,
-    engine_input,
-    fp32_reads_missing,
-    only,
-)
-from vllm.entrypoints.generate.decisions.decide.host import (
-    BackendHost,
-    Generation,
-    TokenRead,
-)
+    from vllm.sampling_params import SamplingParams
 
 
 def replica_for(replicas: int, state_sha256: str | None) -> int | None:
-    """The engine replica for reads about the state with this hash under data parallelism, or None (let
-    vLLM balance) with one replica or no state named.
-
-    vLLM balances every engine request on its own, so the questions of one decision would spread over
-    the replicas and each would prefill the shared state again; sent by the state's hash, the state is
-    prefilled once, and later requests about it find it cached there. Different states still spread
-    (the hash is uniform); one very hot state stays on one replica."""
+    """The data-parallel replica for reads about the state with this hash (None: let vLLM balance).
+    vLLM balances each request on its own, so a decision's questions would each prefill the shared
+    state on another replica; sent by its hash, the state is prefilled once and found cached."""
     if replicas <= 1 or not state_sha256:
         return None
     return int(state_sha256[:12], 16) % replicas
@@ -74,9 +69,9 @@ class VllmHost(BackendHost):
         request_logger: RequestLogger | None = None,
     ) -> None:
         self.engine_client = engine_client
-        # The LoRA adapter of reads whose context names none (:meth:`for_adapter`): None, the base model.
+        # The LoRA adapter of reads whose context names none (:meth:`for_adapter`).
         self.adapter: LoRARequest | None = None
-        # vLLM's request log (--enable-log-requests): one line per engine read, under its request id.
+        # vLLM's request log (--enable-log-requests): one line per engine read.
         self.request_logger = request_logger
         self.served_model = served_model
         model_config = engine_client.model_config
@@ -88,7 +83,6 @@ class VllmHost(BackendHost):
         self.logprobs_mode = str(model_config.logprobs_mode)
         self.trust_remote_code = bool(model_config.trust_remote_code)
         self.vocab_size = int(model_config.get_vocab_size())
-        # Under data parallelism with vLLM's internal load balancer, reads about one state go to one replica.
         parallel = engine_client.vllm_config.parallel_config
         self.replicas = (
             1 if parallel.local_engines_only else parallel.data_parallel_size
@@ -120,8 +114,7 @@ class VllmHost(BackendHost):
             getattr(self.tokenizer, "added_tokens_decoder", {}) or ()
         )
         self.chars_per_token = chars_per_token(self.tokenizer)
-        # vLLM's own pool for blocking tokenizer calls (its renderer's), so ours queue with its own; the
-        # default pool where a vLLM has none.
+        # vLLM's renderer's pool for blocking tokenizer calls, so ours queue with its own.
         self._tokenizing = getattr(self.renderer, "_executor", None)
 
     @property
@@ -150,30 +143,27 @@ class VllmHost(BackendHost):
     async def _render(
         self, messages: list[dict[str, str]], tokenize: bool
     ) -> dict[str, Any]:
+        kwargs = self._chat_template_kwargs
         try:
-            return await self._render_with(
-                messages, {**self._chat_template_kwargs, "tokenize": tokenize}
-            )
+            return await self._render_with(messages, kwargs, tokenize)
         except Exception:
             # Some templates refuse the thinking-off switch; render those without it.
-            if "enable_thinking" not in self._chat_template_kwargs:
+            if "enable_thinking" not in kwargs:
                 raise
-            kwargs = {
-                k: v
-                for k, v in self._chat_template_kwargs.items()
-                if k != "enable_thinking"
-            }
-            prompt = await self._render_with(messages, {**kwargs, "tokenize": tokenize})
+            kwargs = dict(kwargs)
+            del kwargs["enable_thinking"]
+            prompt = await self._render_with(messages, kwargs, tokenize)
             self._chat_template_kwargs = kwargs
             return prompt
 
     async def _render_with(
-        self, messages: list[dict[str, str]], kwargs: dict[str, Any]
+        self, messages: list[dict[str, str]], kwargs: dict[str, Any], tokenize: bool
     ) -> dict[str, Any]:
         from vllm.renderers.params import ChatParams
 
         params = ChatParams(
-            chat_template=self._chat_template, chat_template_kwargs=kwargs
+            chat_template=self._chat_template,
+            chat_template_kwargs={**kwargs, "tokenize": tokenize},
         )
         _, prompt = await self.renderer.render_messages_async(messages, params)
         return cast(dict[str, Any], prompt)
@@ -188,13 +178,8 @@ class VllmHost(BackendHost):
             encoded = self.tokenizer(
                 text, add_special_tokens=False, return_offsets_mapping=True
             )
-        # slow or custom tokenizers have no offsets
-        except (
-            NotImplementedError,
-            TypeError,
-            ValueError,
-        ):
-            return None
+        except (NotImplementedError, TypeError, ValueError):
+            return None  # slow or custom tokenizers have no offsets
         return list(encoded["input_ids"]), [
             tuple(span) for span in encoded["offset_mapping"]
         ]
@@ -218,10 +203,9 @@ class VllmHost(BackendHost):
         return self._special_ids
 
     def stopped_by(self, exc: BaseException) -> bool:
-        """The engine client has stopped (its engine is dead or its output loop ended), or ``exc`` or an
-        exception it was raised from says it is stopping: EngineDeadError (the reads in flight when the
-        engine core dies first, as on Ctrl-C), or a thread pool's refusal once vLLM's shutdown closed
-        it (the chat renderer's, while the engine drains under ``--shutdown-timeout``)."""
+        """The engine client has stopped, or ``exc`` or its causes say it is stopping: EngineDeadError
+        (the engine core died first, as on Ctrl-C), or a thread pool's refusal once vLLM's shutdown
+        closed it (the renderer's, while the engine drains under ``--shutdown-timeout``)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if getattr(self.engine_client, "errored", False):
@@ -245,22 +229,9 @@ class VllmHost(BackendHost):
         context: ReadContext[Any] | str,
         fp32: bool = False,
     ) -> TokenRead:
-        from vllm.sampling_params import SamplingParams
-
         # logprob_token_ids returns full-vocabulary log-probabilities of exactly these ids.
-        # prompt_logprobs stays unset: it would switch off prefix-cache reads. A read keeps no text,
-        # so nothing is detokenized.
-        params = SamplingParams(
-            max_tokens=1,
-            temperature=0.0,
-            logprob_token_ids=token_ids,
-            detokenize=False,
-            extra_args=self._fp32_args(fp32),
-        )
-        return only(
-            await self._read(prompt_ids, params, self._context(context), "exact"),
-            token_ids,
-        )
+        params = self._one_token(fp32, logprob_token_ids=token_ids)
+        return only(await self._read(prompt_ids, params, context, "exact"), token_ids)
 
     async def read_top_logprobs(
         self,
@@ -269,23 +240,26 @@ class VllmHost(BackendHost):
         context: ReadContext[Any] | str,
         fp32: bool = False,
     ) -> TokenRead:
+        params = self._one_token(fp32, logprobs=k)
+        return await self._read(prompt_ids, params, context, "top_k")
+
+    def _one_token(self, fp32: bool, **logprobs: Any) -> SamplingParams:
+        """Sampling parameters for one greedy token's log-probabilities (``logprobs``: which), fp32
+        values asked of patches/exact-logprobs where it is applied. prompt_logprobs stays unset: it
+        would switch off prefix-cache reads. A read keeps no text, so nothing is detokenized."""
         from vllm.sampling_params import SamplingParams
 
-        params = SamplingParams(
-            max_tokens=1,
-            temperature=0.0,
-            logprobs=k,
-            detokenize=False,
-            extra_args=self._fp32_args(fp32),
-        )
-        return await self._read(prompt_ids, params, self._context(context), "top_k")
-
-    def _fp32_args(self, fp32: bool) -> dict[str, Any] | None:
-        """``extra_args`` asking patches/exact-logprobs for fp32 values (None: not asked, or no patch)."""
-        return (
+        fp32_args = (
             {"fp32_logprobs": True}
             if fp32 and self.fp32_reads_missing is None
             else None
+        )
+        return SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            detokenize=False,
+            extra_args=fp32_args,
+            **logprobs,
         )
 
     async def read_canvas(
@@ -299,10 +273,7 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(**canvas_read_args(canvas_ids, token_ids, max_steps))
-        return only(
-            await self._read(prompt_ids, params, self._context(context), "canvas"),
-            token_ids,
-        )
+        return only(await self._read(prompt_ids, params, context, "canvas"), token_ids)
 
     async def generate(
         self, prompt_ids: list[int], max_tokens: int, context: ReadContext[Any] | str
@@ -310,9 +281,7 @@ class VllmHost(BackendHost):
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        final = await self._final(
-            prompt_ids, params, self._context(context), "generate"
-        )
+        final = await self._final(prompt_ids, params, context, "generate")
         if final is None or not final.outputs:
             raise DecisionError(
                 "the engine generated nothing", HTTPStatus.INTERNAL_SERVER_ERROR
@@ -330,23 +299,9 @@ class VllmHost(BackendHost):
     ) -> Any:
         from vllm.pooling_params import PoolingParams
 
-        read, final = self._context(context), None
         try:
             params = PoolingParams(task=cast(Any, task))
-            # metrics.py: engine-read latency
-            with (
-                engine_admission(),
-                engine_read("pool"),
-            ):
-                self._log(read, prompt_ids, params)
-                async for output in self.engine_client.encode(
-                    engine_input(prompt_ids, read),
-                    params,
-                    read.request_id,
-                    lora_request=read.adapter,
-                    priority=read.priority,
-                ):
-                    final = output
+            final = await self._final(prompt_ids, params, context, "pool")
         except ValueError as exc:  # the served model doesn't support this pooling task
             raise DecisionError(
                 f"pooling ({task}) is not available on this model: {without_paths(str(exc))}"
@@ -359,34 +314,12 @@ class VllmHost(BackendHost):
         data = final.outputs.data
         return data.tolist() if hasattr(data, "tolist") else data
 
-    def _log(
-        self, context: ReadContext[Any], prompt_ids: list[int], params: Any
-    ) -> None:
-        if self.request_logger is not None:
-            self.request_logger.log_inputs(
-                context.request_id,
-                None,
-                prompt_ids,
-                None,
-                params=params,
-                lora_request=context.adapter,
-            )
-
     def for_adapter(self, adapter: LoRARequest) -> VllmHost:
         """This host reading through LoRA ``adapter`` wherever a read's context names no adapter: the
         backend and calibration of an adapter's decision service build contexts of their own (adapters.py)."""
         bound = copy.copy(self)
         bound.adapter = adapter
         return bound
-
-    def _context(self, context: ReadContext[Any] | str) -> ReadContext[Any]:
-        """A read's context, naming this host's adapter when it names none."""
-        read = as_context(context)
-        return (
-            replace(read, adapter=self.adapter)
-            if read.adapter is None and self.adapter is not None
-            else read
-        )
 
     def checkpoint_config(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._model_config.hf_config.to_dict())
@@ -397,29 +330,54 @@ class VllmHost(BackendHost):
         config = self._model_config
         return get_hf_file_bytes(name, config.model, config.revision)
 
-    def _replica(self, context: ReadContext[Any]) -> int | None:
-        return replica_for(self.replicas, context.state_sha256)
-
     async def _final(
-        self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str
+        self,
+        prompt_ids: list[int],
+        params: Any,
+        context: ReadContext[Any] | str,
+        kind: str,
     ) -> Any:
-        """One engine request, admitted and timed as a ``kind`` read; its last output (None: none)."""
+        """One engine request, admitted, logged and timed as a ``kind`` read, through this host's
+        adapter where ``context`` names none; its last output (None: none)."""
+        read = as_context(context)
+        if read.adapter is None and self.adapter is not None:
+            read = replace(read, adapter=self.adapter)
+        if kind == "pool":  # a pooling request takes no data-parallel rank
+            submit: Any = self.engine_client.encode
+            route: dict[str, Any] = {}
+        else:
+            submit = self.engine_client.generate
+            route = {
+                "data_parallel_rank": replica_for(self.replicas, read.state_sha256)
+            }
         final = None
-        with engine_admission(), engine_read(kind):  # metrics.py: engine-read latency
-            self._log(context, prompt_ids, params)
-            async for output in self.engine_client.generate(
-                engine_input(prompt_ids, context),
+        with engine_admission(), engine_read(kind):
+            if self.request_logger is not None:
+                self.request_logger.log_inputs(
+                    read.request_id,
+                    None,
+                    prompt_ids,
+                    None,
+                    params=params,
+                    lora_request=read.adapter,
+                )
+            async for output in submit(
+                engine_input(prompt_ids, read),
                 params,
-                context.request_id,
-                lora_request=context.adapter,
-                priority=context.priority,
-                data_parallel_rank=self._replica(context),
+                read.request_id,
+                lora_request=read.adapter,
+                priority=read.priority,
+                **route,
             ):
                 final = output
         return final
 
     async def _read(
-        self, prompt_ids: list[int], params: Any, context: ReadContext[Any], kind: str
+        self,
+        prompt_ids: list[int],
+        params: Any,
+        context: ReadContext[Any] | str,
+        kind: str,
     ) -> TokenRead:
         final = await self._final(prompt_ids, params, context, kind)
         if final is None or not final.outputs or not final.outputs[0].logprobs:

@@ -1,40 +1,47 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Startup calibration: run the question set through the loaded backend inside the server, choose each
-question type's prior correction (bias.py: kept only where held-out log loss and accuracy say it
-helps), fit a temperature for the server and one per question type on the corrected scores, keep each
-only if held-out calibration error clearly improves (fitting.py), and save the result.
-
-Failures never stop the server: they give T = 1.0 with source ``default`` and a warning naming the
-cause. A saved result for the same deployment is loaded instead of measuring again.
-"""
+"""Startup calibration, measured or loaded. Failures never stop the server: they give T = 1.0 (source
+``default``) and a warning naming the cause."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.calibration import (
-    question_file,
-    results,
-    store,
+from vllm.entrypoints.generate.decisions.calibration import question_file, store
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
+    once_per_server,
+    save,
+    this_run,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.results import (
+from vllm.entrypoints.generate.decisions.calibration.examples_pass import (
+    ShownReader,
+    with_examples,
+)
+from vllm.entrypoints.generate.decisions.calibration.fitting import fitted_record, log
+from vllm.entrypoints.generate.decisions.calibration.live_labels import restored
+from vllm.entrypoints.generate.decisions.calibration.reads import (
+    Earlier,
+    announce,
+    answered_by_layout,
+    first_pass_questions,
+    read_all,
+    to_read,
+)
+from vllm.entrypoints.generate.decisions.calibration.record import (
+    SCHEME,
+    CalibrationFailure,
     CalibrationRecord,
+    Outcome,
+    saved_outcome,
 )
-from vllm.entrypoints.generate.decisions.decide.prior_modes import (
-    AUTO,
-    PriorSetting,
-    uses_content_free,
-)
-from vllm.entrypoints.generate.decisions.decide.reading.corrections import Calibrated
-from vllm.entrypoints.generate.decisions.decide.reading.prior import (
-    PriorCache,
-)
+from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
+from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     NO_CORRECTION,
     Correction,
@@ -44,9 +51,9 @@ from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
     Readiness,
 )
 from vllm.entrypoints.generate.decisions.decide.settings import (
-    NO_DEBIAS,
-    Debias,
+    AUTO,
     Settings,
+    uses_content_free,
 )
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     DEFAULT,
@@ -54,34 +61,12 @@ from vllm.entrypoints.generate.decisions.decide.temperature import (
     FULL,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.runtime.calibration_reads import (
-    Earlier,
-    announce,
-    answered_by_layout,
-    first_pass_questions,
-    read_all,
-    to_read,
-)
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import (
-    once_per_server,
-    save,
-    this_run,
-)
-from vllm.entrypoints.generate.decisions.runtime.examples_pass import (
-    ShownReader,
-    with_examples,
-)
-from vllm.entrypoints.generate.decisions.runtime.fitting import (
-    fitted_record,
-    log,
-)
-from vllm.entrypoints.generate.decisions.runtime.live_labels import restored
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-# A first pass's fits are saved under their own name beside the full calibration's, for a restart to
-# answer on while the full one reads (an earlier start's full calibration was cut short).
+# A first pass's fits, saved beside the full calibration's for a restart to answer on while the full
+# one reads (an earlier start's was cut short).
 FIRST_PASS_KIND = "first-pass"
 
 
@@ -92,37 +77,31 @@ async def startup_calibration(
     progress: Readiness | None = None,
     first_pass: Callable[[Calibrated], None] | None = None,
 ) -> Calibrated:
-    """The temperatures this server applies by default (server-wide and per question type) and each
-    type's prior correction, measured (or loaded) now; ``progress`` hears how far the reads are, or
-    that another API-server process is doing them. Where no full result is saved and
-    ``VLLM_TYPED_DECISIONS_FIRST_PASS`` is on, ``first_pass`` is given a first pass's fits, while the
-    full calibration (returned) reads on: an earlier start's saved first pass at once, else this
-    start's as soon as it is fitted (and saved, so a stop before the full one ends loses no reads)."""
+    """The calibration this server applies; ``first_pass`` is given a first pass's fits (saved, so a
+    stop before the full one ends loses no reads) while the full calibration reads on."""
     if settings.calibration == "off":
         return Calibrated(Temperatures(DEFAULT))
     directory = Path(settings.calibration_dir)
 
-    def early(record: dict[str, Any]) -> bool:
-        """The first pass's fits saved and in force (``first_pass``), unless it failed or its T may
-        not apply."""
+    def early(outcome: Outcome) -> bool:
+        """The first pass's fits saved and in force, unless it failed or its T may not apply."""
         assert first_pass is not None
-        if "failed" in record:
+        if isinstance(outcome, CalibrationFailure):
             logger.warning(
                 "decision calibration, first pass: %s; decisions wait for the full calibration",
-                record["failed"],
+                outcome.failed,
             )
             return False
-        fits = CalibrationRecord.model_validate(record)
-        if (problem := fits.temperature_problem(settings)) is not None:
+        if (problem := outcome.temperature_problem(settings)) is not None:
             logger.warning(
                 "decision calibration, first pass not applied (%s); decisions wait for the full "
                 "calibration",
                 problem,
             )
             return False
-        save(directory, key, record, FIRST_PASS_KIND)
-        log(fits, False, FIRST_PASS)
-        first_pass(first_pass_calibrated(fits))
+        save(directory, key, outcome.model_dump(mode="json"), FIRST_PASS_KIND)
+        log(outcome, False, FIRST_PASS)
+        first_pass(calibrated(outcome))
         return True
 
     source = (
@@ -142,65 +121,52 @@ async def startup_calibration(
         # Every API-server process answers on it now; one of them measures the full calibration.
         assert first_pass is not None
         log(saved, True, FIRST_PASS)
-        first_pass(first_pass_calibrated(saved))
+        first_pass(calibrated(saved))
         answer_early = False
-        progress = Readiness()
-        progress.begin(f"{CALIBRATION} (full, in the background)")
+        progress = in_background()
+
+    async def measured() -> dict[str, Any]:
+        outcome = await measure_and_fit(
+            backend, questions, settings, progress, early if answer_early else None
+        )
+        return outcome.model_dump(mode="json")
+
     record, loaded = await once_per_server(
         directory,
         key,
         "calibration",
         settings.startup_wait,
-        lambda: measure_and_fit(
-            backend,
-            questions,
-            settings.debias,
-            settings.prior,
-            progress,
-            early if answer_early else None,
-            settings.precision,
-            settings.examples,
-        ),
+        measured,
         lambda saved: reusable(saved, settings),
         progress.waiting if progress is not None else None,
     )
-    if "failed" in record:
+    fits = saved_outcome(record)
+    if isinstance(fits, CalibrationFailure):
         if loaded and this_run(record):
             logger.warning(
                 "decision calibration failed in another API-server process of this server, "
                 "T=1.0 (default): %s",
-                record["failed"],
+                fits.failed,
             )
         elif loaded:
             logger.warning(
                 "decision calibration: the saved result for this deployment is a failure, "
                 "T=1.0 (default): %s; delete %s to measure again",
-                record["failed"],
+                fits.failed,
                 store.path_for(Path(settings.calibration_dir), key),
             )
         return Calibrated(Temperatures(DEFAULT))
-    fits = CalibrationRecord.model_validate(record)
-    if (
-        problem := fits.temperature_problem(settings)
-    ) is not None:  # a fresh fit the range refuses
+    if (problem := fits.temperature_problem(settings)) is not None:
         logger.warning("decision calibration not applied, T=1.0 (default): %s", problem)
         return Calibrated(Temperatures(DEFAULT))
     log(fits, loaded)
-    return restored(
-        Calibrated(
-            fits.temperatures(),
-            fits.reads,
-            FULL,
-            fits.question_reads,
-            fits.question_maps,
-            fits.abstention,
-            key=key,
-            examples=fits.kept_examples(),
-            question_abstention=fits.question_abstention,
-            labelled=tuple(fits.labelled),
-        ),
-        settings,
+    full = replace(
+        calibrated(fits, FULL),
+        key=key,
+        examples=fits.kept_examples(),
+        labelled=tuple(fits.labelled),
     )
+    return restored(full, settings)
 
 
 def calibration_key(
@@ -209,9 +175,7 @@ def calibration_key(
     deployment: dict[str, Any],
     questions_sha256: str,
 ) -> dict[str, Any]:
-    """Everything a calibration's reads depend on: the deployment (model files, tokenizer, chat template,
-    vLLM; model_identity.py), the backend with all its options and what its startup check found, the
-    prompt's render version, the self-check's threshold, the read settings and the question file."""
+    """Everything a calibration's reads depend on."""
     options = (
         backend.options.model_dump(mode="json")
         if isinstance(backend.options, BaseModel)
@@ -226,7 +190,7 @@ def calibration_key(
         "render_version": backend.render_version,
         "min_option_mass": settings.min_option_mass,
         "questions_sha256": questions_sha256,
-        "scheme": results.SCHEME,
+        "scheme": SCHEME,
         "debias": str(settings.debias),
         "prior": settings.prior,
         "precision": dict(settings.precision),
@@ -235,18 +199,17 @@ def calibration_key(
 
 
 def reusable(saved: dict[str, Any], settings: Settings) -> bool:
-    """A saved fit that validates and whose temperatures the server's range admits, this run's failure,
-    or an earlier run's lasting one (any other failure is measured again)."""
-    if "failed" in saved:
-        return this_run(saved) or saved.get("lasting") is True
+    """A valid saved fit the range admits, this run's failure, or an earlier run's lasting one."""
     try:
-        record = CalibrationRecord.model_validate(saved)
+        record = saved_outcome(saved)
     except ValidationError as exc:
         logger.warning(
             "decision calibration: the saved result is malformed (%s), measuring again",
             exc.errors(include_url=False)[0],
         )
         return False
+    if isinstance(record, CalibrationFailure):
+        return this_run(saved) or record.lasting
     if (problem := record.temperature_problem(settings)) is not None:
         logger.warning(
             "decision calibration: the saved result is not reused (%s), measuring again",
@@ -259,8 +222,7 @@ def reusable(saved: dict[str, Any], settings: Settings) -> bool:
 def saved_first_pass(
     directory: Path, key: dict[str, Any], settings: Settings
 ) -> CalibrationRecord | None:
-    """The first pass an earlier start saved for ``key`` (its full calibration cut short), to answer on
-    at once; None where a full result is saved, which wins as ever, or no usable first pass is."""
+    """The first pass an earlier start saved, unless a full result is."""
     if store.load(directory, key) is not None:
         return None
     saved = store.load(directory, key, FIRST_PASS_KIND)
@@ -269,12 +231,12 @@ def saved_first_pass(
     return CalibrationRecord.model_validate(saved)
 
 
-def first_pass_calibrated(fits: CalibrationRecord) -> Calibrated:
-    """A first pass's fits as answers apply them until the full calibration replaces them."""
+def calibrated(fits: CalibrationRecord, stage: str = FIRST_PASS) -> Calibrated:
+    """The fits as answers apply them (a first pass's, or the full one's without what only it has)."""
     return Calibrated(
         fits.temperatures(),
         fits.reads,
-        FIRST_PASS,
+        stage,
         fits.question_reads,
         fits.question_maps,
         fits.abstention,
@@ -282,30 +244,24 @@ def first_pass_calibrated(fits: CalibrationRecord) -> Calibrated:
     )
 
 
+def in_background() -> Readiness:
+    """The full calibration's progress, once a first pass answers: to the log alone."""
+    progress = Readiness()
+    progress.begin(f"{CALIBRATION} (full, in the background)")
+    return progress
+
+
 async def measure_and_fit(
     backend: DecisionBackend,
     questions: question_file.QuestionFile,
-    debias: Debias = NO_DEBIAS,
-    prior: PriorSetting = "off",
+    settings: Settings,
     progress: Readiness | None = None,
-    first_pass: Callable[[dict[str, Any]], bool] | None = None,
-    precision: Mapping[str, float] | None = None,
-    examples: int = 0,
-) -> dict[str, Any]:
-    """The calibration record for this deployment: the fits, or this run's failure. ``prior`` is the
-    server's VLLM_TYPED_DECISIONS_PRIOR: auto chooses each type's correction, a mode is taken as set;
-    ``precision`` VLLM_TYPED_DECISIONS_PRECISION, the precision asked of each type's answers;
-    ``examples`` VLLM_TYPED_DECISIONS_EXAMPLES, the most in-context examples a labelled question is
-    measured with (the full calibration's, after its fit; runtime/examples_pass.py).
-    Each label layout the backend has is read and compared per type (bias.choose_layout).
-
-    With ``first_pass``, a smaller pass comes first: about
-    ``calibration_reads.FIRST_PASS_QUESTIONS`` questions (a share of each type), in the first layout
-    only (the full pass compares the others), without content-free reads under auto (which only
-    compares them). It is fitted by the same code and keep rule, handed to ``first_pass`` (True: now
-    in force, so the full pass's progress goes to the log alone), and the full pass reuses its reads
-    (none read twice)."""
+    first_pass: Callable[[Outcome], bool] | None = None,
+) -> Outcome:
+    """The fits, or this run's failure. A ``first_pass`` reads the first layout only, without
+    content-free reads under auto (which only compares them); the full pass reuses its reads."""
     started = time.monotonic()
+    debias, prior, precision = settings.debias, settings.prior, settings.precision
     layouts = backend.compared_layouts() or (None,)
     content_free = prior == AUTO or uses_content_free(prior)
     # Its own cache: the calibration's neutral reads are not kept for the requests.
@@ -326,15 +282,13 @@ async def measure_and_fit(
         record = await fitted_record(
             answered_by_layout(questions, rows, baseline),
             questions,
-            baseline,
             prior,
             started,
             full=False,
             precision=precision,
         )
         if first_pass(record):
-            progress = Readiness()
-            progress.begin(f"{CALIBRATION} (full, in the background)")
+            progress = in_background()
     total = to_read(len(questions.questions), layouts, earlier, content_free)
     announce(
         questions, layouts, progress, reads=total if first_pass is not None else None
@@ -344,9 +298,9 @@ async def measure_and_fit(
     )
     by_layout = answered_by_layout(questions, rows, layouts)
     record = await fitted_record(
-        by_layout, questions, layouts, prior, started, precision=precision
+        by_layout, questions, prior, started, precision=precision
     )
-    if examples and "failed" not in record:
+    if settings.examples and isinstance(record, CalibrationRecord):
         reader = ShownReader(backend, debias, prior)
-        record = await with_examples(record, by_layout, layouts, examples, reader)
+        record = await with_examples(record, by_layout, settings.examples, reader)
     return record

@@ -1,15 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Labels while serving: the labels file VLLM_TYPED_DECISIONS_LABELS names, watched in the background.
-
-When the file changes, each labelled line not read before is read through the service's own backend
-as a request reads it without a map (its correction and layout, its type's calibrated T), every
-question labelled at least MIN_LABELS times gets its map refitted (calibration/question_map.py, in a
-worker thread), and a new :class:`Calibrated` with those maps replaces the one in force as one
-object: a request in flight keeps the one it started with. Each refit is saved beside the calibration
-record (``labels-<key>.json``: the maps, the reads and the file's hash), so a restart with the same
-labels file answers with them from the start and reads only lines added since; with several API-server
-processes one refits and the others load its saved refit. Nothing of it runs on the request path.
-"""
+"""The labels file, watched while serving: on a change, question maps and thresholds refitted off the
+request path, and a new :class:`Calibrated` put in force as one object (a request keeps its own)."""
 
 from __future__ import annotations
 
@@ -23,35 +14,32 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from vllm.entrypoints.generate.decisions.decide.calibration import (
-    question_file,
-    store,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
-    Abstention,
+from vllm.entrypoints.generate.decisions.calibration import question_file, store
+from vllm.entrypoints.generate.decisions.calibration.abstention import (
     question_thresholds,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    LabelledRead,
-    QuestionMap,
-    question_maps,
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
+    once_per_server,
 )
+from vllm.entrypoints.generate.decisions.calibration.fitting import question_name
+from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
     sha256_of,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
-    Asked,
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Abstention,
     Calibrated,
+    LabelledRead,
+    QuestionMap,
+    question_key,
 )
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import Asked
 from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
 from vllm.entrypoints.generate.decisions.decide.reports import LABELS_FILE, STARTUP
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import once_per_server
-from vllm.entrypoints.generate.decisions.runtime.fitting import question_name
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -62,21 +50,18 @@ KIND = "labels"  # the saved file: labels-<the calibration key's digest>.json
 
 
 class SavedLabels(BaseModel):
-    """What a refit saves: the labels file and its content's hash, the version, the maps fitted
-    from it, and every read so far."""
+    """What a refit saves: the file's name and hash, the maps fitted and every read so far."""
 
     labels_file: str
     sha256: str
     version: int
     maps: dict[str, QuestionMap]
     reads: list[LabelledRead]
-    # The threshold of each question the labels file asks a precision of.
     abstention: dict[str, Abstention] = Field(default_factory=dict)
 
 
 def load_saved(settings: Settings, key: Any) -> SavedLabels | None:
-    """The run-time maps saved for this calibration ``key`` from this server's labels file; None
-    where there are none (or they came from another file, or are unreadable)."""
+    """The refit saved for this calibration ``key`` from this server's labels file, if any."""
     if not settings.labels or key is None:
         return None
     raw = store.load(Path(settings.calibration_dir), key, KIND)
@@ -91,7 +76,7 @@ def load_saved(settings: Settings, key: Any) -> SavedLabels | None:
 
 
 def restored(calibrated: Calibrated, settings: Settings) -> Calibrated:
-    """``calibrated`` with the run-time maps saved for it, where a refit saved some (a restart)."""
+    """``calibrated`` with the refit saved for it, if any (a restart)."""
     saved = load_saved(settings, calibrated.key)
     if saved is None:
         return calibrated
@@ -110,13 +95,11 @@ def restored(calibrated: Calibrated, settings: Settings) -> Calibrated:
 
 
 class LiveLabels:
-    """Watches ``service``'s labels file and refits its question maps when it changes."""
-
     def __init__(self, service: DecisionService, poll_s: float = POLL_S) -> None:
         self.service = service
         self.path = service.settings.labels
         self.poll_s = poll_s
-        # The file's (mtime, size) when last looked at, and the content last fitted.
+        # The file's (mtime, size) when last looked at.
         self.seen: tuple[int, int] | None = None
         self.fitted_sha256: str | None = None
         # Reads by (state's SHA-256, question key): each labelled line is read once.
@@ -131,7 +114,7 @@ class LiveLabels:
                 self.startup_abstention.pop(key, None)
 
     async def run(self) -> None:
-        """Look at the file every ``poll_s`` seconds until cancelled; a fault is logged, not fatal."""
+        """Look at the file every ``poll_s`` seconds until cancelled; a fault is not fatal."""
         while True:
             try:
                 await self.check()
@@ -197,8 +180,7 @@ class LiveLabels:
         return (await self._refit(labels_file)).model_dump()
 
     async def _refit(self, labels_file: question_file.QuestionFile) -> SavedLabels:
-        """The file's new lines read, every labelled question's map and threshold fitted: the next
-        refit, not yet in force."""
+        """The next refit, not yet in force."""
         fresh = [item for item in labels_file.questions if _key(item) not in self.reads]
         await self._read(fresh)
         rows = [
@@ -251,9 +233,7 @@ class LiveLabels:
         )
 
     def _apply(self, refit: SavedLabels, loaded: bool) -> bool:
-        """``refit`` in force from the next request on: startup's maps and thresholds, updated with
-        its own; ``loaded``: another API-server process of this server made it (its reads are
-        adopted, so this one reads only lines added after)."""
+        """``refit`` over startup's maps and thresholds; ``loaded``: its reads are adopted."""
         calibrated = self.service.calibrated
         startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
         self.service.calibrated = replace(
@@ -275,12 +255,11 @@ class LiveLabels:
         return True
 
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
-        """Each line read as a request reads its question without a map; a line that fails is left
-        unread (tried again when the file next changes)."""
+        """Each line read as a request reads it without a map (failures retried on the next change)."""
         service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
         calibrated = service.calibrated
         asked = Asked(service.settings.debias)
-        # Engine request ids unique to this refit: a later one, or another process, may read a line again.
+        # Request ids unique to this refit: a later one, or another process, may read a line again.
         refit = uuid.uuid4().hex[:8]
 
         async def one(index: int, item: question_file.LabelledQuestion) -> None:
@@ -330,8 +309,7 @@ class LiveLabels:
 def pooled(
     startup: Sequence[LabelledRead], lines: Sequence[tuple[str, str]]
 ) -> list[tuple[int, str, LabelledRead]]:
-    """Startup's labelled reads of the questions the labels file asks, as (answer, group, read), but
-    an input the file labels itself: its label there is the one in force."""
+    """Startup's labelled reads of the file's questions, but of inputs it labels itself."""
     own = set(lines)
     asked = {question for _, question in own}
     return [
@@ -351,8 +329,7 @@ def _key(item: question_file.LabelledQuestion) -> tuple[str, str]:
 def watch(
     service: DecisionService, poll_s: float = POLL_S
 ) -> asyncio.Task[None] | None:
-    """The watcher of ``service``'s labels file as a background task, held by the service (which
-    cancels it on close); None where no labels file is set or no full calibration is in force."""
+    """The watcher as a task the service holds (and cancels on close), if it has one to run."""
     if not service.settings.labels or service.calibrated.stage is None:
         return None
     task = asyncio.create_task(LiveLabels(service, poll_s).run())

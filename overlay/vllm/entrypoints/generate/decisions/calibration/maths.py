@@ -1,18 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The arithmetic of startup calibration: fit a temperature, test it on held-out folds, and measure ECE.
-
-Pure functions over plain sequences, so the decision to keep a temperature can be tested without an engine.
-Option score lists may differ in length per question; internally they are packed into one matrix padded
-with ``-inf`` (an option that can never get probability), which keeps every step vectorised.
-"""
+"""The arithmetic of calibration: fit a temperature, test it on held-out folds, measure ECE. Ragged
+score lists are packed into one matrix padded with ``-inf``, which keeps every step vectorised."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,11 +30,11 @@ BoolArray = npt.NDArray[np.bool_]
 _INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
 
 
-# --- packing ----------------------------------------------------------------------------------
-
-
-def _pack(scores: Sequence[Sequence[float]]) -> tuple[FloatArray, BoolArray]:
-    """Ragged score lists as an (N, K) matrix padded with ``-inf``, plus the mask of real options."""
+def _pack(
+    scores: Sequence[Sequence[float]], correct: Sequence[int]
+) -> tuple[FloatArray, BoolArray, IntArray]:
+    """Ragged score lists as an (N, K) matrix padded with ``-inf``, the mask of real options, and the
+    correct indices, checked."""
     if not scores:
         raise ValueError("no questions to calibrate on")
     widths = [len(row) for row in scores]
@@ -51,28 +48,30 @@ def _pack(scores: Sequence[Sequence[float]]) -> tuple[FloatArray, BoolArray]:
     # -inf is a legitimate score (an option the backend ruled out); NaN and +inf are not.
     if np.isnan(matrix).any() or np.isposinf(matrix).any():
         raise ValueError("option scores must be finite or -inf")
-    return matrix, real
-
-
-def _pack_correct(correct: Sequence[int], real: BoolArray) -> IntArray:
-    """The correct option indices, checked against each question's own number of options."""
     answer = np.asarray(correct, dtype=np.int64)
-    if answer.shape != (real.shape[0],):
+    if answer.shape != (len(scores),):
         raise ValueError(
-            f"got {real.shape[0]} score lists but {answer.size} correct indices"
+            f"got {len(scores)} score lists but {answer.size} correct indices"
         )
-    widths = real.sum(axis=1)
-    if (answer < 0).any() or (answer >= widths).any():
+    if (answer < 0).any() or (answer >= np.asarray(widths)).any():
         raise ValueError("a correct index is outside its question's options")
-    return answer
+    return matrix, real, answer
+
+
+def group_index(groups: Sequence[str]) -> tuple[IntArray, int]:
+    """Each group's number (in order of first appearance), and how many groups there are."""
+    number: dict[str, int] = {}
+    index = [number.setdefault(g, len(number)) for g in groups]
+    return np.asarray(index, dtype=np.int64), len(number)
+
+
+def take(rows: Sequence[int], *columns: Sequence[Any]) -> tuple[Any, ...]:
+    """Each column's entries at ``rows``."""
+    return tuple([column[i] for i in rows] for column in columns)
 
 
 def _log_softmax(matrix: FloatArray, real: BoolArray, temperature: float) -> FloatArray:
-    """Row-wise ``log softmax(scores / T)`` via log-sum-exp; padding stays at ``-inf``.
-
-    A row whose scores are all ``-inf`` has no preference, so it gets the uniform distribution over its
-    real options (the same convention as the per-answer softmax).
-    """
+    """``log softmax(scores / T)``; an all ``-inf`` row is uniform, as the per-answer softmax is."""
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     scaled = matrix / temperature
@@ -96,9 +95,9 @@ def _fit(
     matrix: FloatArray,
     real: BoolArray,
     answer: IntArray,
-    low: float,
-    high: float,
-    tolerance: float,
+    low: float = LOW_TEMPERATURE,
+    high: float = HIGH_TEMPERATURE,
+    tolerance: float = 1e-4,
 ) -> float:
     if not 0 < low < high:
         raise ValueError(f"need 0 < low < high, got low={low}, high={high}")
@@ -125,8 +124,8 @@ def _fit(
             a, c, fc = c, d, fd
             d = a + _INV_PHI * (b - a)
             fd = cost(d)
-    # If the optimum lies beyond the range, report the edge itself so the caller can recognise it. An edge
-    # that merely ties the bracket (NLL flat out to the edge, or equal once rounded) counts as the optimum.
+    # An optimum beyond the range is reported as the edge itself, so the caller can recognise it; an
+    # edge that merely ties the bracket (NLL flat out to the edge) counts as the optimum.
     middle = (a + b) / 2.0
     best = min(
         (
@@ -150,19 +149,11 @@ def _softmax_rows(
     return [probabilities[i, : widths[i]].tolist() for i in rows]
 
 
-# --- public functions -------------------------------------------------------------------------
-
-
 def nll(
     scores: Sequence[Sequence[float]], correct: Sequence[int], temperature: float
 ) -> float:
-    """Mean negative log-likelihood ``-mean(log softmax(scores_i / T)[correct_i])``, the quantity T minimises.
-
-    Computed with log-sum-exp, so large scores and small T do not overflow. ``-inf`` scores are allowed;
-    if a correct option itself scores ``-inf`` the result is ``inf``, which is the true value.
-    """
-    matrix, real = _pack(scores)
-    return _nll(matrix, real, _pack_correct(correct, real), temperature)
+    """Mean negative log-likelihood, the quantity T minimises."""
+    return _nll(*_pack(scores, correct), temperature)
 
 
 def fit_temperature(
@@ -172,28 +163,15 @@ def fit_temperature(
     high: float = HIGH_TEMPERATURE,
     tolerance: float = 1e-4,
 ) -> float:
-    """The T in ``[low, high]`` that minimises :func:`nll`, by golden-section search over ``log T``.
-
-    The search runs in ``log T`` because the range spans a factor of 400: equal steps in ``log T`` give the
-    same relative precision at 0.05 as at 20, and ``tolerance`` is the final bracket's width in ``log T``
-    (so about that relative error in T). The NLL is convex in ``1/T``, hence unimodal along any monotone
-    reparametrisation such as ``log T``, which is what golden-section needs. Questions whose correct
-    option scores ``-inf`` are left out (they cost ``inf`` at every T). If the optimum lies outside the
-    range the matching edge is returned exactly.
-    """
-    matrix, real = _pack(scores)
-    return _fit(matrix, real, _pack_correct(correct, real), low, high, tolerance)
+    """The T minimising :func:`nll`, by golden-section search over ``log T``: the range spans a factor
+    of 400, and the NLL, convex in ``1/T``, is unimodal in ``log T``."""
+    return _fit(*_pack(scores, correct), low, high, tolerance)
 
 
 def fold_of_groups(
     groups: Sequence[str], folds: int = FOLDS, seed: int = 0
 ) -> list[int]:
-    """A fold index per question; questions that share a group always share a fold.
-
-    Groups are shuffled with ``random.Random(seed)``, then placed largest first (ties keep the shuffled
-    order) each into the fold with the fewest questions so far, which keeps folds balanced by question
-    count. The result depends only on the group labels in order of first appearance and the seed.
-    """
+    """A fold index per question, the questions of a group in one fold, folds balanced by size."""
     if folds < 1:
         raise ValueError(f"folds must be at least 1, got {folds}")
     sizes = Counter(groups)
@@ -216,12 +194,8 @@ def cross_validated_probabilities(
     folds: int = FOLDS,
     seed: int = 0,
 ) -> list[list[float]]:
-    """Each question's probabilities under a T fitted only on the other folds, in the original order.
-
-    This is what makes the calibrated ECE honest: no question is scored by a T that saw its answer.
-    """
-    matrix, real = _pack(scores)
-    answer = _pack_correct(correct, real)
+    """Each question's probabilities under a T fitted on the other folds, for an honest ECE."""
+    matrix, real, answer = _pack(scores, correct)
     if len(groups) != answer.size:
         raise ValueError(f"got {answer.size} questions but {len(groups)} group labels")
     fold = np.asarray(fold_of_groups(groups, folds, seed), dtype=np.int64)
@@ -231,15 +205,7 @@ def cross_validated_probabilities(
     result: list[list[float]] = [[] for _ in range(answer.size)]
     for f in used:
         held = fold == f
-        train = ~held
-        temperature = _fit(
-            matrix[train],
-            real[train],
-            answer[train],
-            LOW_TEMPERATURE,
-            HIGH_TEMPERATURE,
-            1e-4,
-        )
+        temperature = _fit(matrix[~held], real[~held], answer[~held])
         rows = np.flatnonzero(held)
         for i, probabilities in zip(
             rows, _softmax_rows(matrix, real, temperature, rows), strict=True
@@ -276,17 +242,38 @@ def _check_ece_inputs(
 def ece(
     top_probabilities: Sequence[float], hits: Sequence[bool], bins: int = BINS
 ) -> float:
-    """Expected calibration error: ``sum over bins (n_bin / N) * |accuracy_bin - confidence_bin|``.
-
-    Bins are equal-width over [0, 1] on the top option's probability; a probability of exactly 1.0 falls
-    in the last bin. Per bin, ``n * |accuracy - confidence|`` equals ``|hits - sum of confidences|``,
-    which is how it is computed.
-    """
+    """Expected calibration error over equal-width bins of the top option's probability."""
     confidence, correct = _check_ece_inputs(top_probabilities, hits, bins)
     index = _bin_indices(confidence, bins)
     hit_sum = np.bincount(index, weights=correct, minlength=bins)
     confidence_sum = np.bincount(index, weights=confidence, minlength=bins)
     return float(np.abs(hit_sum - confidence_sum).sum() / confidence.size)
+
+
+def group_weights(count: int, resamples: int, seed: int) -> Iterator[FloatArray]:
+    """Each bootstrap resample as how often each of ``count`` groups was drawn (with replacement)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(resamples):
+        yield np.bincount(rng.integers(0, count, size=count), minlength=count).astype(
+            np.float64
+        )
+
+
+def gain_interval(
+    gains: Sequence[float],
+    groups: Sequence[str],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95% interval of the mean per-question gain, resampling question groups."""
+    index, count = group_index(groups)
+    totals = np.bincount(
+        index, weights=np.asarray(gains, dtype=np.float64), minlength=count
+    )
+    sizes = np.bincount(index, minlength=count).astype(np.float64)
+    values = [w @ totals / (w @ sizes) for w in group_weights(count, resamples, seed)]
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def bootstrap_interval(
@@ -297,12 +284,7 @@ def bootstrap_interval(
     seed: int = 0,
     bins: int = BINS,
 ) -> tuple[float, float]:
-    """95% interval of ECE (2.5th and 97.5th percentiles) from resampling question groups with replacement.
-
-    Groups, not questions, are resampled because questions in a group are not independent evidence. Each
-    resample draws as many groups as there are distinct groups and takes every question of each drawn
-    group. Reproducible for a given seed and group labels (groups are numbered in order of first appearance).
-    """
+    """95% interval of ECE, resampling groups: a group's questions are not independent evidence."""
     confidence, correct = _check_ece_inputs(top_probabilities, hits, bins)
     if len(groups) != confidence.size:
         raise ValueError(
@@ -310,32 +292,22 @@ def bootstrap_interval(
         )
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
-    number: dict[str, int] = {}
-    group_index = np.asarray(
-        [number.setdefault(g, len(number)) for g in groups], dtype=np.int64
-    )
-    count = len(number)
+    group, count = group_index(groups)
     # Per-group, per-bin totals: a resample's ECE is then a weighted sum of these rows.
     bin_index = _bin_indices(confidence, bins)
     hit_sum = np.zeros((count, bins))
     confidence_sum = np.zeros((count, bins))
-    np.add.at(hit_sum, (group_index, bin_index), correct)
-    np.add.at(confidence_sum, (group_index, bin_index), confidence)
-    sizes = np.bincount(group_index, minlength=count).astype(np.float64)
+    np.add.at(hit_sum, (group, bin_index), correct)
+    np.add.at(confidence_sum, (group, bin_index), confidence)
+    sizes = np.bincount(group, minlength=count).astype(np.float64)
     gap = hit_sum - confidence_sum
 
-    rng = np.random.default_rng(seed)
-    values = np.empty(resamples)
-    for r in range(resamples):
-        weight = np.bincount(
-            rng.integers(0, count, size=count), minlength=count
-        ).astype(np.float64)
-        values[r] = np.abs(weight @ gap).sum() / (weight @ sizes)
+    values = [
+        np.abs(w @ gap).sum() / (w @ sizes)
+        for w in group_weights(count, resamples, seed)
+    ]
     low, high = np.percentile(values, [2.5, 97.5])
     return float(low), float(high)
-
-
-# --- a slope and intercepts: damped Newton -------------------------------------------------------
 
 
 def newton_minimum(
@@ -344,11 +316,7 @@ def newton_minimum(
     start: FloatArray,
     tolerance: float,
 ) -> FloatArray:
-    """The minimum of a convex ``objective`` whose first parameter is a slope (1/T), from ``start``.
-
-    Each Newton step (``derivatives``: the gradient and Hessian at a point) is halved until the
-    objective does not rise, the slope held within the temperature range; the search stops when a
-    step gains less than ``tolerance`` or no step helps."""
+    """The minimum of a convex ``objective`` by damped Newton, its first parameter 1/T in range."""
     theta = start.copy()
     current = objective(theta)
     for _ in range(NEWTON_STEPS):
@@ -373,13 +341,8 @@ def newton_minimum(
     return theta
 
 
-# --- the whole procedure ----------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class CalibrationResult:
-    """Everything the server saves and logs about one calibration run."""
-
     temperature: float  # fitted on all questions
     kept: bool  # the calibrated ECE interval lies wholly below the raw one
     ece_raw: float
@@ -387,9 +350,8 @@ class CalibrationResult:
     ece_calibrated: float  # on held-out (cross-validated) probabilities
     ece_calibrated_interval: tuple[float, float]
     questions: int
-    at_edge: (
-        bool  # T hit the range's edge: broken scores, the caller treats it as a failure
-    )
+    # T hit the range's edge: broken scores, which the caller treats as a failure
+    at_edge: bool
 
     @property
     def at_top(self) -> bool:
@@ -398,11 +360,11 @@ class CalibrationResult:
 
     @property
     def applied_temperature(self) -> float:
-        """The T answers get: the fitted one if kept, else 1.0 (also 1.0 when T landed at an edge)."""
+        """The fitted T if kept, else 1.0 (also 1.0 at an edge)."""
         return self.temperature if self.kept and not self.at_edge else 1.0
 
 
-def _top_and_hits(
+def top_and_hits(
     probabilities: Sequence[Sequence[float]], correct: Sequence[int]
 ) -> tuple[list[float], list[bool]]:
     tops = [max(row) for row in probabilities]
@@ -411,13 +373,6 @@ def _top_and_hits(
         for row, answer in zip(probabilities, correct, strict=True)
     ]
     return tops, hits
-
-
-def _near_edge(temperature: float) -> bool:
-    return any(
-        abs(temperature - edge) <= EDGE_TOLERANCE * edge
-        for edge in (LOW_TEMPERATURE, HIGH_TEMPERATURE)
-    )
 
 
 def calibrate(
@@ -429,18 +384,14 @@ def calibrate(
     folds: int = FOLDS,
     resamples: int = RESAMPLES,
 ) -> CalibrationResult:
-    """Fit T, test it on held-out folds, and keep it only if the ECE gain is clearly real.
-
-    Both ECE intervals use the same seed, so they are computed on the same resampled group sets.
-    """
-    matrix, real = _pack(scores)
-    answer = _pack_correct(correct, real)
-    temperature = _fit(matrix, real, answer, LOW_TEMPERATURE, HIGH_TEMPERATURE, 1e-4)
+    """Fit T, test it on held-out folds, and keep it only if the ECE gain is clearly real."""
+    matrix, real, answer = _pack(scores, correct)
+    temperature = _fit(matrix, real, answer)
     held_out = cross_validated_probabilities(scores, correct, groups, folds, seed)
     raw = _softmax_rows(matrix, real, 1.0, range(answer.size))
 
-    raw_top, raw_hits = _top_and_hits(raw, correct)
-    held_top, held_hits = _top_and_hits(held_out, correct)
+    raw_top, raw_hits = top_and_hits(raw, correct)
+    held_top, held_hits = top_and_hits(held_out, correct)
     raw_interval = bootstrap_interval(raw_top, raw_hits, groups, resamples, seed)
     held_interval = bootstrap_interval(held_top, held_hits, groups, resamples, seed)
     return CalibrationResult(
@@ -451,5 +402,8 @@ def calibrate(
         ece_calibrated=ece(held_top, held_hits),
         ece_calibrated_interval=held_interval,
         questions=answer.size,
-        at_edge=_near_edge(temperature),
+        at_edge=any(
+            abs(temperature - edge) <= EDGE_TOLERANCE * edge
+            for edge in (LOW_TEMPERATURE, HIGH_TEMPERATURE)
+        ),
     )

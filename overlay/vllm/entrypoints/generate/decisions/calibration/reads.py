@@ -1,8 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reading the calibration question set inside the server: each question in each label layout, as
-requests read it, a few at a time, a first pass's reads reused by the full one; and the log line that
-says what a pass reads.
-"""
+"""Reading the calibration question set inside the server, as requests read it."""
 
 from __future__ import annotations
 
@@ -10,10 +7,9 @@ import asyncio
 from collections.abc import Collection
 from typing import Any
 
+from vllm.entrypoints.generate.decisions.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.calibration import question_file
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.decide.prior_modes import uses_content_free
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     NO_CORRECTION,
@@ -24,14 +20,16 @@ from vllm.entrypoints.generate.decisions.decide.reading.read import (
     plan_read,
     with_content_free,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.read import (
-    read as run_plan,
-)
+from vllm.entrypoints.generate.decisions.decide.reading.read import read as run_plan
 from vllm.entrypoints.generate.decisions.decide.serving.readiness import (
     ESTIMATE_AFTER,
     Readiness,
 )
-from vllm.entrypoints.generate.decisions.decide.settings import NO_DEBIAS, Debias
+from vllm.entrypoints.generate.decisions.decide.settings import (
+    NO_DEBIAS,
+    Debias,
+    uses_content_free,
+)
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -58,22 +56,14 @@ async def read_all(
     earlier: Earlier | None = None,
     only: Collection[int] | None = None,
 ) -> list[Row]:
-    """Each question's reading in each layout, read as requests are (``debias``, the backend's options
-    in that layout; with ``correction``'s content-free reads when it asks for them), ``CONCURRENCY``
-    questions at a time. A question's layouts are read one after the other, so the later ones find the
-    prompt they share with the first (template, state, criterion) in the engine's prefix cache.
-
-    ``only``: the questions (by index) to read, the others left unread (None). ``earlier``: the first
-    pass's readings by question and layout; each is taken as it is (given its content-free reads where
-    ``correction`` asks for them), and one that failed is not read again. Each read that goes to the
-    engine, answered or not, advances ``progress``."""
+    """Each question's reading in each layout, a question's layouts one after the other so the later
+    find their shared prefix in the engine's cache; ``earlier``: a first pass's, reused."""
     gate = asyncio.Semaphore(CONCURRENCY)
     reused: Earlier = earlier or {}
     options = {
         layout: backend.with_layout(backend.options, layout) for layout in layouts
     }
     content_free = uses_content_free(correction.mode)
-    before: Row = [None] * len(layouts)
 
     async def read_item(
         index: int, item: question_file.LabelledQuestion, column: int
@@ -83,9 +73,11 @@ async def read_all(
         kept = reused.get((index, column))
         if was_read and (kept is None or not content_free):
             return kept
+        # The engine's name for the read names its layout only where several are read.
+        named = f"-{layout}" if len(layouts) > 1 and layout is not None else ""
         try:
             context = ReadContext.about(
-                item.state, request_id(index, layout, layouts), options[layout]
+                item.state, f"decision-calibration-{index}{named}", options[layout]
             )
             plan = plan_read(backend, item.question, context, debias, correction)
             if kept is not None:
@@ -105,7 +97,7 @@ async def read_all(
 
     async def one(index: int, item: question_file.LabelledQuestion) -> Row:
         if only is not None and index not in only:
-            return list(before)
+            return [None] * len(layouts)
         async with gate:
             return [
                 await read_item(index, item, column) for column in range(len(layouts))
@@ -117,14 +109,12 @@ async def read_all(
 
 
 def first_pass_stride(questions: int) -> int:
-    """A first pass reads one question in this many of each type: about ``FIRST_PASS_QUESTIONS``, or
-    all of a smaller file (a fit needs at least fitting.MIN_ANSWERED)."""
+    """A first pass reads one question in this many of each type."""
     return max(1, questions // FIRST_PASS_QUESTIONS)
 
 
 def first_pass_questions(questions: question_file.QuestionFile) -> list[int]:
-    """The questions a first pass reads: one in :func:`first_pass_stride` of each type, in file order
-    (each type's share kept)."""
+    """The questions a first pass reads, each type's share kept."""
     stride = first_pass_stride(len(questions.questions))
     seen: dict[str, int] = {}
     chosen = []
@@ -163,13 +153,6 @@ def answered_by_layout(
     }
 
 
-def request_id(index: int, layout: str | None, layouts: tuple[str | None, ...]) -> str:
-    """The engine's name for a calibration read: the question's index, and its layout where several are read."""
-    return f"decision-calibration-{index}" + (
-        f"-{layout}" if len(layouts) > 1 and layout is not None else ""
-    )
-
-
 def announce(
     questions: question_file.QuestionFile,
     layouts: tuple[str | None, ...],
@@ -178,10 +161,7 @@ def announce(
     content_free: bool = False,
     reads: int | None = None,
 ) -> None:
-    """The line that says a calibration pass has started, what it reads and (once its first reads tell)
-    how long it takes: progress lines follow every ``readiness.LOG_EVERY_S`` seconds. ``first_pass``:
-    this is a first pass of that many questions (``content_free``: with their content-free reads);
-    ``reads``: what the full pass sends to the engine after one."""
+    """The line that says what a calibration pass reads."""
     count = len(questions.questions) if first_pass is None else first_pass
     named = [layout for layout in layouts if layout is not None]
     everything = count * len(layouts)

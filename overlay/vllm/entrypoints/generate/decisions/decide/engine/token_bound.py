@@ -1,21 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A provable bound on how many characters of text one token can stand for, so that a prompt too long
-for the model's context is refused by its length in characters, before it is tokenized.
+"""A provable bound on the characters one token can stand for, so a prompt too long for the context
+is refused by its length before it is tokenized (a 150,000-character question takes a core most of a
+second to tokenize, once per read).
 
-Tokenizing a 150,000-character question takes a CPU core a good part of a second, once per read; a
-prompt of ``n`` characters needs at least ``n / bound`` tokens, so one over ``max_model_len * bound``
-characters can never fit and is refused at once. The bound is only given where it is certain:
-
-- the tokenizer never produces an unknown token (byte-level BPE, or BPE with byte fallback), so every
-  token stands for the characters of one vocabulary entry, and an entry's stored form is never shorter
-  than the text it stands for (a byte-level entry spells each byte as one character; ``▁`` is a space);
-- its normalizer, if any, only composes or decomposes Unicode (composition merges at most
-  ``COMPOSITION`` characters into one), replaces single characters with text at least as long,
-  prepends, or lowercases.
-
-Anything else (WordPiece, unigram models, whitespace-collapsing or precompiled normalizers, slow
-tokenizers) gets no bound: such prompts are still checked, after tokenizing, off the event loop.
-"""
+The bound is given only where it is certain: the tokenizer never produces an unknown token (byte-level
+BPE, or BPE with byte fallback), so each token spells one vocabulary entry, never shorter than its
+text; and its normalizer at most composes Unicode, replaces characters with text at least as long,
+prepends or lowercases. Anything else is checked after tokenizing."""
 
 from __future__ import annotations
 
@@ -31,7 +22,7 @@ UNICODE_NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
 
 
 def normalizer_shrink(normalizer: dict[str, Any] | None) -> int | None:
-    """By how much at most ``normalizer`` shortens text (1: never), or None when it is not known to be bounded."""
+    """By how much at most ``normalizer`` shortens text (1: never; None: not known to be bounded)."""
     if normalizer is None:
         return 1
     kind = normalizer.get("type")
@@ -81,7 +72,7 @@ def never_unknown(model: dict[str, Any], pre_tokenizer: dict[str, Any] | None) -
 
 
 def chars_per_token(tokenizer: Any) -> int | None:
-    """The most characters of a prompt's text one token of ``tokenizer`` can stand for (None: no sure bound)."""
+    """The most characters one token of ``tokenizer`` can stand for (None: no sure bound)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None

@@ -1,44 +1,45 @@
 # SPDX-License-Identifier: Apache-2.0
-"""From a calibration's reads to its record: each type's layout and prior correction (bias.py), the
-server-wide and per-type temperatures (maths.py, by_type.py), each labelled question's own map
-(question_map.py) and each type's abstention threshold (abstention.py); and the lines the record logs.
-calibration.py runs the reads and calls this once per pass."""
+"""From a calibration pass's reads to its record, and the lines the record logs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from vllm.entrypoints.generate.decisions.decide.calibration import (
-    bias,
-    by_type,
-    question_file,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.abstention import (
+import vllm
+from vllm.entrypoints.generate.decisions.calibration import bias, by_type, question_file
+from vllm.entrypoints.generate.decisions.calibration.abstention import (
     question_thresholds,
     type_thresholds,
 )
-from vllm.entrypoints.generate.decisions.decide.calibration.maths import calibrate
-from vllm.entrypoints.generate.decisions.decide.calibration.question_map import (
-    LabelledRead,
-    question_maps,
-)
-from vllm.entrypoints.generate.decisions.decide.calibration.results import (
+from vllm.entrypoints.generate.decisions.calibration.deployment_lock import run_id
+from vllm.entrypoints.generate.decisions.calibration.maths import calibrate, take
+from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
+from vllm.entrypoints.generate.decisions.calibration.record import (
+    CalibrationFailure,
     CalibrationRecord,
+    Fit,
+    Outcome,
+    QuestionsUsed,
+    TypeRecord,
 )
-from vllm.entrypoints.generate.decisions.decide.prior_modes import AUTO
 from vllm.entrypoints.generate.decisions.decide.read_context import sha256_of
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    LabelledRead,
+    TypeReads,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.decide.reading.read import QuestionRead
+from vllm.entrypoints.generate.decisions.decide.settings import AUTO, uses_fitted
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     FIRST_PASS,
     FULL,
     Temperatures,
 )
-from vllm.entrypoints.generate.decisions.runtime.deployment_lock import run_id
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -49,14 +50,12 @@ MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 async def fitted_record(
     by_layout: dict[str | None, list[Any]],
     questions: question_file.QuestionFile,
-    layouts: tuple[str | None, ...],
     prior: str,
     started: float,
     full: bool = True,
     precision: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """The calibration record fitted on ``by_layout``'s readings, or why none is (:func:`failed`;
-    ``full``: the full calibration's, not a first pass's)."""
+) -> Outcome:
+    """The record fitted on ``by_layout``'s readings, or why none is (``full``: not a first pass)."""
     for layout, answered in by_layout.items():
         if len(answered) < MIN_ANSWERED:
             return failed(
@@ -65,13 +64,7 @@ async def fitted_record(
                 f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""),
             )
     reads = await asyncio.to_thread(choose_reads, by_layout, prior)
-    # Each type's questions as its chosen layout read them (the first layout's for a type with no choice).
-    answered = [
-        (item, read)
-        for layout, pairs in by_layout.items()
-        for item, read in pairs
-        if layout == chosen_layout(reads, item.question.qtype.name, layouts[0])
-    ]
+    answered = as_chosen(by_layout, reads)
     read_ids = {id(item) for item, _ in answered}
     skipped = [item.id for item in questions.questions if id(item) not in read_ids]
     scores = [corrected_scores(item, read, reads) for item, read in answered]
@@ -81,9 +74,8 @@ async def fitted_record(
         result = await asyncio.to_thread(calibrate, scores, correct, groups)
     except ValueError as exc:
         return failed(str(exc), full)
-    # A first pass at the range's top, kept by the keep rule, is served: on its questions the scores say
-    # next to nothing, and answers near uniform say so until the full calibration decides on all of them
-    # (an edge there is a failure, as ever).
+    # A first pass at the range's top, kept, is served: answers near uniform say the scores say next to
+    # nothing until the full calibration decides (where an edge is a failure, as ever).
     served_at_top = not full and result.at_top and result.kept
     if served_at_top:
         logger.warning(
@@ -105,41 +97,36 @@ async def fitted_record(
     fits = await asyncio.to_thread(
         by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED
     )
-    record = CalibrationRecord.of(
-        result,
-        fits,
-        reads,
-        questions,
-        len(answered),
-        skipped,
-        time.monotonic() - started,
-        sum(len(pairs) for pairs in by_layout.values()),
-        applied=result.temperature if served_at_top else None,
+    applied = result.temperature if served_at_top else result.applied_temperature
+    record = CalibrationRecord(
+        **Fit.fields(result),
+        applied_temperature=applied,
+        by_type={name: TypeRecord.of(fit, applied) for name, fit in fits.items()},
+        reads=reads,
+        questions=QuestionsUsed(
+            file=questions.name,
+            total=len(questions.questions),
+            used=len(answered),
+            skipped=skipped,
+        ),
+        seconds=round(time.monotonic() - started, 1),
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        vllm_version=vllm.__version__,
+        question_reads=sum(len(pairs) for pairs in by_layout.values()),
     )
-    # Each question labelled often enough may get a map of its own, pulled toward the T its answers
-    # get without one: its own correction's where it has one, else its type's. A type asked as one
-    # question has its fit already.
+    # Question maps; a type asked as one question has its fit already.
     temperatures = record.temperatures()
-    keys = [bias.question_key(item.question) for item, _ in answered]
-    asked = {
-        kind: {k for k, t in zip(keys, types, strict=True) if t == kind}
-        for kind in types
-    }
-    picked = [i for i, kind in enumerate(types) if len(asked[kind]) > 1]
+    keys = [question_key(item.question) for item, _ in answered]
+    questions_of_type = Counter(kind for kind, _ in set(zip(types, keys, strict=True)))
+    picked = [i for i, kind in enumerate(types) if questions_of_type[kind] > 1]
 
     scales = [
         map_scale(reads, temperatures, t, k) for t, k in zip(types, keys, strict=True)
     ]
     maps = await asyncio.to_thread(
-        question_maps,
-        [keys[i] for i in picked],
-        [scores[i] for i in picked],
-        [correct[i] for i in picked],
-        [groups[i] for i in picked],
-        [scales[i] for i in picked],
+        question_maps, *take(picked, keys, scores, correct, groups, scales)
     )
-    # Each question labelled twice or more (an operator's, not a calibration set's one-off), kept
-    # with its answers so that a labels file's refit can pool with them.
+    # Each question labelled twice or more, kept for a labels file's refit to pool with.
     times = Counter(keys[i] for i in picked)
     labelled = [
         LabelledRead(
@@ -153,17 +140,12 @@ async def fitted_record(
         for i in picked
         if times[keys[i]] > 1
     ]
-    # Where the operator asked a type for a precision: the confidence threshold that reaches it.
-    precisions = {
-        kind: value
-        for kind in names
-        if (value := (precision or {}).get(kind, (precision or {}).get("*")))
-        is not None
-    }
+    asked = precision or {}
+    chosen = {kind: asked.get(kind, asked.get("*")) for kind in names}
+    precisions = {kind: value for kind, value in chosen.items() if value is not None}
     abstention = await asyncio.to_thread(
         type_thresholds, types, scores, correct, groups, precisions
     )
-    # And each question the file itself asks a precision of, on that question's labels.
     question_abstention = await asyncio.to_thread(
         question_thresholds,
         keys,
@@ -181,7 +163,7 @@ async def fitted_record(
             "question_abstention": question_abstention,
             "labelled": labelled,
         }
-    ).model_dump(mode="json")
+    )
 
 
 def choose_reads(
@@ -189,29 +171,17 @@ def choose_reads(
         str | None, list[tuple[question_file.LabelledQuestion, QuestionRead]]
     ],
     prior: str,
-) -> dict[str, bias.TypeReads]:
-    """Each type's layout and correction: under auto the ones held-out figures keep (bias.choose,
-    bias.choose_layout), else the mode set, with every one's figures either way; types with too few
-    questions get none (the first layout, no correction). In the layout kept, a question the file
-    labels at least MIN_ANSWERED times may get a fitted bias of its own (bias.choose_per_question)."""
-    samples: dict[str, dict[str | None, list[bias.Sample]]] = {}
-    asked: dict[tuple[str | None, str, str], list[bias.Sample]] = {}
+) -> dict[str, TypeReads]:
+    """Each type's layout and correction, and the own bias of a question labelled MIN_ANSWERED times."""
+    samples: dict[str, dict[str | None, list[bias.Sample]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    asked: dict[tuple[str | None, str, str], list[bias.Sample]] = defaultdict(list)
     for layout, answered in by_layout.items():
         for item, read in answered:
-            sample = bias.Sample(
-                read.rows,
-                read.positions,
-                read.priors,
-                item.correct,
-                item.group,
-                item.id,
-            )
-            samples.setdefault(item.question.qtype.name, {}).setdefault(
-                layout, []
-            ).append(sample)
-            asked.setdefault(
-                (layout, item.question.qtype.name, bias.question_key(item.question)), []
-            ).append(sample)
+            name, sample = item.question.qtype.name, as_sample(item, read)
+            samples[name][layout].append(sample)
+            asked[layout, name, question_key(item.question)].append(sample)
     forced = None if prior == AUTO else prior
     reads = {
         name: bias.choose_layout(
@@ -229,57 +199,63 @@ def choose_reads(
             and kind.layout == layout
             and MIN_ANSWERED <= len(rows) < len(samples[name][layout])
         ):
-            own = bias.choose_per_question(rows, forced)
-            if own is not None:
+            own = bias.choose(rows, forced)
+            if uses_fitted(own.mode):  # a question's own choice only of a fitted mode
                 kind.questions[key] = own
     return reads
 
 
 def map_scale(
-    reads: dict[str, bias.TypeReads], temperatures: Temperatures, kind: str, key: str
+    reads: dict[str, TypeReads], temperatures: Temperatures, kind: str, key: str
 ) -> float:
-    """The scale a question's own map is pulled toward: 1 / the T its answers get without one (its
-    own correction's where it has one, else its type's)."""
+    """The scale a question's own map is pulled toward: 1 / the T its answers get without one."""
     own = reads[kind].questions.get(key) if kind in reads else None
     return 1.0 / (
         own.kept.temperature if own is not None else temperatures.for_type(kind).value
     )
 
 
-def chosen_layout(
-    reads: dict[str, bias.TypeReads], qtype: str, first: str | None
-) -> str | None:
-    choice = reads.get(qtype)
-    return choice.layout if choice is not None else first
+def as_chosen(
+    by_layout: dict[str | None, list[Any]], reads: dict[str, TypeReads]
+) -> list[Any]:
+    """Each type's (question, reading) pairs in its chosen layout (none chosen: the first layout)."""
+    first = next(iter(by_layout))
+    chosen = {name: choice.layout for name, choice in reads.items()}
+    return [
+        (item, read)
+        for layout, pairs in by_layout.items()
+        for item, read in pairs
+        if layout == chosen.get(item.question.qtype.name, first)
+    ]
 
 
 def corrected_scores(
     item: question_file.LabelledQuestion,
     read: QuestionRead,
-    reads: dict[str, bias.TypeReads],
+    reads: dict[str, TypeReads],
 ) -> list[float]:
-    """The scores a server answering this question gives: its reading under its correction (the
-    question's own, else its type's)."""
+    """The scores a server answering this question gives, under its correction."""
     kind = reads.get(item.question.qtype.name)
     choice = (
-        kind.for_question(bias.question_key(item.question), kind.layout)[0]
+        kind.for_question(question_key(item.question), kind.layout)[0]
         if kind is not None
         else None
     )
     if choice is None or choice.mode == "off":
         return read.reading.scores
-    sample = bias.Sample(
-        read.rows, read.positions, read.priors, item.correct, item.group
+    return bias.corrected(as_sample(item, read), choice.mode, choice.kept.bias)
+
+
+def as_sample(item: question_file.LabelledQuestion, read: QuestionRead) -> bias.Sample:
+    return bias.Sample(
+        read.rows, read.positions, read.priors, item.correct, item.group, item.id
     )
-    return bias.corrected(sample, choice.mode, choice.kept.bias)
 
 
 def log_lines(
     record: CalibrationRecord, loaded: bool, stage: str = FULL
 ) -> list[tuple[bool, str]]:
-    """(is a warning, line): each type's reads, the server-wide line, then one per question type; a
-    type whose own fit was refused (not merely too few questions) is a warning. A first pass's lines
-    say so ("decision first-pass calibration: ...")."""
+    """(is a warning, line) for each fit; a type whose own fit was refused is a warning."""
     lines = (
         [
             (False, line)
@@ -317,7 +293,7 @@ def log_lines(
 
 
 def question_name(key: str) -> str:
-    """How log lines name a question: its type and instructions (bias.question_key's first two)."""
+    """A question's type and instructions (question_key's first two), for log lines."""
     return "{}, {!r}".format(*json.loads(key)[:2])
 
 
@@ -326,13 +302,8 @@ def log(record: CalibrationRecord, loaded: bool, stage: str = FULL) -> None:
         (logger.warning if refused else logger.info)(line)
 
 
-def failed(reason: str, warn: bool = True, lasting: bool = False) -> dict[str, Any]:
-    """This run's failure, saved so the other API-server processes of this server don't measure again;
-    the server applies T = 1.0 (default). A ``lasting`` one (the model's scores on this question set
-    put T at the range's edge: no fault a restart mends) spares later runs too, until its file is
-    deleted; any other (too few answers, which faults may cause) is measured again by a restart.
-    ``warn``: say so (a first pass's failure is said where it is taken, since the full calibration
-    follows)."""
+def failed(reason: str, warn: bool = True, lasting: bool = False) -> CalibrationFailure:
+    """This run's failure; a ``lasting`` one (no fault a restart mends) spares later runs too."""
     if warn:
         logger.warning("decision calibration failed, T=1.0 (default): %s", reason)
-    return {"failed": reason, "run": run_id(), "lasting": lasting}
+    return CalibrationFailure(failed=reason, run=run_id(), lasting=lasting)

@@ -3,11 +3,8 @@
 
     {"state": ..., "question": {a /v1/systemone question}, "expected": ..., "group": "...", "id": "..."}
 
-``expected`` is the correct option: a choice key; yes/no or true/false for noul; the level number for
-score. Questions that share a ``group`` stay in one cross-validation fold (a line without a group is its
-own group). An optional ``"precision"`` (between 0 and 1) asks that question's answers for that precision
-(calibration/abstention.py); the lines of one question must not ask two.
-"""
+A ``group`` keeps its lines in one cross-validation fold; an optional ``"precision"`` is asked of
+the question's answers."""
 
 from __future__ import annotations
 
@@ -23,7 +20,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from vllm.entrypoints.generate.decisions.decide.backends.registry import question_type
-from vllm.entrypoints.generate.decisions.decide.calibration.bias import question_key
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
     NOUL,
@@ -31,6 +27,7 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
     content_text,
 )
+from vllm.entrypoints.generate.decisions.decide.reading.calibrated import question_key
 
 BUNDLED = "bundled"
 
@@ -46,10 +43,8 @@ class LabelledQuestion:
     correct: int
     group: str
     id: str
-    raw: dict[
-        str, Any
-    ]  # the question as the file gives it, for tools that send it over the wire
-    # The precision the operator asks of this question's answers (None: none asked).
+    # The question as the file gives it, for tools that send it over the wire.
+    raw: dict[str, Any]
     precision: float | None = None
 
 
@@ -60,7 +55,7 @@ class QuestionFile:
     questions: tuple[LabelledQuestion, ...]
 
     def precisions(self) -> dict[str, float]:
-        """The precision asked of each question whose lines ask one, by bias.question_key."""
+        """The precision each question's lines ask, by question_key."""
         return {
             question_key(item.question): item.precision
             for item in self.questions
@@ -134,7 +129,6 @@ def parse_line(number: int, line: str) -> LabelledQuestion:
 
 
 def asked_precision(value: Any) -> float | None:
-    """A line's ``precision``: absent, or a number strictly between 0 and 1."""
     if value is None:
         return None
     if (
@@ -148,7 +142,6 @@ def asked_precision(value: Any) -> float | None:
 
 
 def one_precision_per_question(lines: Sequence[tuple[int, LabelledQuestion]]) -> None:
-    """Refuses a file whose lines ask one question for two precisions, naming both lines."""
     asked: dict[str, tuple[int, float]] = {}
     for number, item in lines:
         if item.precision is None:
