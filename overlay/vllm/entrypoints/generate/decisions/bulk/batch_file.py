@@ -67,8 +67,7 @@ def resume(output: Path) -> Done:
             done.failed += failed(record)
             keep += len(raw)
     if keep != output.stat().st_size:
-        with output.open("r+b") as f:
-            f.truncate(keep)
+        os.truncate(output, keep)
     return done
 
 
@@ -76,9 +75,7 @@ def failed(record: Any) -> bool:
     """Whether an output line has an ``error`` or a status other than 200."""
     response = record.get("response") if isinstance(record, dict) else None
     status = response.get("status_code") if isinstance(response, dict) else None
-    return (
-        not isinstance(record, dict) or record.get("error") is not None or status != 200
-    )
+    return status != 200 or record.get("error") is not None
 
 
 @dataclass(frozen=True)
@@ -147,15 +144,11 @@ def output_line(
     body: Any,
     error: Any,
 ) -> str:
-    response = (
-        None
-        if status is None
-        else {"status_code": status, "request_id": request_id, "body": body}
-    )
+    response = {"status_code": status, "request_id": request_id, "body": body}
     record = {
         "id": f"batch-L{line}-{request_id}",
         "custom_id": custom_id,
-        "response": response,
+        "response": None if status is None else response,
         "error": error,
     }
     return json.dumps(record, ensure_ascii=False) + "\n"

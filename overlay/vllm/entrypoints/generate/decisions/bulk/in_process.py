@@ -74,11 +74,8 @@ class Decisions:
         # vLLM's model list as ``vllm serve`` builds it from ``args``, adapters loaded
         names = getattr(args, "served_model_name", None) or [served_model_name(args)]
         paths = [BaseModelPath(name=name, model_path=str(args.model)) for name in names]
-        models = OpenAIServingModels(
-            engine_client,
-            paths,
-            lora_modules=lora_modules or getattr(args, "lora_modules", None),
-        )
+        lora_modules = lora_modules or getattr(args, "lora_modules", None)
+        models = OpenAIServingModels(engine_client, paths, lora_modules=lora_modules)
         await models.init_static_loras()
         served = build_service(engine_client, args, models)
         await start_served(served)

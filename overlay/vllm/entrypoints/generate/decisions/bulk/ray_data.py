@@ -73,8 +73,7 @@ class Board:
         if record is not None:
             self.records[name] = record
             self.made[name] = self.made.get(name, 0) + 1
-        making = self.making.pop(name, None)
-        if making is not None:
+        if (making := self.making.pop(name, None)) is not None:
             making.set()
 
 
@@ -153,11 +152,9 @@ class DecisionStage:
         return self._wait(self._lines(batch) if self.batch_lines else self._rows(batch))
 
     async def _rows(self, batch: dict[str, Any]) -> dict[str, Any]:
-        bodies = list(batch["body"])
-        urls = list(batch["url"]) if "url" in batch else [DECISIONS] * len(bodies)
-        ids = (
-            list(batch["request_id"]) if "request_id" in batch else [None] * len(bodies)
-        )
+        bodies = batch["body"]
+        urls = batch.get("url", [DECISIONS] * len(bodies))
+        ids = batch.get("request_id", [None] * len(bodies))
 
         async def one(body: Any, url: Any, request_id: Any) -> tuple[int, str, str]:
             rid = str(request_id or "") or new_request_id()
@@ -168,19 +165,13 @@ class DecisionStage:
                     result = await self.decisions.decide(
                         value, str(url or DECISIONS), rid
                     )
-                return (
-                    result.status,
-                    json.dumps(result.body, ensure_ascii=False),
-                    result.request_id,
-                )
+                response = json.dumps(result.body, ensure_ascii=False)
+                return result.status, response, result.request_id
             except Exception:
                 # this row is answered as a fault; the batch and its other rows go on
                 logger.exception("decision stage: row %s failed", rid)
-                return (
-                    HTTPStatus.INTERNAL_SERVER_ERROR.value,
-                    json.dumps(row_fault(url, rid)),
-                    rid,
-                )
+                response = json.dumps(row_fault(url, rid))
+                return HTTPStatus.INTERNAL_SERVER_ERROR.value, response, rid
 
         answered = await asyncio.gather(*map(one, bodies, urls, ids))
         return {
@@ -221,8 +212,7 @@ class DecisionStage:
         return {"text": await asyncio.gather(*map(one, batch["line"], batch["text"]))}
 
     def __del__(self) -> None:
-        engine = getattr(self, "engine", None)
-        if engine is not None:
+        if (engine := getattr(self, "engine", None)) is not None:
             engine.shutdown()
 
 
@@ -240,17 +230,6 @@ def decisions_stage(
 ) -> dict[str, Any]:
     """``Dataset.map_batches`` arguments for ``concurrency`` actors (rows and arguments: docs/bulk.md);
     the k-th actor started takes ``actor_env[k % len(actor_env)]``."""
-    board = RecordBoard.remote()
-    run = f"ray-stage-{uuid.uuid4().hex}"  # for records only this run may reuse
-    arguments = {
-        "model": model,
-        "engine_args": dict(engine_args or {}),
-        "served_model": served_model,
-        "board": board,
-        "run": run,
-        "batch_lines": batch_lines,
-        "actor_env": [dict(env) for env in actor_env],
-    }
     # Several calls at once on each actor, each waiting on the actor's own event loop for its rows.
     pool = ray.data.ActorPoolStrategy(
         size=concurrency,
@@ -259,7 +238,15 @@ def decisions_stage(
     )
     return {
         "fn": DecisionStage,
-        "fn_constructor_kwargs": arguments,
+        "fn_constructor_kwargs": {
+            "model": model,
+            "engine_args": dict(engine_args or {}),
+            "served_model": served_model,
+            "board": RecordBoard.remote(),
+            "run": f"ray-stage-{uuid.uuid4().hex}",  # records only this run may reuse
+            "batch_lines": batch_lines,
+            "actor_env": [dict(env) for env in actor_env],
+        },
         "compute": pool,
         "batch_size": batch_size,
         "batch_format": "numpy",

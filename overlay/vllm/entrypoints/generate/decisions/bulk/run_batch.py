@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from starlette.datastructures import State
@@ -168,8 +169,7 @@ class ReadAhead:
             self.fill()
             if not self.groups:
                 return
-            key = next(iter(self.groups))
-            group = self.groups[key]
+            key, group = next(iter(self.groups.items()))
             line = group.popleft()
             if not group:
                 del self.groups[key]
@@ -223,8 +223,7 @@ async def answer_line(
     """(status, body, error, custom_id) of one input line; ``others`` answers vLLM's own URLs (None: not
     served). Never raises but for cancellation, so every line gets its output line."""
     try:
-        record = line.record
-        if record is None:
+        if (record := line.record) is None:
             return None, None, {"code": "invalid_line", "message": line.problem}, None
         custom_id, url = record.get("custom_id"), record["url"]
         if url not in DECISION_PATHS:
@@ -379,19 +378,15 @@ def stock_handler(
         handle_endpoint_request,
     )
 
-    class NoProgress:
-        def submitted(self) -> None: ...
-
-        def completed(self) -> None: ...
+    no_progress = SimpleNamespace(submitted=lambda: None, completed=lambda: None)
 
     def handle(url: str, text: str) -> Awaitable[Any] | None:
         config = registry.get(url.split("/")[-1])
         if config is None or not config["url_matcher"](url):
             return None
-        request = BatchRequestInput.model_validate_json(text)
         return handle_endpoint_request(
-            request,
-            NoProgress(),
+            BatchRequestInput.model_validate_json(text),
+            no_progress,
             config["url_matcher"],
             config["handler_getter"],
             config["wrapper_fn"],

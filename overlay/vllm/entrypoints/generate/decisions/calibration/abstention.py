@@ -137,10 +137,7 @@ def fit_abstention(
         raise ValueError(
             f"got {confidence.size} confidences but {len(groups)} group labels"
         )
-    if (
-        not np.isfinite(confidence).all()
-        or ((confidence < 0.0) | (confidence > 1.0)).any()
-    ):
+    if not ((confidence >= 0.0) & (confidence <= 1.0)).all():  # NaN fails too
         raise ValueError("confidences must be probabilities in [0, 1]")
     group, count = group_index(groups)
     labels = int(confidence.size)
@@ -213,10 +210,9 @@ def held_out_threshold(
     """One question's threshold from its labels' held-out log-probabilities (the top option answers)."""
     probabilities = np.exp(log_probabilities)
     hits = probabilities.argmax(axis=1) == np.asarray(correct)
-    rule = fit_abstention(
+    return fit_abstention(
         probabilities.max(axis=1).tolist(), hits.tolist(), groups, precision
-    )
-    return rule.model_copy(update={"scope": "question"})
+    ).model_copy(update={"scope": "question"})
 
 
 def question_thresholds(

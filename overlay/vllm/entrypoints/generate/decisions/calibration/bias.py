@@ -159,11 +159,8 @@ def corrected(sample: Sample, mode: str, bias: Sequence[float] | None) -> list[f
 def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
     """The best correction (``forced``: the operator's), and every correction's figures."""
     width = max(len(s.rows[0]) for s in samples)
-    modes = [
-        m
-        for m in MODES
-        if not uses_content_free(m) or all(s.priors is not None for s in samples)
-    ]
+    have_priors = all(s.priors is not None for s in samples)
+    modes = [m for m in MODES if have_priors or not uses_content_free(m)]
     names = [s.id or f"#{i}" for i, s in enumerate(samples)]
     groups = dict(zip(names, (s.group for s in samples), strict=True))
     candidates: dict[str, Candidate] = {}
@@ -183,7 +180,7 @@ def choose(samples: Sequence[Sample], forced: str | None = None) -> ReadChoice:
         if name != "off":
             candidate.gain = gain_over(candidate, off, groups)
     helping = [m for m, c in candidates.items() if c.beats(off)]
-    chosen = min(helping, key=lambda m: candidates[m].log_loss) if helping else "off"
+    chosen = min(helping, key=lambda m: candidates[m].log_loss, default="off")
     if forced is not None and forced in candidates:
         chosen = forced
     return ReadChoice(
@@ -203,10 +200,8 @@ def choose_layout(choices: dict[str | None, ReadChoice]) -> TypeReads:
         better = kept.log_loss < first.kept.log_loss
         if better and keeps(gain, kept.accuracy, baseline.accuracy):
             helping.append(layout)
-    chosen = (
-        min(helping, key=lambda layout: choices[layout].kept.log_loss)
-        if helping
-        else layouts[0]
+    chosen = min(
+        helping, key=lambda layout: choices[layout].kept.log_loss, default=layouts[0]
     )
     by_layout = {layout or SINGLE: choice for layout, choice in choices.items()}
     return TypeReads(layout=chosen, by_layout=by_layout)

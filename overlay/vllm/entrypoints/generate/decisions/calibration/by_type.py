@@ -35,20 +35,19 @@ def fit_types(
     fits: dict[str, TypeFit] = {}
     for name in names:
         rows = [i for i, kind in enumerate(types) if kind == name]
-        if len(rows) < minimum:
-            fits[name] = TypeFit(
-                len(rows), None, f"too few questions ({len(rows)} < {minimum})"
-            )
+        used = len(rows)
+        if used < minimum:
+            fits[name] = TypeFit(used, None, f"too few questions ({used} < {minimum})")
             continue
         try:
             result = calibrate(*take(rows, scores, correct, groups))
         except ValueError as exc:
-            fits[name] = TypeFit(len(rows), None, str(exc))
+            fits[name] = TypeFit(used, None, str(exc))
             continue
         edge = (
             f"the fitted T={result.temperature:.3f} is at the edge of [{LOW_TEMPERATURE}, {HIGH_TEMPERATURE:g}]"
             if result.at_edge
             else None
         )
-        fits[name] = TypeFit(len(rows), result, edge)
+        fits[name] = TypeFit(used, result, edge)
     return fits

@@ -163,7 +163,7 @@ async def startup_calibration(
     full = replace(
         calibrated(fits, FULL),
         key=key,
-        examples=fits.kept_examples(),
+        examples={k: v for k, v in fits.question_examples.items() if v.kept},
         labelled=tuple(fits.labelled),
     )
     return restored(full, settings)

@@ -82,11 +82,9 @@ async def _acquire(
 class SharedRecords(Protocol):
     async def take(self, name: str, wait_s: float) -> dict[str, Any] | None:
         """The record ``name`` another process made; None: this process is to make it."""
-        ...
 
     async def give(self, name: str, record: dict[str, Any] | None) -> None:
         """The record this process made (None: it failed, so a waiting process makes it)."""
-        ...
 
 
 _SHARED: SharedRecords | None = None

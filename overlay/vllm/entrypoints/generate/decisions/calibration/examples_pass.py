@@ -36,7 +36,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Corrections,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
+from vllm.entrypoints.generate.decisions.decide.reading.read import read
 from vllm.entrypoints.generate.decisions.decide.settings import Debias, PriorSetting
 from vllm.entrypoints.generate.decisions.decide.temperature import DEFAULT, Temperatures
 from vllm.logger import init_logger
@@ -81,14 +81,7 @@ class ShownReader:
                     None,
                     chosen_reads=reads,
                 )
-                plan = plan_read(
-                    self.backend,
-                    item.question,
-                    context,
-                    self.asked.debias,
-                    how.correction,
-                    how.layout,
-                )
+                plan = how.plan(self.backend, item.question, context, self.asked.debias)
                 return (await read(plan)).scores
             except DecisionError as exc:
                 logger.debug(
@@ -175,7 +168,6 @@ async def measure(
     if len(read_with) < len(shown):
         return None
     served = picked(list(range(len(items))))
-    kind = items[0].question.qtype.name
     return await asyncio.to_thread(
         measure_examples,
         [ShownExample(state=e.state, answer=e.answer) for e in served],
@@ -183,6 +175,6 @@ async def measure(
         read_with,
         [item.correct for item in items],
         groups,
-        map_scale(fits.reads, temperatures, kind, key),
+        map_scale(fits.reads, temperatures, items[0].question.qtype.name, key),
         next((i.precision for i in items if i.precision is not None), None),
     )

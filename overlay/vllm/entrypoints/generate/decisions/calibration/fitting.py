@@ -123,9 +123,8 @@ async def fitted_record(
     scales = [
         map_scale(reads, temperatures, t, k) for t, k in zip(types, keys, strict=True)
     ]
-    maps = await asyncio.to_thread(
-        question_maps, *take(picked, keys, scores, correct, groups, scales)
-    )
+    columns = (keys, scores, correct, groups, scales)
+    maps = await asyncio.to_thread(question_maps, *take(picked, *columns))
     # Each question labelled twice or more, kept for a labels file's refit to pool with.
     times = Counter(keys[i] for i in picked)
     labelled = [
@@ -143,24 +142,15 @@ async def fitted_record(
     asked = precision or {}
     chosen = {kind: asked.get(kind, asked.get("*")) for kind in names}
     precisions = {kind: value for kind, value in chosen.items() if value is not None}
-    abstention = await asyncio.to_thread(
-        type_thresholds, types, scores, correct, groups, precisions
-    )
-    question_abstention = await asyncio.to_thread(
-        question_thresholds,
-        keys,
-        scores,
-        correct,
-        groups,
-        scales,
-        maps.keys(),
-        questions.precisions(),
-    )
     return record.model_copy(
         update={
             "question_maps": maps,
-            "abstention": abstention,
-            "question_abstention": question_abstention,
+            "abstention": await asyncio.to_thread(
+                type_thresholds, types, scores, correct, groups, precisions
+            ),
+            "question_abstention": await asyncio.to_thread(
+                question_thresholds, *columns, maps.keys(), questions.precisions()
+            ),
             "labelled": labelled,
         }
     )
@@ -236,11 +226,9 @@ def corrected_scores(
 ) -> list[float]:
     """The scores a server answering this question gives, under its correction."""
     kind = reads.get(item.question.qtype.name)
-    choice = (
-        kind.for_question(question_key(item.question), kind.layout)[0]
-        if kind is not None
-        else None
-    )
+    if kind is None:
+        return read.reading.scores
+    choice = kind.for_question(question_key(item.question), kind.layout)[0]
     if choice is None or choice.mode == "off":
         return read.reading.scores
     return bias.corrected(as_sample(item, read), choice.mode, choice.kept.bias)

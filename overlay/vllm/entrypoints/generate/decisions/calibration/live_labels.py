@@ -36,7 +36,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
     question_key,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Asked
-from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
+from vllm.entrypoints.generate.decisions.decide.reading.read import read
 from vllm.entrypoints.generate.decisions.decide.reports import LABELS_FILE, STARTUP
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
@@ -153,13 +153,17 @@ class LiveLabels:
         if calibrated.key is None:  # no saved calibration to share the refit under
             return self._apply(await self._refit(labels_file), loaded=False)
         settings = self.service.settings
+
+        async def measured() -> dict[str, Any]:
+            return (await self._refit(labels_file)).model_dump()
+
         # One API-server process of this server refits; the others wait for its saved refit.
         record, loaded = await once_per_server(
             Path(settings.calibration_dir),
             dict(calibrated.key),
             KIND,
             settings.startup_wait,
-            lambda: self._refit_record(labels_file),
+            measured,
             lambda saved: (
                 saved.get("labels_file") == self.path
                 and saved.get("sha256") == labels_file.sha256
@@ -173,11 +177,6 @@ class LiveLabels:
             )
             return False
         return self._apply(refit, loaded)
-
-    async def _refit_record(
-        self, labels_file: question_file.QuestionFile
-    ) -> dict[str, Any]:
-        return (await self._refit(labels_file)).model_dump()
 
     async def _refit(self, labels_file: question_file.QuestionFile) -> SavedLabels:
         """The next refit, not yet in force."""
@@ -215,10 +214,9 @@ class LiveLabels:
             len(startup),
             len(maps),
         )
+        source = f"decision labels: refit {version}"
         for key, rule in thresholds.items():
-            line = rule.log_line(
-                question_name(key), f"decision labels: refit {version}"
-            )
+            line = rule.log_line(question_name(key), source)
             (logger.info if rule.threshold is not None else logger.warning)("%s", line)
         return SavedLabels(
             labels_file=self.path,
@@ -280,15 +278,7 @@ class LiveLabels:
                 ),
                 adapter=service.adapter,
             )
-            plan = plan_read(
-                service.backend,
-                item.question,
-                context,
-                asked.debias,
-                how.correction,
-                how.layout,
-                how.temperature,
-            )
+            plan = how.plan(service.backend, item.question, context, asked.debias)
             async with gate:
                 try:
                     done = await read(plan)

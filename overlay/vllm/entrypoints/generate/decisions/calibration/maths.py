@@ -41,10 +41,9 @@ def _pack(
     if min(widths) < 1:
         raise ValueError("every question needs at least one option score")
     matrix = np.full((len(scores), max(widths)), -np.inf, dtype=np.float64)
-    real = np.zeros(matrix.shape, dtype=np.bool_)
     for i, row in enumerate(scores):
         matrix[i, : len(row)] = row
-        real[i, : len(row)] = True
+    real = np.arange(matrix.shape[1]) < np.asarray(widths)[:, None]
     # -inf is a legitimate score (an option the backend ruled out); NaN and +inf are not.
     if np.isnan(matrix).any() or np.isposinf(matrix).any():
         raise ValueError("option scores must be finite or -inf")
@@ -66,7 +65,6 @@ def group_index(groups: Sequence[str]) -> tuple[IntArray, int]:
 
 
 def take(rows: Sequence[int], *columns: Sequence[Any]) -> tuple[Any, ...]:
-    """Each column's entries at ``rows``."""
     return tuple([column[i] for i in rows] for column in columns)
 
 
@@ -127,26 +125,20 @@ def _fit(
     # An optimum beyond the range is reported as the edge itself, so the caller can recognise it; an
     # edge that merely ties the bracket (NLL flat out to the edge) counts as the optimum.
     middle = (a + b) / 2.0
-    best = min(
-        (
-            (cost(math.log(low)), 0, low),
-            (cost(math.log(high)), 1, high),
-            (cost(middle), 2, math.exp(middle)),
-        )
-    )
-    return best[2]
+    return min(
+        (cost(math.log(low)), 0, low),
+        (cost(math.log(high)), 1, high),
+        (cost(middle), 2, math.exp(middle)),
+    )[2]
 
 
 def _softmax_rows(
-    matrix: FloatArray,
-    real: BoolArray,
-    temperature: float,
-    rows: Sequence[int] | IntArray,
+    matrix: FloatArray, real: BoolArray, temperature: float
 ) -> list[list[float]]:
-    """Probability vectors for the chosen rows, each trimmed back to its question's own options."""
+    """Each row's probability vector, trimmed back to its question's own options."""
     probabilities = np.exp(_log_softmax(matrix, real, temperature))
     widths = real.sum(axis=1)
-    return [probabilities[i, : widths[i]].tolist() for i in rows]
+    return [probabilities[i, : widths[i]].tolist() for i in range(len(widths))]
 
 
 def nll(
@@ -206,11 +198,9 @@ def cross_validated_probabilities(
     for f in used:
         held = fold == f
         temperature = _fit(matrix[~held], real[~held], answer[~held])
-        rows = np.flatnonzero(held)
-        for i, probabilities in zip(
-            rows, _softmax_rows(matrix, real, temperature, rows), strict=True
-        ):
-            result[i] = probabilities
+        probabilities = _softmax_rows(matrix, real, temperature)
+        for i in np.flatnonzero(held):
+            result[i] = probabilities[i]
     return result
 
 
@@ -230,11 +220,7 @@ def _check_ece_inputs(
         raise ValueError("ECE needs at least one answer")
     if bins < 1:
         raise ValueError(f"bins must be at least 1, got {bins}")
-    if (
-        np.isnan(confidence).any()
-        or (confidence < -1e-9).any()
-        or (confidence > 1 + 1e-9).any()
-    ):
+    if not ((confidence >= -1e-9) & (confidence <= 1 + 1e-9)).all():  # NaN fails too
         raise ValueError("top probabilities must lie in [0, 1]")
     return np.clip(confidence, 0.0, 1.0), correct
 
@@ -267,9 +253,7 @@ def gain_interval(
 ) -> tuple[float, float]:
     """95% interval of the mean per-question gain, resampling question groups."""
     index, count = group_index(groups)
-    totals = np.bincount(
-        index, weights=np.asarray(gains, dtype=np.float64), minlength=count
-    )
+    totals = np.bincount(index, weights=gains, minlength=count)
     sizes = np.bincount(index, minlength=count).astype(np.float64)
     values = [w @ totals / (w @ sizes) for w in group_weights(count, resamples, seed)]
     low, high = np.percentile(values, [2.5, 97.5])
@@ -388,7 +372,7 @@ def calibrate(
     matrix, real, answer = _pack(scores, correct)
     temperature = _fit(matrix, real, answer)
     held_out = cross_validated_probabilities(scores, correct, groups, folds, seed)
-    raw = _softmax_rows(matrix, real, 1.0, range(answer.size))
+    raw = _softmax_rows(matrix, real, 1.0)
 
     raw_top, raw_hits = top_and_hits(raw, correct)
     held_top, held_hits = top_and_hits(held_out, correct)

@@ -158,21 +158,19 @@ def load(source: str) -> QuestionFile:
     """The bundled set (``source == "bundled"``) or an operator's file, parsed and checked whole."""
     if source == BUNDLED:
         data = resources.files(__package__).joinpath("bundled.jsonl").read_bytes()
-        name = "bundled"
     else:
         try:
             data = Path(source).read_bytes()
         except OSError as exc:
             raise QuestionFileError(f"can't read {source}: {exc.strerror}") from None
-        name = source
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise QuestionFileError(f"{name} is not UTF-8 text") from None
+        raise QuestionFileError(f"{source} is not UTF-8 text") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
-        raise QuestionFileError(f"{name} has no questions")
+        raise QuestionFileError(f"{source} has no questions")
     parsed = [(n, parse_line(n, line)) for n, line in lines]
     one_precision_per_question(parsed)
     questions = tuple(item for _, item in parsed)
-    return QuestionFile(name, hashlib.sha256(data).hexdigest(), questions)
+    return QuestionFile(source, hashlib.sha256(data).hexdigest(), questions)

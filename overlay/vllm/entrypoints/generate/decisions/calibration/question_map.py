@@ -126,17 +126,12 @@ def measure_question_map(
     own, typed = held_out(scores, correct, groups, scale, bias, folds)
     final_scale, final_bias = fit_map(scores, correct, scale, bias)
     return QuestionMap(
-        scale=final_scale,
-        bias=final_bias,
-        **compared(own, typed, correct, groups),
+        scale=final_scale, bias=final_bias, **compared(own, typed, correct, groups)
     )
 
 
 def compared(
-    own: FloatArray,
-    baseline: FloatArray,
-    correct: Sequence[int],
-    groups: Sequence[str],
+    own: FloatArray, baseline: FloatArray, correct: Sequence[int], groups: Sequence[str]
 ) -> dict[str, Any]:
     """MapFigures' held-out fields for ``own``'s log-probabilities against ``baseline``'s."""
     answer = np.asarray(correct, dtype=np.int64)
@@ -189,7 +184,7 @@ def choose_question_map(
     folds: int = FOLDS,
 ) -> QuestionMap | None:
     """The question's own map where it is kept (labels from one group: None, nothing to hold out)."""
-    if len(set(groups)) < 2 or min(folds, len(set(groups))) < 2:
+    if folds < 2 or len(set(groups)) < 2:
         return None
     measured = measure_question_map(scores, correct, groups, scale, bias, folds)
     return measured if measured.kept else None

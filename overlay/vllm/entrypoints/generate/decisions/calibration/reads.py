@@ -69,9 +69,8 @@ async def read_all(
         index: int, item: question_file.LabelledQuestion, column: int
     ) -> QuestionRead | None:
         layout = layouts[column]
-        was_read = (index, column) in reused
         kept = reused.get((index, column))
-        if was_read and (kept is None or not content_free):
+        if (index, column) in reused and (kept is None or not content_free):
             return kept
         # The engine's name for the read names its layout only where several are read.
         named = f"-{layout}" if len(layouts) > 1 and layout is not None else ""

@@ -46,9 +46,7 @@ class Fit(BaseModel):
     def fields(result: CalibrationResult | None) -> dict[str, Any]:
         if result is None:
             return {}
-        return Fit(
-            **{name: getattr(result, name) for name in Fit.model_fields}
-        ).model_dump()
+        return Fit(**{n: getattr(result, n) for n in Fit.model_fields}).model_dump()
 
     def summary(self) -> str:
         verdict = "kept" if self.kept else "not kept, T=1.0"
@@ -66,10 +64,9 @@ class TypeRecord(Fit):
     @classmethod
     def of(cls, fit: TypeFit, server_applied: float) -> TypeRecord:
         own = fit.result if fit.fallback is None else None
-        applied = server_applied if own is None else own.applied_temperature
         return cls(
             **Fit.fields(fit.result),
-            applied_temperature=applied,
+            applied_temperature=own.applied_temperature if own else server_applied,
             used=fit.used,
             fallback=fit.fallback,
         )
@@ -118,10 +115,6 @@ class CalibrationRecord(Fit):
     # Reads of each question labelled twice or more, which a labels file's refit pools with.
     labelled: list[LabelledRead] = Field(default_factory=list)
 
-    def kept_examples(self) -> dict[str, QuestionExamples]:
-        """The questions whose examples were kept: they are asked with them."""
-        return {k: v for k, v in self.question_examples.items() if v.kept}
-
     def temperatures(self) -> Temperatures:
         """The temperatures this record gives: server-wide, and each type that kept its own fit."""
         by_type = {
@@ -135,10 +128,9 @@ class CalibrationRecord(Fit):
 
     def temperature_problem(self, settings: Settings) -> str | None:
         """Why a temperature this record applies is outside the settings' range, if one is."""
-        applied = {"server-wide": self.applied_temperature}
-        applied.update(
-            (name, entry.applied_temperature) for name, entry in self.by_type.items()
-        )
+        applied = {"server-wide": self.applied_temperature} | {
+            name: entry.applied_temperature for name, entry in self.by_type.items()
+        }
         for scope, value in applied.items():
             if (problem := settings.temperature_problem(value)) is not None:
                 return f"its {scope} T={problem}"

@@ -9,10 +9,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeAlias
 
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+
+EncodedSpans: TypeAlias = tuple[list[int], list[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,7 @@ class BackendHost(ABC):
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens."""
 
-    def encode_with_offsets(
-        self, text: str
-    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+    def encode_with_offsets(self, text: str) -> EncodedSpans | None:
         """:meth:`encode` with each token's (start, end) character span (None: not available)."""
         return None
 
@@ -89,9 +89,7 @@ class BackendHost(ABC):
         """:meth:`encode` in a worker thread, so a long text doesn't hold up other clients."""
         return await asyncio.to_thread(self.encode, text)
 
-    async def encode_with_offsets_async(
-        self, text: str
-    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+    async def encode_with_offsets_async(self, text: str) -> EncodedSpans | None:
         return await asyncio.to_thread(self.encode_with_offsets, text)
 
     @abstractmethod

@@ -95,10 +95,9 @@ class DecisionMetrics:
     ) -> None:
         self.model_name = model_name
         self.registry = registry if registry is not None else REGISTRY
-        r = self.registry
-        counter = partial(Counter, registry=r)
-        histogram = partial(Histogram, registry=r)
-        gauge = partial(Gauge, multiprocess_mode="mostrecent", registry=r)
+        counter = partial(Counter, registry=self.registry)
+        histogram = partial(Histogram, registry=self.registry)
+        gauge = partial(Gauge, multiprocess_mode="mostrecent", registry=self.registry)
         self.requests = counter(
             "vllm:decision_requests",
             "Decision requests, by endpoint and outcome.",
@@ -266,7 +265,6 @@ def observed_route(path: str, handler: Handler[ResponseT]) -> Handler[ResponseT]
 
 
 def note_refusal(error: DecisionError) -> None:
-    """The current request is refused with ``error``."""
     observation = _observation.get()
     if observation is not None:
         observation.reason = refusal_reason(error.status, error)

@@ -133,16 +133,11 @@ class QuestionType(ABC):
         """The question as backends read it, rendered within ``budget``."""
         budget = budget if budget is not None else RenderBudget()
         with_instructions, with_options = self.budgeted
-        instructions = (
-            self.instructions(question, budget=budget)
-            if with_instructions
-            else self.instructions(question)
+        spend = {"budget": budget}
+        instructions = self.instructions(
+            question, **(spend if with_instructions else {})
         )
-        options = tuple(
-            self.options(question, budget=budget)
-            if with_options
-            else self.options(question)
-        )
+        options = tuple(self.options(question, **(spend if with_options else {})))
         budget.charge(
             (0 if with_instructions else len(instructions))
             + (0 if with_options else sum(len(option.text) for option in options))

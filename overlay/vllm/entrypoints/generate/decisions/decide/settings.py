@@ -105,11 +105,9 @@ def parse_debias(text: str, exact: bool = False) -> Debias:
     parsed = None
     if mode == "off" and not sep:
         parsed = NO_DEBIAS
-    elif mode == "rotate" and not sep:
-        parsed = Debias("rotate")
     # isdecimal, not isdigit: "²" is a digit that int() refuses.
-    elif mode == "rotate" and count.isdecimal() and int(count) >= 1:
-        parsed = Debias("rotate", int(count))
+    elif mode == "rotate" and (not sep or (count.isdecimal() and int(count) >= 1)):
+        parsed = Debias("rotate", int(count) if sep else None)
     if parsed is None or (exact and str(parsed) != text):
         raise ValueError(f"{text!r}: expected {DEBIAS_FORMS}")
     return parsed
@@ -447,11 +445,9 @@ def _calibration(env: Mapping[str, str]) -> str:
     is far more likely a typo than a file yet to appear."""
     name = PREFIX + "CALIBRATION"
     raw = env.get(name)
-    if raw is None:
+    if raw is None or raw.strip().lower() == "bundled":
         return "on"
     text = raw.strip()
-    if text.lower() == "bundled":
-        return "on"
     try:
         return "on" if parse_switch(name, text) else "off"
     except SettingsError:

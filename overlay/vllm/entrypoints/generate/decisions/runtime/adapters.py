@@ -2,8 +2,7 @@
 """Which service answers a request: its ``model`` resolved by vLLM's own code, as its endpoints do,
 and a decision service per LoRA adapter (an adapter changes the answers, so it has its own
 calibration). At most VLLM_TYPED_DECISIONS_MAX_ADAPTERS are held, so a client naming adapters can't
-make the server hold (or calibrate) without bound.
-"""
+make the server hold (or calibrate) without bound."""
 
 from __future__ import annotations
 
@@ -112,15 +111,11 @@ class ServedModels:
         self.prune()
         # What vLLM's model checks read of a request: its ``model``.
         named = SimpleNamespace(model=model or None)
-        refusal = await self._vllm._check_model(named)
-        if refusal is not None:
+        if (refusal := await self._vllm._check_model(named)) is not None:
             error = refusal.error
-            # vLLM's message quotes the name whole ("The model `X` does not exist."): cut a long one short.
-            message = (
-                error.message
-                if not model
-                else error.message.replace(model, shown(model, bare=True))
-            )
+            message = error.message
+            if model:  # vLLM's message quotes it whole ("The model `X` does not exist."): cut short
+                message = message.replace(model, shown(model, bare=True))
             raise DecisionError(message, HTTPStatus(error.code), param=error.param)
         return self._vllm._maybe_get_adapters(named)
 
@@ -145,9 +140,8 @@ class ServedModels:
                     self._make_room()
                     assert self._build is not None and self._start is not None
                     service = await self._build(adapter)
-                    held = AdapterService(
-                        adapter, service, asyncio.create_task(self._start(service))
-                    )
+                    started = asyncio.create_task(self._start(service))
+                    held = AdapterService(adapter, service, started)
                     self._services[identity] = held
         assert held is not None
         self._services.move_to_end(identity)
@@ -180,8 +174,7 @@ class ServedModels:
         """Start every adapter vLLM serves now (``--lora-modules``), one after another."""
         for adapter in list(self._loaded().values()):
             await self.service_for(adapter)
-            held = self._services.get(adapter_identity(adapter))
-            if held is not None:
+            if (held := self._services.get(adapter_identity(adapter))) is not None:
                 await held.started
 
     def prune(self) -> None:

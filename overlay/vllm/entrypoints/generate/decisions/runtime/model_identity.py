@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a saved startup check or calibration was measured on: everything that changes what a read
 returns, since a saved result is reused only on an exact key match. File hashes are kept by resolved
-path, size, mtime and ctime, so a restart hashes nothing again.
-"""
+path, size, mtime and ctime, so a restart hashes nothing again."""
 
 from __future__ import annotations
 
@@ -18,19 +17,9 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 # The files of a model folder that decide what it reads (not hidden ones, README, images).
-MODEL_FILE_SUFFIXES = (
-    ".json",
-    ".safetensors",
-    ".bin",
-    ".pt",
-    ".pth",
-    ".gguf",
-    ".model",
-    ".txt",
-    ".jinja",
-    ".py",
-    ".tiktoken",
-)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken", ".txt", ".jinja")  # and chat templates
+MODEL_FILE_SUFFIXES = (*WEIGHT_SUFFIXES, *TOKENIZER_SUFFIXES, ".json", ".py")
 HASH_CACHE = "content-hashes.json"
 BLOCK = 1 << 22
 
@@ -122,8 +111,7 @@ def content_key(
     if tokenizer is not None and tokenizer != model:
         targets["tokenizer"] = (tokenizer, tokenizer_revision)
     for name, (path, rev) in targets.items():
-        folder = local_folder(str(path), rev)
-        if folder is None:
+        if (folder := local_folder(str(path), rev)) is None:
             logger.warning(
                 "decision startup key: %s %r is no local folder; saved results are keyed by its name "
                 "and revision only",

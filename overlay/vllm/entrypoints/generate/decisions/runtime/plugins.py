@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Plugins from installed packages' entry points, loaded once at startup into the registry. One that
-fails to load is left out, never silently: the log names it and why, as does every refusal needing it.
-"""
+fails to load is left out, never silently: the log names it and why, as does every refusal needing it."""
 
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ def register_target(group: str, target: object) -> None:
         register_question_type(target)
     elif callable(target) and not isinstance(target, type):
         target()
-    elif isinstance(target, ModuleType):
-        pass  # loading it imported it: a module registers what it has on import (decorators)
-    else:
+    # a module passes: importing it registered what it has (decorators)
+    elif not isinstance(target, ModuleType):
         raise TypeError(
             f"a {GROUPS[group]} entry point must name {ACCEPTED[group]}, not {described(target)}"
         )

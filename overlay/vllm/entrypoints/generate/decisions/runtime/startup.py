@@ -59,10 +59,9 @@ async def init_decisions_state(
     engine_client: EngineClient, state: State, args: Namespace
 ) -> None:
     """The server's models and their decision services on the app state; startup work as a task."""
-    served = build_service(
+    served = state.decision_service = build_service(
         engine_client, args, getattr(state, "openai_serving_models", None)
     )
-    state.decision_service = served
     # vLLM's own middleware echoes X-Request-Id under --enable-request-id-headers; the routes do otherwise.
     state.decision_echo_request_id = not getattr(
         args, "enable_request_id_headers", False

@@ -24,11 +24,9 @@ Facts: TypeAlias = BaseModel | Mapping[str, JsonValue]
 
 
 def facts_json(facts: Facts) -> dict[str, Any]:
-    return (
-        facts.model_dump(exclude_unset=True)
-        if isinstance(facts, BaseModel)
-        else dict(facts)
-    )
+    if isinstance(facts, BaseModel):
+        return facts.model_dump(exclude_unset=True)
+    return dict(facts)
 
 
 @dataclass
@@ -167,8 +165,5 @@ def takes_legacy_read(read: Any) -> bool:
         parameters = list(inspect.signature(read).parameters.values())[1:]
     except (TypeError, ValueError):
         return False
-    positional = (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    )
-    return sum(p.kind in positional for p in parameters) > 2
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in parameters) > 2

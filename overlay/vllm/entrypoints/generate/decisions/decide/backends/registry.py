@@ -7,8 +7,9 @@ plugin's answer shape."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from vllm.entrypoints.generate.decisions.decide.backends import (
     BUILT_IN,
@@ -36,6 +37,8 @@ RESERVED_TYPE_NAMES = frozenset({"predicate", "refusal"})
 DEFAULT_BACKEND = "logit"
 
 B = TypeVar("B", bound=type[DecisionBackend[Any]])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Registry:
@@ -55,9 +58,7 @@ class Registry:
         registry = cls()
         registry._backends = dict.fromkeys(BUILT_IN)
         registry._built_in_backends = set(BUILT_IN)
-        registry._built_in_types = {
-            qtype.name: qtype for qtype in (NOUL, CHOICE, SCORE)
-        }
+        registry._built_in_types = {t.name: t for t in (NOUL, CHOICE, SCORE)}
         registry._question_types = dict(registry._built_in_types)
         return registry
 
@@ -265,39 +266,22 @@ def register_question_type(
     return REGISTRY.register_question_type(qtype, override=override)
 
 
-def unregister_backend(name: str) -> None:
-    REGISTRY.unregister_backend(name)
+def _on_registry(method: Callable[Concatenate[Registry, P], R]) -> Callable[P, R]:
+    """``method`` called on :data:`REGISTRY` as it is at the call (tests swap it)."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        return method(REGISTRY, *args, **kwargs)
+
+    return call
 
 
-def backend_names() -> list[str]:
-    return REGISTRY.backend_names()
-
-
-def backend_class(name: str) -> type[DecisionBackend] | None:
-    return REGISTRY.backend_class(name)
-
-
-def choose_backend(
-    spec: BackendSpec, architectures: tuple[str, ...]
-) -> type[DecisionBackend]:
-    return REGISTRY.choose_backend(spec, architectures)
-
-
-def question_type(name: str) -> QuestionType | None:
-    return REGISTRY.question_type(name)
-
-
-def question_type_names() -> list[str]:
-    return REGISTRY.question_type_names()
-
-
-def built_in_question_type(qtype: str | QuestionType) -> bool:
-    return REGISTRY.built_in_question_type(qtype)
-
-
-def record_failure(name: str, why: str) -> None:
-    REGISTRY.record_failure(name, why)
-
-
-def failures_note() -> str:
-    return REGISTRY.failures_note()
+unregister_backend = _on_registry(Registry.unregister_backend)
+backend_names = _on_registry(Registry.backend_names)
+backend_class = _on_registry(Registry.backend_class)
+choose_backend = _on_registry(Registry.choose_backend)
+question_type = _on_registry(Registry.question_type)
+question_type_names = _on_registry(Registry.question_type_names)
+built_in_question_type = _on_registry(Registry.built_in_question_type)
+record_failure = _on_registry(Registry.record_failure)
+failures_note = _on_registry(Registry.failures_note)

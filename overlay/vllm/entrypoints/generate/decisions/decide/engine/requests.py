@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.errors import EngineBusyError
@@ -48,36 +49,27 @@ def canvas_read_args(
     Temperature (1.0) and seed stay at diffusion's defaults. Built in (vLLM 0.32): ``max_tokens`` is
     the canvas width, as upstream's own read-only requests ask; ``diffusion_constrained`` stays off
     (it would renormalize over ``token_ids``). Else patches/00572's ``canvas_read``, max_tokens=1."""
-    if built_in:
-        extra: dict[str, Any] = {
+    read: dict[str, Any] = {"logprob_token_ids": token_ids, "detokenize": False}
+    if not built_in:
+        canvas = {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
+        return {**read, "max_tokens": 1, "extra_args": {"canvas_read": canvas}}
+    return {
+        **read,
+        "max_tokens": len(canvas_ids),
+        "extra_args": {
             "diffusion_seed_canvas": canvas_ids,
             "diffusion_canvas_length": len(canvas_ids),
             "diffusion_pinned": list(range(1, len(canvas_ids))),
             "diffusion_max_steps": max_steps,
             "diffusion_read_only": True,
-        }
-        max_tokens = len(canvas_ids)
-    else:
-        extra = {
-            "canvas_read": {"canvas": canvas_ids, "slots": [0], "max_steps": max_steps}
-        }
-        max_tokens = 1
-    return {
-        "max_tokens": max_tokens,
-        "logprob_token_ids": token_ids,
-        "detokenize": False,
-        "extra_args": extra,
+        },
     }
 
 
 def only(read: TokenRead, token_ids: Sequence[int]) -> TokenRead:
     """``read`` without the tokens nobody asked for (the engine adds the sampled one)."""
-    wanted = set(token_ids)
-    return TokenRead(
-        {t: v for t, v in read.logprobs.items() if t in wanted},
-        read.prompt_tokens,
-        read.cached_tokens,
-    )
+    keep = set(token_ids)
+    return replace(read, logprobs={t: v for t, v in read.logprobs.items() if t in keep})
 
 
 @contextmanager

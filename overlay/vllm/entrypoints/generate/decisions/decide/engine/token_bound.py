@@ -18,15 +18,13 @@ from typing import Any
 # recomputes it from unicodedata.
 COMPOSITION = 4
 
-UNICODE_NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
-
 
 def normalizer_shrink(normalizer: dict[str, Any] | None) -> int | None:
     """By how much at most ``normalizer`` shortens text (1: never; None: not known to be bounded)."""
     if normalizer is None:
         return 1
     kind = normalizer.get("type")
-    if kind in UNICODE_NORMALIZERS:
+    if kind in ("NFC", "NFD", "NFKC", "NFKD"):
         return COMPOSITION
     if kind in ("Lowercase", "Prepend"):
         return 1
@@ -34,12 +32,8 @@ def normalizer_shrink(normalizer: dict[str, Any] | None) -> int | None:
         pattern = normalizer.get("pattern") or {}
         text = pattern.get("String") if isinstance(pattern, dict) else None
         content = normalizer.get("content")
-        if (
-            isinstance(text, str)
-            and isinstance(content, str)
-            and 0 < len(text) <= len(content)
-        ):
-            return 1
+        if isinstance(text, str) and isinstance(content, str):
+            return 1 if 0 < len(text) <= len(content) else None
         return None
     if kind == "Sequence":
         shrink = 1

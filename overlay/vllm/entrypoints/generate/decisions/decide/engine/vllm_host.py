@@ -29,6 +29,7 @@ from vllm.entrypoints.generate.decisions.decide.errors import (
 )
 from vllm.entrypoints.generate.decisions.decide.host import (
     BackendHost,
+    EncodedSpans,
     Generation,
     TokenRead,
 )
@@ -83,7 +84,8 @@ class VllmHost(BackendHost):
         self.logprobs_mode = str(model_config.logprobs_mode)
         self.trust_remote_code = bool(model_config.trust_remote_code)
         self.vocab_size = int(model_config.get_vocab_size())
-        parallel = engine_client.vllm_config.parallel_config
+        vllm_config = engine_client.vllm_config
+        parallel = vllm_config.parallel_config
         self.replicas = (
             1 if parallel.local_engines_only else parallel.data_parallel_size
         )
@@ -94,10 +96,8 @@ class VllmHost(BackendHost):
         )
         self._model_config = model_config
         self.logit_dtype = str(model_config.head_dtype).removeprefix("torch.")
-        self.fp32_reads_missing = fp32_reads_missing(engine_client.vllm_config)
-        self.priority_scheduling = (
-            engine_client.vllm_config.scheduler_config.policy == "priority"
-        )
+        self.fp32_reads_missing = fp32_reads_missing(vllm_config)
+        self.priority_scheduling = vllm_config.scheduler_config.policy == "priority"
         from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
         self.max_logprob_token_ids = MAX_LOGPROB_TOKEN_IDS
@@ -137,8 +137,7 @@ class VllmHost(BackendHost):
         return self.encode(prompt["prompt"])
 
     async def render_chat_text(self, messages: list[dict[str, str]]) -> str | None:
-        prompt = await self._render(messages, tokenize=False)
-        return prompt.get("prompt")
+        return (await self._render(messages, tokenize=False)).get("prompt")
 
     async def _render(
         self, messages: list[dict[str, str]], tokenize: bool
@@ -171,9 +170,7 @@ class VllmHost(BackendHost):
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_with_offsets(
-        self, text: str
-    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+    def encode_with_offsets(self, text: str) -> EncodedSpans | None:
         try:
             encoded = self.tokenizer(
                 text, add_special_tokens=False, return_offsets_mapping=True
@@ -192,9 +189,7 @@ class VllmHost(BackendHost):
             self._tokenizing, self.encode, text
         )
 
-    async def encode_with_offsets_async(
-        self, text: str
-    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+    async def encode_with_offsets_async(self, text: str) -> EncodedSpans | None:
         return await asyncio.get_running_loop().run_in_executor(
             self._tokenizing, self.encode_with_offsets, text
         )
@@ -249,16 +244,12 @@ class VllmHost(BackendHost):
         would switch off prefix-cache reads. A read keeps no text, so nothing is detokenized."""
         from vllm.sampling_params import SamplingParams
 
-        fp32_args = (
-            {"fp32_logprobs": True}
-            if fp32 and self.fp32_reads_missing is None
-            else None
-        )
+        exact = fp32 and self.fp32_reads_missing is None
         return SamplingParams(
             max_tokens=1,
             temperature=0.0,
             detokenize=False,
-            extra_args=fp32_args,
+            extra_args={"fp32_logprobs": True} if exact else None,
             **logprobs,
         )
 
@@ -342,14 +333,10 @@ class VllmHost(BackendHost):
         read = as_context(context)
         if read.adapter is None and self.adapter is not None:
             read = replace(read, adapter=self.adapter)
+        submit: Any = self.engine_client.generate
+        route = {"data_parallel_rank": replica_for(self.replicas, read.state_sha256)}
         if kind == "pool":  # a pooling request takes no data-parallel rank
-            submit: Any = self.engine_client.encode
-            route: dict[str, Any] = {}
-        else:
-            submit = self.engine_client.generate
-            route = {
-                "data_parallel_rank": replica_for(self.replicas, read.state_sha256)
-            }
+            submit, route = self.engine_client.encode, {}
         final = None
         with engine_admission(), engine_read(kind):
             if self.request_logger is not None:

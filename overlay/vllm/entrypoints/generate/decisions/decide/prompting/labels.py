@@ -35,7 +35,6 @@ class LabelCatalog:
         return len(self.markers) + len(self.pairs)
 
     def labels(self, count: int) -> list[str]:
-        """Labels for ``count`` options: the markers first, then pairs."""
         return list((self.markers + self.pairs)[:count])
 
     @staticmethod

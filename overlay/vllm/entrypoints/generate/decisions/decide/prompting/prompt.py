@@ -127,7 +127,6 @@ def messages(
     words: bool = False,
     examples: Sequence[Shown] = (),
 ) -> list[dict[str, str]]:
-    """Chat messages for one question."""
     return chat(
         state,
         question_text(question, labels, words),

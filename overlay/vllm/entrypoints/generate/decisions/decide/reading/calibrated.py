@@ -194,10 +194,8 @@ class QuestionMap(MapFigures):
 
     def log_probabilities(self, scores: Sequence[float]) -> list[float]:
         """One read's log-probabilities; ``-inf`` enters at SCORE_FLOOR, as in the fit."""
-        row = floored_scores([scores], len(self.bias))[0]
-        return log_softmax_rows(
-            self.scale * row[None, :] + np.asarray(self.bias)[None, :]
-        )[0].tolist()
+        matrix = floored_scores([scores], len(self.bias))
+        return log_softmax_rows(self.scale * matrix + np.asarray(self.bias))[0].tolist()
 
     def probabilities(self, scores: Sequence[float]) -> list[float]:
         return np.exp(self.log_probabilities(scores)).tolist()
@@ -238,8 +236,7 @@ class QuestionExamples(MapFigures):
 
     @cached_property
     def map(self) -> QuestionMap:
-        figures = self.model_dump(include=set(MapFigures.model_fields))
-        return QuestionMap(**figures, scale=self.scale, bias=self.bias)
+        return QuestionMap(**self.model_dump(include=set(QuestionMap.model_fields)))
 
     def audit(self, keys: Sequence[str]) -> ExamplesAudit:
         audit = self.map.audit(keys).model_dump()
@@ -335,9 +332,8 @@ class Calibrated:
         """The question's own rule (read with ``examples``'s where it was), else its type's."""
         if examples is not None and examples.abstention is not None:
             return examples.abstention
-        own = (
-            self.question_abstention.get(question_key(question))
-            if self.question_abstention
-            else None
-        )
-        return own if own is not None else self.abstention.get(question.qtype.name)
+        if self.question_abstention:
+            own = self.question_abstention.get(question_key(question))
+            if own is not None:
+                return own
+        return self.abstention.get(question.qtype.name)

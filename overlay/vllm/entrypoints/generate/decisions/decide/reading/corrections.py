@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from vllm.entrypoints.generate.decisions.decide.backends.base import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
     QuestionExamples,
     QuestionMap,
@@ -22,6 +25,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
 )
 from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import Correction
+from vllm.entrypoints.generate.decisions.decide.reading.read import ReadPlan, plan_read
 from vllm.entrypoints.generate.decisions.decide.settings import (
     AUTO,
     PREFIX,
@@ -54,6 +58,19 @@ class Resolved:
     question_map: QuestionMap | None = None
     # Kept in-context examples (then ``question_map`` is the map fitted with them).
     examples: QuestionExamples | None = None
+
+    def plan(
+        self,
+        backend: DecisionBackend,
+        question: CompiledQuestion,
+        context: ReadContext[Any],
+        debias: Debias,
+    ) -> ReadPlan:
+        """The read this resolution asks for, its kept examples shown ahead of the input."""
+        if self.examples is not None:
+            context = context.with_examples(self.examples.context())
+        how = (self.correction, self.layout, self.temperature, self.question_map)
+        return plan_read(backend, question, context, debias, *how)
 
 
 class Corrections:

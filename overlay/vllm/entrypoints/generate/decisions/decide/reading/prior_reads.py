@@ -57,13 +57,12 @@ async def prior_read(
     )
 
     async def neutral() -> list[float]:
-        reads = [
+        readings = await gather_or_cancel(
             backend_read(
                 backend, question, context.with_state(text, f"{context.request_id}-{i}")
             )
             for i, text in enumerate(NEUTRAL_INPUTS)
-        ]
-        readings = await gather_or_cancel(reads)
+        )
         return mean_log_probabilities(
             [checked_scores(r, len(question.options), backend.name) for r in readings]
         )

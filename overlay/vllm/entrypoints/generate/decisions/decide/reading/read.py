@@ -68,7 +68,6 @@ class ReadPlan:
         )
 
     def prior_reads(self) -> list[Awaitable[PriorRead]]:
-        """One content-free read per order."""
         return [
             prior_read(
                 self.backend,

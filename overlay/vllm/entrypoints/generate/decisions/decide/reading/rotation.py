@@ -86,11 +86,6 @@ def combined(
         )
         for i, (order, top) in enumerate(zip(plan, tops, strict=True))
     ]
-    audit = DebiasAudit(
-        debias=str(debias),
-        rotations=rotations,
-        rotation_agreement=sum(top == winner for top in tops) / len(tops),
-    )
     reading = Reading(
         scores=scores,
         forward_passes=sum(r.forward_passes for r in readings),
@@ -101,4 +96,8 @@ def combined(
         meta=first.meta,
         audit=first.audit,
     )
-    return reading, audit
+    return reading, DebiasAudit(
+        debias=str(debias),
+        rotations=rotations,
+        rotation_agreement=sum(top == winner for top in tops) / len(tops),
+    )

@@ -105,7 +105,6 @@ class Readiness:
         return self.ready or self.failure is not None
 
     async def settled(self) -> None:
-        """Wait until startup has finished, ready or failed."""
         if not self.finished:
             await self._settled.wait()
 
@@ -129,11 +128,8 @@ class Readiness:
         return f"{STARTING}: {self.step}{doing}; retry shortly"
 
     def retry_after(self) -> int:
-        left = (
-            self.progress.seconds_left(self.clock())
-            if self.progress and not self.waiting_for_other
-            else None
-        )
+        progress = None if self.waiting_for_other else self.progress
+        left = progress.seconds_left(self.clock()) if progress else None
         if left is None:
             return RETRY_AFTER_S
         return min(max(math.ceil(left), RETRY_AFTER_S), RETRY_AFTER_MAX_S)

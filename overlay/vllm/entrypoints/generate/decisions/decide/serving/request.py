@@ -11,10 +11,7 @@ from vllm.entrypoints.generate.decisions.decide.read_context import sha256_of
 
 if TYPE_CHECKING:
     from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-    from vllm.entrypoints.generate.decisions.decide.settings import (
-        Debias,
-        PriorSetting,
-    )
+    from vllm.entrypoints.generate.decisions.decide.settings import Debias, PriorSetting
 
 Detail = Literal["none", "basic", "full"]
 

@@ -41,7 +41,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Corrections,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
+from vllm.entrypoints.generate.decisions.decide.reading.read import read
 from vllm.entrypoints.generate.decisions.decide.reports import (
     AuditRecord,
     BackendReport,
@@ -353,18 +353,7 @@ class DecisionService:
                 maps=calibrated.maps,
                 examples=calibrated.examples,
             )
-            if how.examples is not None:
-                context = context.with_examples(how.examples.context())
-            plan = plan_read(
-                backend,
-                question,
-                context,
-                asked.debias,
-                how.correction,
-                how.layout,
-                how.temperature,
-                how.question_map,
-            )
+            plan = how.plan(backend, question, context, asked.debias)
             done = await read(plan)
         except EngineBusyError:
             raise
@@ -375,19 +364,15 @@ class DecisionService:
         except Exception:  # a fault in one question must not sink the others; its text stays in the log
             logger.exception("decision read failed for %s", context.request_id)
             return Failure(question, internal_error(context.request_id))
-        options = question.options
-        keys = [o.key for o in options]
+        keys = [o.key for o in question.options]
         applied, reading, scores = plan.temperature, done.reading, done.scores
         probabilities = softmax(scores, applied.value)
         made = confidence(probabilities)
-        fields = question.qtype.answer(probabilities, options)
+        fields = question.qtype.answer(probabilities, question.options)
         # The one check that every number an answer sends is real (softmax can't make one that isn't; a
         # question type's own fields might): a question that fails it is refused, never sent as null.
-        if (
-            where := non_finite(
-                {"probabilities": probabilities, "confidence": made, **fields}
-            )
-        ) is not None:
+        sent = {"probabilities": probabilities, "confidence": made, **fields}
+        if (where := non_finite(sent)) is not None:
             logger.error(
                 "decision %s: %s of a %s answer is not a finite number (scores %s, T=%r)",
                 context.request_id,
@@ -423,11 +408,6 @@ class DecisionService:
             ),
             examples=how.examples.audit(keys) if how.examples is not None else None,
         )
-        facts = BackendReport(
-            name=backend.name,
-            option_logits=dict(zip(keys, done.raw, strict=True)),
-            facts=facts_json(reading.meta),
-        )
         # The threshold is fitted on calibrated answers, so it applies only to a calibrated T.
         abstention = calibrated.abstention_for(question, how.examples)
         return Answer(
@@ -435,7 +415,11 @@ class DecisionService:
             probabilities=probabilities,
             confidence=made,
             fields=fields,
-            backend=facts,
+            backend=BackendReport(
+                name=backend.name,
+                option_logits=dict(zip(keys, done.raw, strict=True)),
+                facts=facts_json(reading.meta),
+            ),
             audit=audit,
             input_tokens=reading.input_tokens,
             cached_tokens=reading.cached_input_tokens,

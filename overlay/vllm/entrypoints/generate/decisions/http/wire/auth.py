@@ -25,8 +25,7 @@ def key_required(args: Namespace | None) -> bool:
     """Whether the server has an API key, by vLLM's rule (``--api-key``, else ``VLLM_API_KEY``)."""
     import vllm.envs as envs
 
-    keys = getattr(args, "api_key", None) or [envs.VLLM_API_KEY]
-    return any(keys)
+    return any(getattr(args, "api_key", None) or [envs.VLLM_API_KEY])
 
 
 def answered_by_decision_route(scope: Scope) -> bool:

@@ -264,8 +264,7 @@ def _refuse_lone_surrogates(value: Any) -> None:
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            stack.extend([*item, *item.values()])
         elif isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, str):

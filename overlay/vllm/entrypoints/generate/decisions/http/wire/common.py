@@ -194,8 +194,7 @@ def answer_of(
     qtype = answer.question.qtype
     shape = shapes.get(qtype.name) if built_in_question_type(qtype) else None
     result = (shape or plugin)(*leading, answer)
-    extra = answer_extra(answer, detail)
-    if extra is not None:
+    if (extra := answer_extra(answer, detail)) is not None:
         result.extra = extra
     return result
 
@@ -219,8 +218,7 @@ def plugin_fields(answer: Answer) -> dict[str, Any]:
 
 
 def decision_service(raw_request: Request) -> Decides:
-    service = getattr(raw_request.app.state, "decision_service", None)
-    if service is None:
+    if (service := getattr(raw_request.app.state, "decision_service", None)) is None:
         raise NotReadyError()
     return service
 

@@ -39,7 +39,10 @@ from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
     RENDER_VERSION,
     messages,
 )
-from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
+from vllm.entrypoints.generate.decisions.decide.questions import (
+    CompiledQuestion,
+    top_index,
+)
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
@@ -156,10 +159,9 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
         noise = noise_tokens(seed, options.samples, self.host.vocab_size)
 
         def canvas_read(index: int) -> Any:
-            canvas = [noise[index], turn_close]
             return self.host.read_canvas(
                 slot.prompt_ids,
-                canvas,
+                [noise[index], turn_close],
                 slot.label_ids,
                 options.max_steps,
                 context.part(f"c{index}"),
@@ -196,8 +198,7 @@ class CanvasBackend(DecisionBackend[CanvasOptions]):
 
 
 def label_scores(read: TokenRead, label_ids: list[int]) -> list[float]:
-    missing = [t for t in label_ids if t not in read.logprobs]
-    if missing:
+    if missing := [t for t in label_ids if t not in read.logprobs]:
         raise DecisionError(
             f"the canvas read lacked {len(missing)} of {len(label_ids)} label log-probabilities",
             HTTPStatus.INTERNAL_SERVER_ERROR,
@@ -236,8 +237,7 @@ class Average:
     probabilities: list[float]
     # The standard error of each option's mean probability (0 for one sample).
     stderr: list[float]
-    # The share of samples whose top option is the average's top option.
-    agreement: float
+    agreement: float  # as SampleFacts.agreement
 
 
 def average(distributions: Sequence[Sequence[float]]) -> Average:
@@ -247,9 +247,5 @@ def average(distributions: Sequence[Sequence[float]]) -> Average:
         math.sqrt(sum((p - mean) ** 2 for p in column) / (n - 1) / n) if n > 1 else 0.0
         for column, mean in zip(columns, means, strict=True)
     ]
-    top = _top(means)
-    return Average(means, stderr, sum(_top(d) == top for d in distributions) / n)
-
-
-def _top(probabilities: Sequence[float]) -> int:
-    return max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
+    top = top_index(means)
+    return Average(means, stderr, sum(top_index(d) == top for d in distributions) / n)

@@ -67,12 +67,8 @@ def read_laya_config(host: BackendHost) -> LayaConfig:
         raise BackendUnavailable(
             validation_message(exc, "config.json laya_config")
         ) from None
-    missing = [
-        t
-        for t in LAYA_TYPES
-        if t not in config.question_types or t not in config.question_type_token_ids
-    ]
-    if missing:
+    known = config.question_types.keys() & config.question_type_token_ids.keys()
+    if missing := [t for t in LAYA_TYPES if t not in known]:
         raise BackendUnavailable(
             f"laya_config names no question type row or token for {', '.join(missing)}"
         )

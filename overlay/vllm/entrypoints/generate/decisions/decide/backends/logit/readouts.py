@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.entrypoints.generate.decisions.decide.backends.base import Reading
@@ -48,10 +48,7 @@ from vllm.entrypoints.generate.decisions.decide.prompting.prompt import (
     question_text,
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.read_context import (
-    Example,
-    ReadContext,
-)
+from vllm.entrypoints.generate.decisions.decide.read_context import Example, ReadContext
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
 
@@ -183,10 +180,8 @@ class ReadoutRunner:
             )
         args = (self.host, slot.prompt_ids, labels, slot.label_ids, context)
         if mode == "exact":
-            read = await read_exact(*args, fallback, fp32)
-        else:
-            read = await read_top_k(*args, fp32)
-        return read, chosen.layout
+            return await read_exact(*args, fallback, fp32), chosen.layout
+        return await read_top_k(*args, fp32), chosen.layout
 
     async def run(
         self, plan: Plan, question: CompiledQuestion, context: ReadContext[LogitOptions]
@@ -250,11 +245,7 @@ class ReadoutRunner:
         leaders = sorted(
             sorted(range(len(first)), key=lambda i: (-first[i], i))[:shortlist]
         )
-        finals = CompiledQuestion(
-            question.qtype,
-            question.instructions,
-            tuple(question.options[i] for i in leaders),
-        )
+        finals = replace(question, options=tuple(question.options[i] for i in leaders))
         final, layout = await self.labelled_read(
             finals, mode, context.part("s2"), fp32=fp32
         )

@@ -55,14 +55,9 @@ def scores_from(
     read: TokenRead, labels: Sequence[str], ids: Sequence[int], floor: float
 ) -> tuple[list[float], list[str]]:
     """Each label's log-probability, or ``floor`` (and its name in the floored list) where unread."""
-    scores, floored = [], []
-    for label, token in zip(labels, ids, strict=True):
-        if token in read.logprobs:
-            scores.append(read.logprobs[token])
-        else:
-            scores.append(floor)
-            floored.append(label)
-    return scores, floored
+    got = read.logprobs
+    floored = [label for label, t in zip(labels, ids, strict=True) if t not in got]
+    return [got.get(t, floor) for t in ids], floored
 
 
 def mass(read: TokenRead, ids: Sequence[int]) -> float:
@@ -98,13 +93,8 @@ async def read_exact(
     """An exact read; one the engine returns incomplete (as under speculative decoding) is filled in
     from a top-k read, or fails if ``fallback`` is off."""
     read = await host.read_token_logprobs(prompt_ids, list(ids), context, fp32)
-    missing = [
-        label
-        for label, token in zip(labels, ids, strict=True)
-        if token not in read.logprobs
-    ]
+    scores, missing = scores_from(read, labels, ids, -math.inf)
     if not missing:
-        scores, _ = scores_from(read, labels, ids, -math.inf)
         return LabelRead(
             scores, mass(read, ids), 1, read.prompt_tokens, read.cached_tokens
         )

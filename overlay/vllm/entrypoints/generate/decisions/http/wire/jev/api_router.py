@@ -8,12 +8,15 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from vllm.entrypoints.generate.decisions.decide import paths
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.http.wire.decision_route import decision_route
+from vllm.entrypoints.generate.decisions.http.wire.decision_route import (
+    decision_route,
+    respond,
+)
 from vllm.entrypoints.generate.decisions.http.wire.handling import Reply, Wire
 from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import (
     JevError,
@@ -78,8 +81,5 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     responses=ERRORS,
     operation_id="create_systemone_decisions_alpha",
 )
-async def create_systemone_decisions(request: SystemOneRequest) -> Response:
-    # only /openapi.json reads this signature
-    raise NotImplementedError(
-        "answered by the decision route class (decision_route.py)"
-    )
+async def create_systemone_decisions(raw_request: Request) -> Response:
+    return await respond(JEV, raw_request)

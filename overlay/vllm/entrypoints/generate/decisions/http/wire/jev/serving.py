@@ -4,7 +4,7 @@ service, and its decision shaped as a :class:`SystemOneResponse`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,7 +29,6 @@ from vllm.entrypoints.generate.decisions.decide.serving.service import (
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.validation import (
     detail_message,
-    error_msg,
     is_field_name,
     loc_part,
 )
@@ -42,6 +41,7 @@ from vllm.entrypoints.generate.decisions.http.wire.common import (
     response_id,
     serving,
 )
+from vllm.entrypoints.generate.decisions.http.wire.handling import body_errors
 from vllm.entrypoints.generate.decisions.http.wire.jev.protocol import (
     ChoiceAnswer,
     NoulAnswer,
@@ -70,19 +70,13 @@ class JevValidationError(DecisionError):
 
     @classmethod
     def from_errors(
-        cls, errors: Sequence[Mapping[str, Any]], loc: tuple[Any, ...] = ()
+        cls, errors: list[dict[str, Any]], loc: tuple[Any, ...] = ()
     ) -> JevValidationError:
-        """Pydantic's (or FastAPI's, whose locations start with "body") errors as Jev's entries."""
+        """FastAPI-style body errors (handling.body_errors) as Jev's entries, placed under ``loc``."""
         detail: list[dict[str, Any]] = []
         for e in errors:
-            path = list(e.get("loc", ()))
-            path = path[1:] if path[:1] == ["body"] else path
-            entry = {
-                "loc": ["body", *loc, *(p for p in path if is_field_name(p))],
-                "msg": error_msg(e),
-                "type": str(e.get("type", "value_error")),
-            }
-            if entry not in detail:
+            path = [p for p in e["loc"][1:] if is_field_name(p)]
+            if (entry := {**e, "loc": ["body", *loc, *path]}) not in detail:
                 detail.append(entry)
         return cls(detail)
 
@@ -128,7 +122,7 @@ def compile_question(
         validated = qtype.model.model_validate(raw)
     except ValidationError as exc:
         raise JevValidationError.from_errors(
-            exc.errors(include_url=False), ("questions", question_id)
+            body_errors(exc), ("questions", question_id)
         ) from None
     return qtype.compile(validated, budget)
 

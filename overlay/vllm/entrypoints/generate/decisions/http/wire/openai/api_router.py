@@ -6,13 +6,16 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from vllm.entrypoints.generate.decisions.decide import paths
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.validation import errors_message
-from vllm.entrypoints.generate.decisions.http.wire.decision_route import decision_route
+from vllm.entrypoints.generate.decisions.http.wire.decision_route import (
+    decision_route,
+    respond,
+)
 from vllm.entrypoints.generate.decisions.http.wire.handling import Reply, Wire
 from vllm.entrypoints.generate.decisions.http.wire.openai.protocol import (
     DecisionsRequest,
@@ -53,8 +56,5 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.post(paths.DECISIONS, response_model=DecisionsResponse, responses=ERRORS)
-async def create_decisions(request: DecisionsRequest) -> Response:
-    # only /openapi.json reads this signature
-    raise NotImplementedError(
-        "answered by the decision route class (decision_route.py)"
-    )
+async def create_decisions(raw_request: Request) -> Response:
+    return await respond(OPENAI, raw_request)

@@ -112,15 +112,11 @@ class ToolOutput(Strict):
 
 def item_kind(item: Any) -> str | None:
     """The tag that picks an input item's model: its role for messages, else its type."""
-    if not isinstance(item, dict):
-        return None
-    kind, role = item.get("type", "message"), item.get("role")
+    kind = item.get("type", "message") if isinstance(item, dict) else None
     # a JSON object or list can't name a kind (nor be a dict key)
     if not isinstance(kind, str):
         return None
-    if kind == "message":
-        if not isinstance(role, str):
-            return None
+    if kind == "message" and isinstance(role := item.get("role"), str):
         return {
             "user": "user",
             "assistant": "assistant",

@@ -207,18 +207,17 @@ def response(
         for name, result in zip(names, decision.results, strict=True)
     ]
     id_, created = response_id("decisions", request_id)
-    input_tokens = decision.input_tokens
     return DecisionsResponse(
         model=decision.served_model,
         answers=answers,
         usage=Usage(
-            input_tokens=input_tokens,
+            input_tokens=decision.input_tokens,
             input_tokens_details=InputTokensDetails(
                 cached_tokens=decision.cached_tokens, cache_write_tokens=0
             ),
             output_tokens=0,
             output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
-            total_tokens=input_tokens,
+            total_tokens=decision.input_tokens,
         ),
         extra=ResponseExtra(id=id_, created=created),
     )
