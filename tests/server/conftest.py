@@ -25,6 +25,12 @@ START_TIMEOUT_S = 900
 # prompts, and keep a short one.
 CONTEXT = {"smollm2-135m-instruct": 8192}
 SHORT_CONTEXT = 2048
+# Each server's KV cache, sized to its context: SmolLM2 holds 46 KB a token in float32, so 512 MiB is
+# about 11,600 tokens; the other test models need far less for theirs. vLLM's CPU setting
+# (VLLM_CPU_KVCACHE_SPACE) counts whole GiB: 1 GiB per server, resident from startup, ran a 23 GiB
+# machine out of memory where the suite holds about seven servers at once.
+KV_CACHE_BYTES = {"smollm2-135m-instruct": 512 << 20}
+SHORT_KV_CACHE_BYTES = 256 << 20
 # float32 unless a test needs the bf16 path: on a CPU without AVX-512 BF16 (CI's AMD EPYC with AVX2 only)
 # vLLM's bf16 matmuls are emulated, about five times slower than float32 for SmolLM2. The bf16 read path
 # is tested where it is the point: tests/engine/test_exact_logprobs.py (SmolLM2) and
@@ -83,17 +89,20 @@ class VllmServer:
             "--max-model-len",
             str(CONTEXT.get(model.name, SHORT_CONTEXT)),
             "--enable-prefix-caching",
+            "--kv-cache-memory-bytes",
+            str(KV_CACHE_BYTES.get(model.name, SHORT_KV_CACHE_BYTES)),
             *args,
         ]
         full_env = {
             **{
                 k: v
                 for k, v in os.environ.items()
+                # VLLM_CPU_KVCACHE_SPACE (tools/test.sh sets it) would override the size above
                 if not k.startswith(("VLLM_TYPED", "VLLM_ENABLE_TYPED"))
+                and k != "VLLM_CPU_KVCACHE_SPACE"
             },
             "HF_HUB_OFFLINE": "1",
             "TORCH_COMPILE_DISABLE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             # Startup calibration is tested on its own (test_calibration.py); elsewhere it only costs time.
             "VLLM_TYPED_DECISIONS_CALIBRATION": "off",
