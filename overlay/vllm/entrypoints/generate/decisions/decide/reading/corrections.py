@@ -69,8 +69,16 @@ class Resolved:
         """The read this resolution asks for, its kept examples shown ahead of the input."""
         if self.examples is not None:
             context = context.with_examples(self.examples.context())
-        how = (self.correction, self.layout, self.temperature, self.question_map)
-        return plan_read(backend, question, context, debias, *how)
+        return plan_read(
+            backend,
+            question,
+            context,
+            debias,
+            self.correction,
+            self.layout,
+            self.temperature,
+            self.question_map,
+        )
 
 
 class Corrections:
