@@ -113,12 +113,17 @@ def test_the_sample_decision_sends_the_key(keyed_server):
 def test_systemone_is_ours_with_the_same_probabilities_as_decisions(keyed_server):
     """One operation per decision path on /openapi.json, ours (not vLLM 0.32's
     ``create_structured_decision``), and one question read alike on both wires."""
-    paths = httpx.get(f"{keyed_server.url}/openapi.json", timeout=30).json()["paths"]
+    spec = httpx.get(f"{keyed_server.url}/openapi.json", timeout=30).json()
+    paths, schemas = spec["paths"], spec["components"]["schemas"]
     for path in BODIES:
         assert (
             list(paths[path]) == ["post"]
             and "structured_decision" not in paths[path]["post"]["operationId"]
         )
+        # the body is documented from the wire's request model, though the route reads it itself
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]
+        documented = schemas[body["schema"]["$ref"].rsplit("/", 1)[1]]["properties"]
+        assert set(BODIES[path]) <= set(documented)
     keyed = {"Authorization": f"Bearer {KEY}"}
     question = "Does the customer ask for a refund?"
     state = "I was charged twice for my order and want my money back."
