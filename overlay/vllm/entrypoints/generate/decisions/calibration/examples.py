@@ -63,5 +63,5 @@ def measure_examples(
             if precision is not None
             else None
         ),
-        **compared(with_examples, base, correct, groups),
+        **compared(with_examples, base, correct, groups).model_dump(),
     )

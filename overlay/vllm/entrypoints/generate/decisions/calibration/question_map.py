@@ -5,7 +5,6 @@ its type's map and plain in twenty labels. Pulled toward the type's map, kept by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +23,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
     floored_scores,
     log_softmax_rows,
 )
+from vllm.entrypoints.generate.decisions.decide.reports import MapFigures
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -125,26 +125,25 @@ def measure_question_map(
     """The question's map fitted on every label, with its held-out figures and the type's map's."""
     own, typed = held_out(scores, correct, groups, scale, bias, folds)
     final_scale, final_bias = fit_map(scores, correct, scale, bias)
-    return QuestionMap(
-        scale=final_scale, bias=final_bias, **compared(own, typed, correct, groups)
-    )
+    figures = compared(own, typed, correct, groups)
+    return QuestionMap(**figures.model_dump(), scale=final_scale, bias=final_bias)
 
 
 def compared(
     own: FloatArray, baseline: FloatArray, correct: Sequence[int], groups: Sequence[str]
-) -> dict[str, Any]:
-    """MapFigures' held-out fields for ``own``'s log-probabilities against ``baseline``'s."""
+) -> MapFigures:
+    """The held-out figures of ``own``'s log-probabilities against ``baseline``'s."""
     answer = np.asarray(correct, dtype=np.int64)
     rows = np.arange(answer.size)
     own_loss, base_loss = -own[rows, answer], -baseline[rows, answer]
-    return {
-        "labels": int(answer.size),
-        "log_loss": float(own_loss.mean()),
-        "accuracy": float((own.argmax(axis=1) == answer).mean()),
-        "type_log_loss": float(base_loss.mean()),
-        "type_accuracy": float((baseline.argmax(axis=1) == answer).mean()),
-        "gain": gain_interval((base_loss - own_loss).tolist(), list(groups)),
-    }
+    return MapFigures(
+        labels=int(answer.size),
+        log_loss=float(own_loss.mean()),
+        accuracy=float((own.argmax(axis=1) == answer).mean()),
+        type_log_loss=float(base_loss.mean()),
+        type_accuracy=float((baseline.argmax(axis=1) == answer).mean()),
+        gain=gain_interval((base_loss - own_loss).tolist(), list(groups)),
+    )
 
 
 def held_out(
