@@ -25,6 +25,7 @@ from .conftest import TINY_QWEN_KEY
 from .test_bulk import (
     ENV,
     FAILED_LINES_EXIT,
+    MAX_BODY_BYTES,
     MODEL,
     batch_file,
     by_line,
@@ -98,6 +99,8 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_TYPED")},
         **ENV,
+        # small, so the line over it is small too: the driver refuses it unread
+        "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
     }
     command = [
         sys.executable,
@@ -164,6 +167,9 @@ def test_a_run_batch_file_answered_on_ray_with_an_actor_killed(
     assert by_custom_id["tiny-t-jev"]["response"]["status_code"] == 422
     assert "4300 digits" in answered[total - 3]["error"]["message"]
     assert "not valid UTF-8" in answered[total - 2]["error"]["message"]
+    over = answered[total]["error"]["message"]
+    assert f"over the limit of {MAX_BODY_BYTES}" in over
+    assert "VLLM_TYPED_DECISIONS_MAX_BODY_BYTES" in over
     assert "lines in the output failed" in log.read_text(errors="replace")
     for i in range(12, 32):  # the server's answers, both wires
         path, body = (

@@ -104,6 +104,8 @@ class Attack:
 def attacks() -> list[Attack]:
     plain = padded_jev(LIMIT - 1024)
     packed = gzip.compress(plain, 9)
+    # arrays are parsed in C without a hook, and are containers the garbage collector follows
+    arrays = plain.replace(b"{}", b"[]")
     json_type = {"Content-Type": "application/json"}
     small = json.dumps({"state": "x", "questions": {"q": {"type": "no-such-type"}}})
     return [
@@ -120,6 +122,12 @@ def attacks() -> list[Attack]:
             len(plain),
         ),
         Attack("plain bodies just under the limit", plain, json_type, len(plain)),
+        Attack(
+            "plain bodies just under the limit, empty arrays",
+            arrays,
+            json_type,
+            len(arrays),
+        ),
         Attack(
             "plain bodies just under the limit, the client hangs up",
             plain,

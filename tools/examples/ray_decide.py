@@ -37,15 +37,18 @@ from typing import Any
 import ray
 
 from vllm.entrypoints.generate.decisions.bulk.batch_file import (
+    TooLong,
     Writer,
     failed,
     invalid_line,
     lines,
     resume,
+    too_long,
     unreadable,
 )
 from vllm.entrypoints.generate.decisions.bulk.ray_data import decisions_stage
 from vllm.entrypoints.generate.decisions.bulk.run_batch import FAILED_LINES_EXIT
+from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.http.wire.handling import new_request_id
 
 # What the actors' engines and decision services read from the driver's environment; never a secret.
@@ -125,11 +128,19 @@ def main() -> None:
 
     done = resume(options.output_file)
     pending, unread = [], []
-    for number, text in lines(options.input_file):
+    # A line over the body limit is answered here without being read whole, as run-batch does.
+    limit = Settings.from_env().max_body_bytes
+    for number, text in lines(options.input_file, limit):
         if number in done:
             continue
+        if isinstance(text, TooLong):
+            unread.append(
+                invalid_line(
+                    number, new_request_id(), too_long(number, text.size, limit)
+                )
+            )
         # A line that isn't UTF-8 is answered here: Ray's blocks hold only text that is.
-        if (problem := unreadable(number, text)) is not None:
+        elif (problem := unreadable(number, text)) is not None:
             unread.append(invalid_line(number, new_request_id(), problem))
         else:
             pending.append({"line": number, "text": text})
