@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import itertools
 import json
 import math
 import re
 import sys
 import threading
-import time
 import zlib
-from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -35,13 +31,6 @@ LARGE_BODY_BYTES = 64 * 1024
 LARGE_SHARE = 0.75
 # A compressed body is decoded this much of it at a time, so a bomb is caught within one piece's output.
 DECODE_PIECE_BYTES = 64 * 1024
-# Parsing lets go of the GIL every this many JSON objects (about a tenth of a millisecond): else the event
-# loop waits a whole switch interval (5 ms) behind a large body's parse each time it needs the GIL, and a
-# small request, which needs it dozens of times, waits that often.
-OBJECTS_PER_PAUSE = 1024
-# Freeing a parsed body pauses every this many objects (about 0.2 ms of freeing).
-FREED_PER_PAUSE = 8192
-_objects_parsed = itertools.count()
 
 
 class Decoder:
@@ -273,7 +262,6 @@ def _refuse_lone_surrogates(value: Any) -> None:
     """A surrogate escape without its pair decodes to text no tokenizer can encode: refuse it here."""
     stack = [value]
     while stack:
-        _pause_now_and_then()
         item = stack.pop()
         if isinstance(item, dict):
             stack.extend([*item, *item.values()])
@@ -289,59 +277,7 @@ def _refuse_lone_surrogates(value: Any) -> None:
                 ) from None
 
 
-T = TypeVar("T")
-
-
-def collector_paused(work: Callable[[], T]) -> T:
-    """``work`` (a large body parsed, validated and let go) with the cyclic garbage collector off: its
-    millions of new containers, none of them in a cycle, would set off full collections that hold the
-    GIL for seconds (2.2 s beside 4 MiB of empty arrays, measured)."""
-    if not gc.isenabled():
-        return work()
-    gc.disable()
-    try:
-        return work()
-    finally:
-        gc.enable()
-
-
-def let_go(parsed: Any) -> None:
-    """Free a parsed body a piece at a time, pausing between pieces: millions of objects freed at once
-    hold the GIL for tens of milliseconds (30 ms for 4 MiB of empty objects). Nothing is changed: each
-    piece's children are held on before the piece is dropped, so what the validated request still
-    holds stays whole. Pass the only reference (``let_go(held.pop())``)."""
-    batches = [[parsed]]
-    del parsed
-    while batches:
-        batch = batches[-1]
-        piece = batch[-FREED_PER_PAUSE:]
-        del batch[-FREED_PER_PAUSE:]
-        if not batch:
-            batches.pop()
-        children = list(
-            itertools.chain.from_iterable(
-                item.values() if isinstance(item, dict) else item
-                for item in piece
-                if isinstance(item, (dict, list))
-            )
-        )
-        if children:
-            batches.append(children)
-        del batch, piece, children
-        time.sleep(0)
-
-
-def _pause_now_and_then() -> None:
-    # off the event loop's (main) thread only: there a pause would wait on the parsing thread instead
-    if (
-        not next(_objects_parsed) % OBJECTS_PER_PAUSE
-        and threading.current_thread() is not threading.main_thread()
-    ):
-        time.sleep(0)  # another thread waiting for the GIL takes it now
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    _pause_now_and_then()
     result = dict(pairs)  # in C: a body of many small objects is parsed at C's pace
     if len(result) != len(pairs):
         seen: set[str] = set()
