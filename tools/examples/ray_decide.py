@@ -133,14 +133,13 @@ def main() -> None:
     for number, text in lines(options.input_file, limit):
         if number in done:
             continue
-        if isinstance(text, TooLong):
-            unread.append(
-                invalid_line(
-                    number, new_request_id(), too_long(number, text.size, limit)
-                )
-            )
-        # A line that isn't UTF-8 is answered here: Ray's blocks hold only text that is.
-        elif (problem := unreadable(number, text)) is not None:
+        # A line that isn't UTF-8 is answered here too: Ray's blocks hold only text that is.
+        problem = (
+            too_long(number, text.size, limit)
+            if isinstance(text, TooLong)
+            else unreadable(number, text)
+        )
+        if problem is not None:
             unread.append(invalid_line(number, new_request_id(), problem))
         else:
             pending.append({"line": number, "text": text})
