@@ -1,23 +1,13 @@
 from __future__ import annotations
 
-import gc
 import gzip
-import json
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
 import pytest
 from backports import zstd
 
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.http.wire import body
-from vllm.entrypoints.generate.decisions.http.wire.body import (
-    decode_body,
-    full_collections_put_off,
-    let_go,
-    parse_json,
-)
+from vllm.entrypoints.generate.decisions.http.wire.body import decode_body, parse_json
 
 BODY = b'{"state": "' + b"x" * 5000 + b'"}'
 
@@ -119,67 +109,3 @@ def test_strict_json_accepts_json():
         "s": "é ✨",
         "n": [1, 2500.0, None, True],
     }
-
-
-def test_a_large_parse_lets_other_threads_in(monkeypatch):
-    """Every OBJECTS_PER_PAUSE objects the parse sleeps(0): the GIL goes to a waiting thread (the event
-    loop) at once, not after a whole switch interval."""
-    pauses = []
-    monkeypatch.setattr(body.time, "sleep", pauses.append)
-    count = 10 * body.OBJECTS_PER_PAUSE
-    many = b"[" + b",".join([b"{}"] * count) + b"]"
-    assert parse_json(many) == [{}] * count
-    assert (
-        pauses == []
-    )  # not on the main thread, the event loop's: it would wait on the parse
-    with ThreadPoolExecutor(1) as parsing:
-        assert parsing.submit(parse_json, many).result() == [{}] * count
-    assert len(pauses) >= 9 and set(pauses) == {0}
-
-
-class Traced(dict):
-    """A JSON object that can be watched being freed."""
-
-
-def test_let_go_frees_in_pieces_and_keeps_what_the_request_holds(monkeypatch):
-    pauses = []
-    monkeypatch.setattr(body.time, "sleep", pauses.append)
-    parsed = json.loads(
-        json.dumps(
-            {
-                "kept": {"messages": [{"role": "user", "content": "hi"}]},
-                "padding": [[{}, {"a": [1]}]] * 10_000,
-            }
-        )
-    )
-    traced = Traced(deep=[1, 2])
-    parsed["padding"][-1][1]["a"].append(traced)
-    watch = weakref.ref(traced)
-    del traced
-    kept, inner = parsed["kept"], parsed["padding"][1234]
-    held = [parsed]
-    del parsed
-    let_go(held.pop())
-    assert watch() is None  # freed, deep as it was
-    # what something else holds (here the test, in the server the validated request) is untouched
-    assert kept == {"messages": [{"role": "user", "content": "hi"}]}
-    assert inner == [{}, {"a": [1]}]
-    # a pause after each piece of at most FREED_PER_PAUSE objects (50,000 here), not one per container
-    assert 50_000 // body.FREED_PER_PAUSE <= len(pauses) <= 20
-
-
-def test_full_collections_put_off_while_the_work_runs_and_as_they_were_after():
-    was = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        assert full_collections_put_off(gc.get_threshold) == (700, 10, body.NEVER)
-        assert gc.get_threshold() == (700, 10, 10)
-
-        def fails() -> None:
-            raise ValueError("bad body")
-
-        with pytest.raises(ValueError):
-            full_collections_put_off(fails)
-        assert gc.get_threshold() == (700, 10, 10)
-    finally:
-        gc.set_threshold(*was)

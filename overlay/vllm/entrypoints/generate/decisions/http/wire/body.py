@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import itertools
 import json
 import math
 import re
 import sys
 import threading
-import time
 import zlib
-from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -35,13 +31,6 @@ LARGE_BODY_BYTES = 64 * 1024
 LARGE_SHARE = 0.75
 # A compressed body is decoded this much of it at a time, so a bomb is caught within one piece's output.
 DECODE_PIECE_BYTES = 64 * 1024
-# The parsing thread lets go of the GIL every this many JSON objects parsed (about 0.1 ms), or freed
-# (0.2 ms): else the event loop waits a whole switch interval (5 ms) each time it needs the GIL, and a
-# small request needs it dozens of times.
-OBJECTS_PER_PAUSE = 1024
-FREED_PER_PAUSE = 8192
-NEVER = 1 << 30  # a collection threshold never reached
-_objects_parsed = itertools.count()
 
 
 class Decoder:
@@ -273,7 +262,6 @@ def _refuse_lone_surrogates(value: Any) -> None:
     """A surrogate escape without its pair decodes to text no tokenizer can encode: refuse it here."""
     stack = [value]
     while stack:
-        _pause_now_and_then()
         item = stack.pop()
         if isinstance(item, dict):
             stack.extend([*item, *item.values()])
@@ -289,58 +277,7 @@ def _refuse_lone_surrogates(value: Any) -> None:
                 ) from None
 
 
-T = TypeVar("T")
-
-
-def full_collections_put_off(work: Callable[[], T]) -> T:
-    """``work`` (a large body parsed, validated and let go) with Python's full garbage collections put
-    off: its millions of new containers, none in a cycle, set off full collections that held the GIL
-    for seconds (beside 4 MiB of empty arrays). Young collections go on, on every thread."""
-    young, middle, full = gc.get_threshold()
-    if full >= NEVER:  # already put off (one parsing thread: not expected)
-        return work()
-    gc.set_threshold(young, middle, NEVER)
-    try:
-        return work()
-    finally:
-        gc.set_threshold(young, middle, full)
-
-
-def let_go(parsed: Any) -> None:
-    """Free a parsed body FREED_PER_PAUSE objects at a time (millions freed at once hold the GIL for
-    tens of milliseconds), changing nothing: a piece's children are held before the piece is dropped,
-    so what the validated request keeps stays whole. Pass the only reference (``held.pop()``)."""
-    batches = [[parsed]]
-    del parsed
-    while batches:
-        piece = batches[-1][-FREED_PER_PAUSE:]
-        del batches[-1][-FREED_PER_PAUSE:]
-        if not batches[-1]:
-            batches.pop()
-        children = list(
-            itertools.chain.from_iterable(
-                item.values() if isinstance(item, dict) else item
-                for item in piece
-                if isinstance(item, (dict, list))
-            )
-        )
-        if children:
-            batches.append(children)
-        del piece, children
-        time.sleep(0)
-
-
-def _pause_now_and_then() -> None:
-    # off the event loop's (main) thread only: there a pause would wait on the parsing thread instead
-    if (
-        not next(_objects_parsed) % OBJECTS_PER_PAUSE
-        and threading.current_thread() is not threading.main_thread()
-    ):
-        time.sleep(0)  # another thread waiting for the GIL takes it now
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    _pause_now_and_then()
     result = dict(pairs)  # in C: a body of many small objects is parsed at C's pace
     if len(result) != len(pairs):
         seen: set[str] = set()
