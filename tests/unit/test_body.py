@@ -1,13 +1,23 @@
 from __future__ import annotations
 
+import gc
 import gzip
+import json
+import sys
+import weakref
 from http import HTTPStatus
 
 import pytest
 from backports import zstd
 
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
-from vllm.entrypoints.generate.decisions.http.wire.body import decode_body, parse_json
+from vllm.entrypoints.generate.decisions.http.wire import body
+from vllm.entrypoints.generate.decisions.http.wire.body import (
+    decode_body,
+    let_go,
+    parse_json,
+    yielding_to_the_loop,
+)
 
 BODY = b'{"state": "' + b"x" * 5000 + b'"}'
 
@@ -109,3 +119,55 @@ def test_strict_json_accepts_json():
         "s": "é ✨",
         "n": [1, 2500.0, None, True],
     }
+
+
+class Traced(dict):
+    """A JSON object that can be watched being freed."""
+
+
+def test_let_go_frees_everything_and_keeps_what_the_request_holds():
+    parsed = json.loads(
+        json.dumps(
+            {
+                "kept": {"messages": [{"role": "user", "content": "hi"}]},
+                "padding": [[{}, {"a": [1]}]] * 10_000,
+            }
+        )
+    )
+    traced = Traced(deep=[1, 2])
+    parsed["padding"][-1][1]["a"].append(traced)
+    watch = weakref.ref(traced)
+    del traced
+    kept, inner = parsed["kept"], parsed["padding"][1234]
+    held = [parsed]
+    del parsed
+    let_go(held.pop())
+    assert watch() is None  # freed, deep as it was
+    # what something else holds (here the test, in the server the validated request) is untouched
+    assert kept == {"messages": [{"role": "user", "content": "hi"}]}
+    assert inner == [{}, {"a": [1]}]
+
+
+def test_full_collections_put_off_and_the_switch_shortened_while_the_work_runs():
+    def settings() -> tuple:
+        return gc.get_threshold(), sys.getswitchinterval()
+
+    was = settings()
+    try:
+        gc.set_threshold(700, 10, 10)
+        sys.setswitchinterval(0.005)
+        assert yielding_to_the_loop(settings) == (
+            (700, 10, body.NEVER),
+            pytest.approx(body.SWITCH_SECONDS),
+        )
+        assert settings() == ((700, 10, 10), pytest.approx(0.005))
+
+        def fails() -> None:
+            raise ValueError("bad body")
+
+        with pytest.raises(ValueError):
+            yielding_to_the_loop(fails)
+        assert settings() == ((700, 10, 10), pytest.approx(0.005))
+    finally:
+        gc.set_threshold(*was[0])
+        sys.setswitchinterval(was[1])

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import itertools
 import json
 import math
 import re
 import sys
 import threading
 import zlib
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -31,6 +34,14 @@ LARGE_BODY_BYTES = 64 * 1024
 LARGE_SHARE = 0.75
 # A compressed body is decoded this much of it at a time, so a bomb is caught within one piece's output.
 DECODE_PIECE_BYTES = 64 * 1024
+# A large body is freed this many objects at a time (about 0.2 ms each): between pieces the event loop
+# can take the GIL, where freeing millions at once held it for tens of milliseconds.
+FREED_PER_PIECE = 8192
+NEVER = 1 << 30  # a collection threshold never reached
+# While a large body is worked on, a thread waiting for the GIL gets it within this (Python's default is
+# 5 ms, and a small request needs the GIL dozens of times). Not time.sleep(0) in the parse: each such
+# release starts a waiter's interval again, so on busy cores the event loop could wait out a whole parse.
+SWITCH_SECONDS = 0.0005
 
 
 class Decoder:
@@ -275,6 +286,50 @@ def _refuse_lone_surrogates(value: Any) -> None:
                     f"the request body has a \\u{ord(item[exc.start]):04x} escape without its pair; "
                     "strings must be valid Unicode"
                 ) from None
+
+
+T = TypeVar("T")
+
+
+def yielding_to_the_loop(work: Callable[[], T]) -> T:
+    """``work`` (a large body parsed, validated and let go) with Python's full garbage collections put
+    off and the GIL handed over every SWITCH_SECONDS: its millions of new containers, none in a cycle,
+    set off full collections that held the GIL for seconds (beside 4 MiB of empty arrays). Both are
+    process-wide and restored after; young collections go on, on every thread."""
+    young, middle, full = gc.get_threshold()
+    if full >= NEVER:  # already put off (one parsing thread: not expected)
+        return work()
+    interval = sys.getswitchinterval()
+    gc.set_threshold(young, middle, NEVER)
+    sys.setswitchinterval(min(interval, SWITCH_SECONDS))
+    try:
+        return work()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(young, middle, full)
+
+
+def let_go(parsed: Any) -> None:
+    """Free a parsed body FREED_PER_PIECE objects at a time (millions freed at once hold the GIL for
+    tens of milliseconds), changing nothing: a piece's children are held before the piece is dropped,
+    so what the validated request keeps stays whole. Pass the only reference (``held.pop()``)."""
+    batches = [[parsed]]
+    del parsed
+    while batches:
+        piece = batches[-1][-FREED_PER_PIECE:]
+        del batches[-1][-FREED_PER_PIECE:]
+        if not batches[-1]:
+            batches.pop()
+        children = list(
+            itertools.chain.from_iterable(
+                item.values() if isinstance(item, dict) else item
+                for item in piece
+                if isinstance(item, (dict, list))
+            )
+        )
+        if children:
+            batches.append(children)
+        del piece, children
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

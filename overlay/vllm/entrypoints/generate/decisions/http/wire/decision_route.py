@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -29,9 +30,11 @@ from vllm.entrypoints.generate.decisions.http.wire.body import (
     BodiesInFlight,
     Claim,
     Decoder,
+    let_go,
     media_type,
     parse_json,
     read_body,
+    yielding_to_the_loop,
 )
 from vllm.entrypoints.generate.decisions.http.wire.common import decision_service
 from vllm.entrypoints.generate.decisions.http.wire.handling import (
@@ -75,15 +78,26 @@ async def answered(
     decoder: Decoder,
     claim: Claim,
 ) -> Reply:
-    def validated() -> BaseModel | Reply:
-        # the parsed JSON lives only until it is validated: what no field keeps is let go here
-        return wire.request_of(parse_json(decoder.decoded(raw, claim)))
+    def validated(large: bool = False) -> BaseModel | Reply:
+        # the parsed JSON lives only until it is validated: what no field keeps is let go here, a
+        # large body's a piece at a time
+        held = [parse_json(decoder.decoded(raw, claim))]
+        request = wire.request_of(held[0])
+        if large:
+            let_go(held.pop())
+        return request
 
     try:
         # decoding and parsing a large body take the parsing thread (zlib and zstd let go of the
         # GIL while they decode), a small plain one is parsed here at once
         small = decoder.decompressor is None and len(raw) < LARGE_BODY_BYTES
-        request = validated() if small else await parsed_off_the_loop(validated)
+        request = (
+            validated()
+            if small
+            else await parsed_off_the_loop(
+                yielding_to_the_loop, partial(validated, True)
+            )
+        )
     except DecisionError as exc:
         return wire.refusal(exc)
     return await wire.decide(lambda: decision_service(raw_request), request, request_id)
