@@ -148,9 +148,13 @@ def test_let_go_frees_everything_and_keeps_what_the_request_holds():
     assert inner == [{}, {"a": [1]}]
 
 
-def test_full_collections_put_off_and_the_switch_shortened_while_the_work_runs():
+def test_full_collections_put_off_switch_shortened_and_hand_over_added_while_the_work_runs():
     def settings() -> tuple:
-        return gc.get_threshold(), sys.getswitchinterval()
+        return (
+            gc.get_threshold(),
+            sys.getswitchinterval(),
+            gc.callbacks.count(body._hand_over),
+        )
 
     was = settings()
     try:
@@ -159,15 +163,16 @@ def test_full_collections_put_off_and_the_switch_shortened_while_the_work_runs()
         assert yielding_to_the_loop(settings) == (
             (700, 10, body.NEVER),
             pytest.approx(body.SWITCH_SECONDS),
+            1,
         )
-        assert settings() == ((700, 10, 10), pytest.approx(0.005))
+        assert settings() == ((700, 10, 10), pytest.approx(0.005), 0)
 
         def fails() -> None:
             raise ValueError("bad body")
 
         with pytest.raises(ValueError):
             yielding_to_the_loop(fails)
-        assert settings() == ((700, 10, 10), pytest.approx(0.005))
+        assert settings() == ((700, 10, 10), pytest.approx(0.005), 0)
     finally:
         gc.set_threshold(*was[0])
         sys.setswitchinterval(was[1])

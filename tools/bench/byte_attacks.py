@@ -108,12 +108,19 @@ def attacks() -> list[Attack]:
     arrays = plain.replace(b"{}", b"[]")
     json_type = {"Content-Type": "application/json"}
     small = json.dumps({"state": "x", "questions": {"q": {"type": "no-such-type"}}})
+    answered = padded_jev(0).replace(b',"padding":[{}]', b"")
     return [
         Attack(
             "small bodies refused once parsed (the floor: requests, not bytes)",
             small.encode(),
             json_type,
             len(small),
+        ),
+        Attack(
+            "small decisions answered (the floor for answered bodies: the engine is shared)",
+            answered,
+            json_type,
+            len(answered),
         ),
         Attack(
             "gzip bodies decoding to just under the limit (empty objects)",

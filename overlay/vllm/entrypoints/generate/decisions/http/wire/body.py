@@ -292,20 +292,27 @@ T = TypeVar("T")
 
 def yielding_to_the_loop(work: Callable[[], T]) -> T:
     """``work`` (a large body parsed, validated and let go) with Python's full garbage collections put
-    off and the GIL handed over every SWITCH_SECONDS: its millions of new containers, none in a cycle,
-    set off full collections that held the GIL for seconds (beside 4 MiB of empty arrays). Both are
-    process-wide and restored after; young collections go on, on every thread."""
+    off, the GIL handed over every SWITCH_SECONDS, and each young collection a point to hand it over:
+    its millions of new containers, none in a cycle, set off full collections that held the GIL for
+    seconds, and C's parser builds empty arrays with no Python call (where a waiting thread can take
+    the GIL) between them. Process-wide, restored after; young collections go on, on every thread."""
     young, middle, full = gc.get_threshold()
     if full >= NEVER:  # already put off (one parsing thread: not expected)
         return work()
     interval = sys.getswitchinterval()
     gc.set_threshold(young, middle, NEVER)
     sys.setswitchinterval(min(interval, SWITCH_SECONDS))
+    gc.callbacks.append(_hand_over)
     try:
         return work()
     finally:
+        gc.callbacks.remove(_hand_over)
         sys.setswitchinterval(interval)
         gc.set_threshold(young, middle, full)
+
+
+def _hand_over(phase: str, info: dict[str, int]) -> None:
+    """Called at each collection: a Python call, where the interpreter gives the GIL to a waiter."""
 
 
 def let_go(parsed: Any) -> None:
