@@ -35,6 +35,7 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Calibrated,
     Candidate,
     ReadChoice,
     TypeReads,
@@ -258,14 +259,15 @@ QUESTIONS = {
 }
 
 
+CALIBRATED = Calibrated(TEMPERATURES, READS)
+
+
 def corrections(setting="auto"):
-    made = Corrections(setting, 8)
-    made.reads = READS
-    return made
+    return Corrections(setting, 8)
 
 
 def test_auto_is_calibrations_choice_and_each_mode_gets_its_own_temperature():
-    how = corrections().resolve(QUESTIONS["choice"], AS_SET, TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["choice"], AS_SET, CALIBRATED)
     assert (how.correction.mode, how.correction.bias, how.layout) == (
         "content-free",
         None,
@@ -273,19 +275,19 @@ def test_auto_is_calibrations_choice_and_each_mode_gets_its_own_temperature():
     )
     assert how.temperature == Temperature(0.7, "calibrated", "choice")
     how = corrections().resolve(
-        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, None
+        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), CALIBRATED
     )
     assert how.correction.bias == [0.0, -1.0, -2.0] and how.temperature == Temperature(
         0.9, "calibrated", "choice:fitted"
     )
     how = corrections().resolve(
-        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, 3.0
+        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), CALIBRATED, 3.0
     )
     assert how.temperature == Temperature(3.0, "request", "request"), (
         "a request's T still wins"
     )
     # A type calibration chose nothing for: no correction, the server-wide T.
-    how = corrections().resolve(QUESTIONS["score"], AS_SET, TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["score"], AS_SET, CALIBRATED)
     assert (
         how.correction.mode == "off"
         and how.temperature == TEMPERATURES.server
@@ -293,21 +295,21 @@ def test_auto_is_calibrations_choice_and_each_mode_gets_its_own_temperature():
     )
     assert (
         corrections("content-free")
-        .resolve(QUESTIONS["score"], AS_SET, TEMPERATURES, None)
+        .resolve(QUESTIONS["score"], AS_SET, CALIBRATED)
         .correction.mode
         == "content-free"
     )
     # Another backend than the one calibrated: none of calibration's choices.
     assert (
         corrections()
-        .resolve(QUESTIONS["choice"], AS_SET, TEMPERATURES, None, calibrated=False)
+        .resolve(QUESTIONS["choice"], AS_SET, CALIBRATED, measured=False)
         .correction.mode
         == "off"
     )
 
 
 def test_a_type_is_read_in_the_layout_calibration_kept_unless_the_request_names_one():
-    how = corrections().resolve(QUESTIONS["noul"], AS_SET, TEMPERATURES, None)
+    how = corrections().resolve(QUESTIONS["noul"], AS_SET, CALIBRATED)
     assert (how.layout, how.correction.mode, how.temperature.scope) == (
         "words",
         "off",
@@ -316,14 +318,14 @@ def test_a_type_is_read_in_the_layout_calibration_kept_unless_the_request_names_
     # The request's own layout: the backend's options are left as the request has them, with that layout's
     # choice (content-free in letters) and its T.
     how = corrections().resolve(
-        QUESTIONS["noul"], Asked(AS_SET.debias, None, "letters"), TEMPERATURES, None
+        QUESTIONS["noul"], Asked(AS_SET.debias, None, "letters"), CALIBRATED
     )
     assert (how.layout, how.correction.mode) == (None, "content-free")
     assert how.temperature == Temperature(
         0.8, "calibrated", "noul:letters:content-free"
     )
     how = corrections().resolve(
-        QUESTIONS["noul"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, None
+        QUESTIONS["noul"], Asked(AS_SET.debias, "fitted"), CALIBRATED
     )
     assert (
         how.correction.bias == [0.0, 0.5]
@@ -337,13 +339,13 @@ def test_a_fitted_mode_without_a_fitted_bias_is_refused_naming_the_setting():
         match=r"^extra\.prior='fitted': no position bias was fitted for score",
     ):
         corrections().resolve(
-            QUESTIONS["score"], Asked(AS_SET.debias, "fitted"), TEMPERATURES, None
+            QUESTIONS["score"], Asked(AS_SET.debias, "fitted"), CALIBRATED
         )
     with pytest.raises(
         DecisionError, match=r"^VLLM_TYPED_DECISIONS_PRIOR='content-free\+fitted'"
     ):
         corrections("content-free+fitted").resolve(
-            QUESTIONS["score"], AS_SET, TEMPERATURES, None
+            QUESTIONS["score"], AS_SET, CALIBRATED
         )
 
 

@@ -27,6 +27,7 @@ from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_can
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.read_context import Example, ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Calibrated,
     QuestionExamples,
     ShownExample,
     TypeReads,
@@ -75,11 +76,7 @@ class ShownReader:
         async with self.gate:
             try:
                 how = self.corrections.resolve(
-                    item.question,
-                    self.asked,
-                    Temperatures(DEFAULT),
-                    None,
-                    chosen_reads=reads,
+                    item.question, self.asked, Calibrated(Temperatures(DEFAULT), reads)
                 )
                 plan = how.plan(self.backend, item.question, context, self.asked.debias)
                 return (await read(plan)).scores

@@ -255,19 +255,13 @@ class LiveLabels:
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
         """Each line read as a request reads it without a map (failures retried on the next change)."""
         service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
-        calibrated = service.calibrated
+        without_maps = replace(service.calibrated, maps={}, examples={})
         asked = Asked(service.settings.debias)
         # Request ids unique to this refit: a later one, or another process, may read a line again.
         refit = uuid.uuid4().hex[:8]
 
         async def one(index: int, item: question_file.LabelledQuestion) -> None:
-            how = service.corrections.resolve(
-                item.question,
-                asked,
-                calibrated.temperatures,
-                None,
-                chosen_reads=calibrated.reads,
-            )
+            how = service.corrections.resolve(item.question, asked, without_maps)
             if how.temperature.source != "calibrated":
                 return  # no map applies to this question's reads
             context = replace(

@@ -9,7 +9,6 @@ examples' (``type:examples``); a request's or configured T overrides all, and dr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +17,9 @@ from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+    Calibrated,
     QuestionExamples,
     QuestionMap,
-    TypeReads,
     question_key,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
@@ -33,10 +32,7 @@ from vllm.entrypoints.generate.decisions.decide.settings import (
     PriorSetting,
     uses_fitted,
 )
-from vllm.entrypoints.generate.decisions.decide.temperature import (
-    Temperature,
-    Temperatures,
-)
+from vllm.entrypoints.generate.decisions.decide.temperature import Temperature
 
 
 @dataclass(frozen=True)
@@ -89,23 +85,19 @@ class Corrections:
     ) -> None:
         self.setting = setting
         self.cache = PriorCache(cache_size, cache_bytes)
-        self.reads: Mapping[str, TypeReads] = {}
 
     def resolve(
         self,
         question: CompiledQuestion,
         asked: Asked,
-        temperatures: Temperatures,
-        requested_t: float | None,
-        calibrated: bool = True,
-        chosen_reads: Mapping[str, TypeReads] | None = None,
-        maps: Mapping[str, QuestionMap] | None = None,
-        examples: Mapping[str, QuestionExamples] | None = None,
+        calibrated: Calibrated,
+        requested_t: float | None = None,
+        measured: bool = True,
     ) -> Resolved:
-        """``calibrated``: by the backend calibration measured; mappings: the request's calibration."""
+        """``calibrated``: the calibration the request took; ``measured``: the backend it measured."""
         qtype = question.qtype.name
-        in_force = self.reads if chosen_reads is None else chosen_reads
-        reads = in_force.get(qtype) if calibrated else None
+        maps, examples = calibrated.maps, calibrated.examples
+        reads = calibrated.reads.get(qtype) if measured else None
         layout = asked.layout or (reads.layout if reads is not None else None)
         choice, own, key = None, False, None
         if reads is not None:
@@ -124,7 +116,7 @@ class Corrections:
                 f"{where}={mode!r}: no position bias was fitted for {qtype} questions in this layout on this "
                 f"server (startup calibration off, or too few {qtype} questions in its file); use off or content-free"
             )
-        applied = temperatures.applied(qtype, requested_t)
+        applied = calibrated.temperatures.applied(qtype, requested_t)
         chosen = reads is not None and choice is reads.chosen and mode == choice.mode
         if applied.source == "calibrated" and candidate is not None and not chosen:
             scope = ":".join(
@@ -143,8 +135,8 @@ class Corrections:
             and mode == choice.mode
             and applied.source == "calibrated"
         ):
-            shown = (examples or {}).get(key)
-            own_map = shown.map if shown is not None else (maps or {}).get(key)
+            shown = examples.get(key)
+            own_map = shown.map if shown is not None else maps.get(key)
             if own_map is not None:
                 scope = "examples" if shown is not None else "question"
                 applied = Temperature(

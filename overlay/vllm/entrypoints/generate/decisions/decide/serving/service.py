@@ -344,14 +344,7 @@ class DecisionService:
     ) -> Answer | Failure:
         try:
             how = self.corrections.resolve(
-                question,
-                asked,
-                calibrated.temperatures,
-                requested,
-                calibrated=backend is self.backend,
-                chosen_reads=calibrated.reads,
-                maps=calibrated.maps,
-                examples=calibrated.examples,
+                question, asked, calibrated, requested, backend is self.backend
             )
             plan = how.plan(backend, question, context, asked.debias)
             done = await read(plan)
