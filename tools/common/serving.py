@@ -237,17 +237,20 @@ def target(
     args: argparse.Namespace, port: int, env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, int | None]]:
     """(url, API-server PID) of the server ``--port`` names, or of one started here (with ``env``
-    added to its environment) and stopped after."""
+    added to its environment) and stopped after; if the work fails, the end of its log is printed."""
     if args.port:
         yield f"http://127.0.0.1:{args.port}", args.server_pid
         return
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
-        process = serve(
-            args.model, port, folder, Path(folder) / "serve.log", env, args.dtype
-        )
+        log = Path(folder) / "serve.log"
+        process = serve(args.model, port, folder, log, env, args.dtype)
         try:
             startup_seconds(url, process)
             yield url, process.pid
+        except BaseException:
+            # the log goes with the folder: its end is what says why the server failed
+            print(*log.read_text().splitlines()[-40:], sep="\n", file=sys.stderr)
+            raise
         finally:
             stop(process)
