@@ -108,7 +108,10 @@ def attacks() -> list[Attack]:
     arrays = plain.replace(b"{}", b"[]")
     json_type = {"Content-Type": "application/json"}
     small = json.dumps({"state": "x", "questions": {"q": {"type": "no-such-type"}}})
-    answered = padded_jev(0).replace(b',"padding":[{}]', b"")
+    answered = json.dumps(
+        {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+        separators=(",", ":"),
+    ).encode()
     return [
         Attack(
             "small bodies refused once parsed (the floor: requests, not bytes)",
