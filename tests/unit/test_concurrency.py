@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import sys
 import threading
 
 import pytest
@@ -92,3 +94,17 @@ async def test_a_parse_cancelled_before_its_turn_never_runs_and_holds_nothing():
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert await parsed_off_the_loop(len, "abc") == 3 and ran == []
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux", reason="a thread's own nice value is Linux's"
+)
+async def test_large_bodies_parse_at_the_lowest_cpu_priority():
+    """The parsing thread yields the CPU to the engine and the event loop; nothing else is lowered."""
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice()
+    assert await parsed_off_the_loop(nice) == 19
+    assert await off_the_loop(nice) == before == nice()

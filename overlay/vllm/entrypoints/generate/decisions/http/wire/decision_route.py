@@ -46,8 +46,7 @@ from vllm.entrypoints.serve.utils.api_utils import load_aware_call, with_cancell
 
 LATENCY_HEADER = "x-decision-latency-ms"
 REQUEST_ID_HEADER = "X-Request-Id"
-# A client's request id comes back in headers and the response and names every engine read: a longer
-# one is refused, not cut (vLLM's cache salts stop at the same length).
+# Longer request ids are refused, not cut: one comes back in headers and names every engine read.
 MAX_REQUEST_ID_CHARS = 128
 REQUEST_ID = re.compile(rf"[!-~]{{1,{MAX_REQUEST_ID_CHARS}}}")
 
