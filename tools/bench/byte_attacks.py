@@ -90,6 +90,7 @@ class Attack:
     decoded: int
     read_reply: bool = True
     path: str = "/v1/systemone"
+    pause: float = 0.0  # seconds each client waits between requests
 
     def once(self, port: int, key: dict[str, str], tally: Tally) -> None:
         status = post_raw(
@@ -124,6 +125,14 @@ def attacks() -> list[Attack]:
             answered,
             json_type,
             len(answered),
+        ),
+        Attack(
+            "small decisions answered, each client one every 2 s (about as many a second as "
+            "bodies of empty arrays at the limit get answered: the engine's share alone)",
+            answered,
+            json_type,
+            len(answered),
+            pause=2.0,
         ),
         Attack(
             "gzip bodies decoding to just under the limit (empty objects)",
@@ -216,6 +225,7 @@ def under_attack(
                 attack.once(port, key, tally)
             except OSError as exc:
                 tally.add(type(exc).__name__, 0, 0)
+            done.wait(attack.pause)
 
     def sampler() -> None:
         nonlocal peak
@@ -310,7 +320,10 @@ def run(
     )
     # every claim was given back: a body at the limit is read again, not refused as busy
     after = Tally()
-    attacks()[2].once(port, key, after)
+    at_limit = next(
+        a for a in attacks() if a.name.startswith("gzip bodies decoding to")
+    )
+    at_limit.once(port, key, after)
     print_line(f"after the attacks, a body just under the limit: {after.statuses}")
 
 

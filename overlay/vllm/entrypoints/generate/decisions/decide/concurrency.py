@@ -31,14 +31,30 @@ async def off_the_loop(work: Callable[..., T], *args: object) -> T:
 
 
 async def parsed_off_the_loop(work: Callable[..., T], *args: object) -> T:
+    """The turn ends when the thread is done, not when a caller that left stops waiting: else the next
+    bodies queued behind a slow parse, each held there (a hang-up flood peaked at 0.8 GB)."""
     turn = _PARSING_TURNS.setdefault(asyncio.get_running_loop(), asyncio.Lock())
-    async with turn:
-        return await _on(_PARSING, work, *args)
+    await turn.acquire()
+    job = _on(_PARSING, work, *args)
+
+    def end_turn(done: asyncio.Future[T]) -> None:
+        turn.release()
+        if not done.cancelled():
+            done.exception()  # retrieved: a caller that left does not, and asyncio would log it
+
+    job.add_done_callback(end_turn)
+    try:
+        return await asyncio.shield(job)
+    finally:
+        # else a refusal's traceback holds this frame, which holds the job holding the refusal
+        del job
 
 
-async def _on(thread: ThreadPoolExecutor, work: Callable[..., T], *args: object) -> T:
+def _on(
+    thread: ThreadPoolExecutor, work: Callable[..., T], *args: object
+) -> asyncio.Future[T]:
     call = contextvars.copy_context().run
-    return await asyncio.get_running_loop().run_in_executor(thread, call, work, *args)
+    return asyncio.get_running_loop().run_in_executor(thread, call, work, *args)
 
 
 async def gather_or_cancel(awaitables: Iterable[Awaitable[T]]) -> list[T]:

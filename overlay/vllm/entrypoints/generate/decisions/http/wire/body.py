@@ -294,9 +294,7 @@ def yielding_to_the_loop(work: Callable[[], T]) -> T:
     its millions of new containers, none in a cycle, set off full collections that held the GIL for
     seconds, and C's parser builds empty arrays with no Python call (where a waiting thread can take
     the GIL) between them. Process-wide, restored after; young collections go on, on every thread."""
-    young, middle, full = gc.get_threshold()
-    if full >= NEVER:  # already put off (one parsing thread: not expected)
-        return work()
+    young, middle, full = gc.get_threshold()  # one parse at a time (concurrency.py)
     interval = sys.getswitchinterval()
     gc.set_threshold(young, middle, NEVER)
     sys.setswitchinterval(min(interval, SWITCH_SECONDS))
