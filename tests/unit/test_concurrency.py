@@ -160,9 +160,8 @@ async def test_a_refused_parse_is_freed_without_the_collector():
     try:
         with contextlib.suppress(ValueError):
             await parsed_off_the_loop(refuse)
-        for _ in range(
-            3
-        ):  # the futures' done callbacks run on the next turns of the loop
+        # the futures' done callbacks run on the next turns of the loop
+        for _ in range(3):
             await asyncio.sleep(0)
         assert held[0]() is None
     finally:

@@ -16,7 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 import psutil
@@ -113,6 +113,12 @@ def attacks() -> list[Attack]:
         {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
         separators=(",", ":"),
     ).encode()
+    decisions = Attack(
+        "small decisions answered (the floor for answered bodies: the engine is shared)",
+        answered,
+        json_type,
+        len(answered),
+    )
     return [
         Attack(
             "small bodies refused once parsed (the floor: requests, not bytes)",
@@ -120,18 +126,11 @@ def attacks() -> list[Attack]:
             json_type,
             len(small),
         ),
-        Attack(
-            "small decisions answered (the floor for answered bodies: the engine is shared)",
-            answered,
-            json_type,
-            len(answered),
-        ),
-        Attack(
-            "small decisions answered, each client one every 2 s (about as many a second as "
-            "bodies of empty arrays at the limit get answered: the engine's share alone)",
-            answered,
-            json_type,
-            len(answered),
+        decisions,
+        replace(
+            decisions,
+            name="small decisions answered, each client one every 2 s (about as many a second "
+            "as bodies of empty arrays at the limit get answered: the engine's share alone)",
             pause=2.0,
         ),
         Attack(
