@@ -160,7 +160,10 @@ async def test_a_refused_parse_is_freed_without_the_collector():
     try:
         with contextlib.suppress(ValueError):
             await parsed_off_the_loop(refuse)
-        # the futures' done callbacks run on the next turns of the loop
+        # the parsing thread drops its own reference to the refusal a moment after handing it
+        # over (at nice 19, a while on a busy machine): wait for its next job, then for the
+        # futures' done callbacks, which run on the next turns of the loop
+        await parsed_off_the_loop(lambda: None)
         for _ in range(3):
             await asyncio.sleep(0)
         assert held[0]() is None
