@@ -16,6 +16,7 @@ from vllm.entrypoints.generate.decisions.calibration.abstention import (
     fit_abstention,
     question_thresholds,
 )
+from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import fit_map
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
@@ -232,13 +233,8 @@ def leaning_question(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def test_a_question_threshold_is_fitted_on_its_own_labels_as_served():
     scores, correct = leaning_question(120, 0)
     n = len(correct)
-    columns = (
-        ["q"] * n,
-        scores.tolist(),
-        correct.tolist(),
-        [f"g{i}" for i in range(n)],
-    )
-    columns += ([1.0] * n,)
+    labelled = Labelled(scores.tolist(), correct.tolist(), [f"g{i}" for i in range(n)])
+    columns = (["q"] * n, labelled, [1.0] * n)
     mapped = question_thresholds(*columns, {"q"}, {"q": 0.8})["q"]
     typed = question_thresholds(*columns, set(), {"q": 0.8})["q"]
     assert mapped.scope == typed.scope == "question"
@@ -262,9 +258,7 @@ def test_a_question_without_labels_to_hold_out_abstains_and_says_why():
     scores, correct = leaning_question(30, 2)
     rules = question_thresholds(
         ["q"] * 30,
-        scores.tolist(),
-        correct.tolist(),
-        ["one thread"] * 30,
+        Labelled(scores.tolist(), correct.tolist(), ["one thread"] * 30),
         [1.0] * 30,
         {"q"},
         {"q": 0.8, "never labelled": 0.9},

@@ -12,6 +12,7 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
     CalibrationResult,
+    Labelled,
     bootstrap_interval,
     calibrate,
     cross_validated_probabilities,
@@ -136,7 +137,7 @@ def test_cross_validated_probabilities_use_a_temperature_fitted_without_their_fo
     scores, correct = synthetic(400, 3.0, seed=8)
     groups = [f"g{i // 2}" for i in range(400)]
     fold = fold_of_groups(groups)
-    held_out = cross_validated_probabilities(scores, correct, groups)
+    held_out = cross_validated_probabilities(Labelled(scores, correct, groups))
     for f in range(5):
         train = [i for i in range(400) if fold[i] != f]
         t = fit_temperature([scores[i] for i in train], [correct[i] for i in train])
@@ -149,12 +150,12 @@ def test_a_folds_own_answers_never_move_its_probabilities():
     scores, correct = synthetic(300, 2.0, seed=9)
     groups = [f"g{i // 3}" for i in range(300)]
     fold = fold_of_groups(groups)
-    before = cross_validated_probabilities(scores, correct, groups)
+    before = cross_validated_probabilities(Labelled(scores, correct, groups))
     # Rewrite fold 0's answers to the least likely option: fold 0's own probabilities must not change.
     rigged = [
         int(np.argmin(s)) if fold[i] == 0 else correct[i] for i, s in enumerate(scores)
     ]
-    after = cross_validated_probabilities(scores, rigged, groups)
+    after = cross_validated_probabilities(Labelled(scores, rigged, groups))
     for i in range(300):
         if fold[i] == 0:
             assert after[i] == pytest.approx(before[i])
@@ -170,7 +171,7 @@ def test_a_fold_with_another_scale_gets_the_other_folds_temperature():
     scores = [
         [s * 8.0 for s in row] if fold[i] == 0 else row for i, row in enumerate(base)
     ]
-    held_out = cross_validated_probabilities(scores, correct, groups)
+    held_out = cross_validated_probabilities(Labelled(scores, correct, groups))
     for i in range(500):
         if fold[i] == 0:
             assert max(held_out[i]) >= max(softmax(scores[i], 2.0)) - 1e-9
@@ -180,7 +181,7 @@ def test_cross_validation_keeps_each_questions_own_option_count():
     scores = [[1.0, 0.0], [0.0, 1.0, 2.0], [3.0, 0.0, 0.0, 0.0]] * 10
     correct = [0, 2, 0] * 10
     held_out = cross_validated_probabilities(
-        scores, correct, [str(i) for i in range(30)]
+        Labelled(scores, correct, [str(i) for i in range(30)])
     )
     assert [len(p) for p in held_out] == [len(s) for s in scores]
     assert all(sum(p) == pytest.approx(1.0) for p in held_out)
@@ -188,7 +189,9 @@ def test_cross_validation_keeps_each_questions_own_option_count():
 
 def test_cross_validation_needs_two_groups():
     with pytest.raises(ValueError, match="two distinct groups"):
-        cross_validated_probabilities([[1.0, 0.0]] * 10, [0] * 10, ["same"] * 10)
+        cross_validated_probabilities(
+            Labelled([[1.0, 0.0]] * 10, [0] * 10, ["same"] * 10)
+        )
 
 
 # --- ECE --------------------------------------------------------------------------------------
@@ -285,7 +288,7 @@ def test_bootstrap_matches_recomputing_ece_on_each_resample():
 
 def test_overconfident_scores_keep_their_temperature():
     scores, correct = synthetic(600, 5.0, seed=31)
-    result = calibrate(scores, correct, [f"g{i // 2}" for i in range(600)])
+    result = calibrate(Labelled(scores, correct, [f"g{i // 2}" for i in range(600)]))
     assert isinstance(result, CalibrationResult)
     assert result.kept
     assert not result.at_edge
@@ -298,7 +301,7 @@ def test_overconfident_scores_keep_their_temperature():
 
 def test_calibrated_scores_are_not_corrected():
     scores, correct = synthetic(600, 1.0, seed=32)
-    result = calibrate(scores, correct, [f"g{i // 2}" for i in range(600)])
+    result = calibrate(Labelled(scores, correct, [f"g{i // 2}" for i in range(600)]))
     assert not result.kept
     assert result.applied_temperature == 1.0
     assert result.temperature == pytest.approx(1.0, rel=0.15)
@@ -308,9 +311,11 @@ def test_calibrate_flags_a_temperature_at_the_edge():
     rng = np.random.default_rng(6)
     noise = [rng.normal(0, 3, size=3).tolist() for _ in range(200)]
     result = calibrate(
-        noise,
-        [int(i) for i in rng.integers(0, 3, size=200)],
-        [str(i) for i in range(200)],
+        Labelled(
+            noise,
+            [int(i) for i in rng.integers(0, 3, size=200)],
+            [str(i) for i in range(200)],
+        )
     )
     assert result.at_edge
     assert result.applied_temperature == 1.0
@@ -319,6 +324,5 @@ def test_calibrate_flags_a_temperature_at_the_edge():
 def test_calibrate_is_deterministic():
     scores, correct = synthetic(200, 2.0, seed=33)
     groups = [f"g{i // 2}" for i in range(200)]
-    assert calibrate(scores, correct, groups, seed=3) == calibrate(
-        scores, correct, groups, seed=3
-    )
+    labelled = Labelled(scores, correct, groups)
+    assert calibrate(labelled, seed=3) == calibrate(labelled, seed=3)

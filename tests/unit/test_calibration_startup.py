@@ -444,7 +444,10 @@ async def test_configured_temperature_skips_calibration(tmp_path):
 
 def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
     from tools.quality.fit_temperature import fit
-    from vllm.entrypoints.generate.decisions.calibration.maths import calibrate
+    from vllm.entrypoints.generate.decisions.calibration.maths import (
+        Labelled,
+        calibrate,
+    )
 
     rng = random.Random(1)
     rows = [
@@ -458,9 +461,11 @@ def test_the_offline_fitting_tool_matches_the_server_maths(tmp_path):
     captured = tmp_path / "captured.jsonl"
     captured.write_text("".join(json.dumps(r) + "\n" for r in rows))
     direct = calibrate(
-        [r["scores"] for r in rows],
-        [r["correct"] for r in rows],
-        [r["group"] for r in rows],
+        Labelled(
+            [r["scores"] for r in rows],
+            [r["correct"] for r in rows],
+            [r["group"] for r in rows],
+        )
     )
     assert fit(str(captured)) == direct
 

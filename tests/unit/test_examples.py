@@ -22,6 +22,7 @@ from vllm.entrypoints.generate.decisions.calibration.examples import (
 )
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
+    Labelled,
     fold_of_groups,
 )
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
@@ -67,17 +68,21 @@ def test_examples_that_help_are_kept_and_ones_that_hurt_are_not(seed):
     shown_list = [ShownExample(state="s", answer="a")]
     blind, correct, groups = synthetic(seed, informative=False)
     sharp, _, _ = synthetic(seed + 10, informative=True)
-    helped = measure_examples(shown_list, blind, sharp, correct, groups, 1.0)
+    blind_labels, sharp_labels = (
+        Labelled(blind, correct, groups),
+        Labelled(sharp, correct, groups),
+    )
+    helped = measure_examples(shown_list, blind_labels, sharp, 1.0)
     assert helped.kept and helped.log_loss < helped.type_log_loss
-    hurt = measure_examples(shown_list, sharp, blind, correct, groups, 1.0)
+    hurt = measure_examples(shown_list, sharp_labels, blind, 1.0)
     assert not hurt.kept and hurt.log_loss > hurt.type_log_loss
-    same = measure_examples(shown_list, sharp, sharp, correct, groups, 1.0)
+    same = measure_examples(shown_list, sharp_labels, sharp, 1.0)
     assert not same.kept, "no gain without a difference"
     assert helped.abstention is None, "no precision asked"
     # A precision asked of the question: its threshold is fitted on the reads with examples, so
     # the sharp reads clear it where the blind ones can't.
-    asked = measure_examples(shown_list, blind, sharp, correct, groups, 1.0, 0.8)
-    refused = measure_examples(shown_list, sharp, blind, correct, groups, 1.0, 0.8)
+    asked = measure_examples(shown_list, blind_labels, sharp, 1.0, 0.8)
+    refused = measure_examples(shown_list, sharp_labels, blind, 1.0, 0.8)
     assert asked.abstention is not None and asked.abstention.scope == "question"
     assert asked.abstention.threshold is not None
     assert refused.abstention is not None

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from vllm.entrypoints.generate.decisions.calibration import question_map
+from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import (
     choose_question_map,
     fit_map,
@@ -58,7 +59,7 @@ def distance(fitted: tuple[float, list[float]], scale: float) -> float:
 
 def test_known_map_is_recovered_and_kept():
     scores, correct, groups = labelled(2000, TRUE_SCALE, TRUE_BIAS, seed=1, per_group=4)
-    kept = choose_question_map(scores, correct, groups, TYPE_SCALE)
+    kept = choose_question_map(Labelled(scores, correct, groups), TYPE_SCALE)
     assert kept is not None
     # 2,000 labels: standard errors near 0.02 on the scale and 0.05 on each bias.
     assert kept.scale == pytest.approx(TRUE_SCALE, abs=0.05)
@@ -105,9 +106,10 @@ def test_labels_from_the_types_own_map_are_refused():
     refused = 0
     for seed in range(10):
         scores, correct, groups = labelled(20, 0.8, type_bias, seed=100 + seed)
-        measured = measure_question_map(scores, correct, groups, 0.8, type_bias)
+        labels = Labelled(scores, correct, groups)
+        measured = measure_question_map(labels, 0.8, type_bias)
         assert measured.labels == 20
-        if choose_question_map(scores, correct, groups, 0.8, type_bias) is None:
+        if choose_question_map(labels, 0.8, type_bias) is None:
             refused += 1
             assert not measured.kept
     assert refused >= 8
@@ -142,7 +144,7 @@ def test_few_labels_stay_near_the_types_map_and_the_record_round_trips(monkeypat
     assert distance(penalised, TYPE_SCALE) < distance(weak, TYPE_SCALE)
 
     scores, correct, groups = labelled(8, TRUE_SCALE, TRUE_BIAS, seed=7)
-    record = measure_question_map(scores, correct, groups, TYPE_SCALE)
+    record = measure_question_map(Labelled(scores, correct, groups), TYPE_SCALE)
     assert record.labels == 8
     again = QuestionMap.model_validate(json.loads(record.model_dump_json()))
     assert again == record
@@ -160,7 +162,7 @@ def test_minus_infinity_scores_and_a_single_group():
     for i in range(0, 60, 5):
         scores[i][2] = -math.inf
     correct[0] = 2  # the correct option read as -inf
-    record = measure_question_map(scores, correct, groups, TYPE_SCALE)
+    record = measure_question_map(Labelled(scores, correct, groups), TYPE_SCALE)
     figures = [
         record.scale,
         *record.bias,
@@ -174,10 +176,10 @@ def test_minus_infinity_scores_and_a_single_group():
     assert min(probabilities) == probabilities[2] > 0.0
     json.loads(record.model_dump_json())  # no inf or NaN to break the saved record
 
-    one_group = ["same"] * 60
-    assert choose_question_map(scores, correct, one_group, TYPE_SCALE) is None
+    one_group = Labelled(scores, correct, ["same"] * 60)
+    assert choose_question_map(one_group, TYPE_SCALE) is None
     with pytest.raises(ValueError, match="two groups"):
-        measure_question_map(scores, correct, one_group, TYPE_SCALE)
+        measure_question_map(one_group, TYPE_SCALE)
     scale, bias = fit_map(scores, correct, TYPE_SCALE)
     assert math.isfinite(scale) and all(math.isfinite(b) for b in bias)
 

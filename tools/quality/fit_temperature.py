@@ -16,6 +16,7 @@ import sys
 
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     CalibrationResult,
+    Labelled,
     calibrate,
 )
 
@@ -24,9 +25,11 @@ def fit(path: str, seed: int = 0) -> CalibrationResult:
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return calibrate(
-        [r["scores"] for r in rows],
-        [r["correct"] for r in rows],
-        [r["group"] for r in rows],
+        Labelled(
+            [r["scores"] for r in rows],
+            [r["correct"] for r in rows],
+            [r["group"] for r in rows],
+        ),
         seed=seed,
     )
 

@@ -39,6 +39,7 @@ from tools.quality.labels_figures import (
     fit_maps,
     fit_rules,
     fold_maps,
+    labelled,
     served,
 )
 from vllm.entrypoints.generate.decisions.calibration.examples import measure_examples
@@ -255,10 +256,8 @@ def cross_validated_examples(
             shown = (
                 measure_examples(
                     [],
-                    [labels.readings[i].scores for i in training],
+                    labelled(labels, training),
                     [split.labelled[i] for i in training],
-                    [labels.items[i].correct for i in training],
-                    [labels.items[i].group for i in training],
                     split.scales[question],
                 )
                 if measured and len({labels.items[i].group for i in training}) > 1

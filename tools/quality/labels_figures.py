@@ -29,6 +29,7 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
+    Labelled,
     calibrate,
     fold_of_groups,
 )
@@ -87,22 +88,26 @@ def draw_labels(items: Sequence[Item], per_question: int, seed: str) -> list[int
     return sorted(chosen)
 
 
+def labelled(labels: Lines, rows: Sequence[int]) -> Labelled:
+    """The ``rows`` of ``labels`` as the fits take them."""
+    return Labelled(
+        [labels.readings[i].scores for i in rows],
+        [labels.items[i].correct for i in rows],
+        [labels.items[i].group for i in rows],
+    )
+
+
 def fitted_temperatures(labels: Lines, chosen: Sequence[int]) -> dict[str, float]:
     """Each type's T as a server given the ``chosen`` labelled lines as its calibration file fits it
     (calibration/fitting.py): server-wide on all of them, then each type with MIN_ANSWERED answered lines
     its own, by the same keep rules; a type without a fit of its own gets the server-wide T."""
     rows = [i for i in chosen if not labels.readings[i].error]
     types = [labels.items[i].question.qtype.name for i in rows]
-    columns = (
-        [labels.readings[i].scores for i in rows],
-        [labels.items[i].correct for i in rows],
-        [labels.items[i].group for i in rows],
-    )
     # Too few lines: the server's calibration fails and answers at T = 1.
     if len(rows) < MIN_ANSWERED:
         return dict.fromkeys(types, 1.0)
-    server = calibrate(*columns).applied_temperature
-    fits = fit_types(set(types), types, *columns, MIN_ANSWERED)
+    server = calibrate(labelled(labels, rows)).applied_temperature
+    fits = fit_types(set(types), types, labelled(labels, rows), MIN_ANSWERED)
     return {
         name: TypeRecord.of(fit, server).applied_temperature
         for name, fit in fits.items()
@@ -145,9 +150,7 @@ def fit_maps(
             maps[question] = None
             continue
         maps[question] = choose_question_map(
-            [labels.readings[i].scores for i in rows],
-            [labels.items[i].correct for i in rows],
-            [labels.items[i].group for i in rows],
+            labelled(labels, rows),
             type_scale(labels.readings[rows[0]]),
             folds=folds,
         )

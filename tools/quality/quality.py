@@ -173,15 +173,12 @@ def metrics(
     scores = [r["scores"] for r in rows]
     correct = [q.correct for q in items]
     groups = [q.group for q in items]
-    one_t = maths.cross_validated_probabilities(scores, correct, groups)
+    labelled = maths.Labelled(scores, correct, groups)
+    one_t = maths.cross_validated_probabilities(labelled)
     per_type: list[list[float]] = [[] for _ in items]
     for kind in set(kinds):
         chosen = [i for i, k in enumerate(kinds) if k == kind]
-        fitted = maths.cross_validated_probabilities(
-            [scores[i] for i in chosen],
-            [correct[i] for i in chosen],
-            [groups[i] for i in chosen],
-        )
+        fitted = maths.cross_validated_probabilities(labelled.rows(chosen))
         for i, p in zip(chosen, fitted, strict=True):
             per_type[i] = p
     out = {}

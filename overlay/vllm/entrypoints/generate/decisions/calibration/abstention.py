@@ -13,15 +13,13 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     BoolArray,
     FloatArray,
     IntArray,
+    Labelled,
     cross_validated_probabilities,
     group_index,
-    take,
+    rows_by_name,
     top_and_hits,
 )
-from vllm.entrypoints.generate.decisions.calibration.question_map import (
-    held_out,
-    rows_by_key,
-)
+from vllm.entrypoints.generate.decisions.calibration.question_map import held_out
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Abstention
 
 # Fewer answered labels than this and a precision says too little: the Wilson bound's normal
@@ -182,66 +180,56 @@ def fit_abstention(
 
 
 def type_thresholds(
-    types: Sequence[str],
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
-    precision: Mapping[str, float],
+    types: Sequence[str], labelled: Labelled, precision: Mapping[str, float]
 ) -> dict[str, Abstention]:
     """The threshold for each type ``precision`` asks of, on confidences held out by folds."""
+    rows = rows_by_name(types)
     fitted = {}
     for kind, asked in precision.items():
-        rows = [i for i, t in enumerate(types) if t == kind]
-        read, answers, kept = take(rows, scores, correct, groups)
+        ours = labelled.rows(rows.get(kind, []))
         try:
-            held_out = cross_validated_probabilities(read, answers, kept)
+            held_out = cross_validated_probabilities(ours)
         except ValueError:  # too few answers or groups to hold any out: abstain always
-            held_out, answers, kept = [], [], []
-        fitted[kind] = fit_abstention(*top_and_hits(held_out, answers), kept, asked)
+            held_out, ours = [], Labelled([], [], [])
+        tops, hits = top_and_hits(held_out, ours.correct)
+        fitted[kind] = fit_abstention(tops, hits, ours.groups, asked)
     return fitted
 
 
 def held_out_threshold(
-    log_probabilities: FloatArray,
-    correct: Sequence[int],
-    groups: Sequence[str],
-    precision: float,
+    log_probabilities: FloatArray, labelled: Labelled, precision: float
 ) -> Abstention:
     """One question's threshold from its labels' held-out log-probabilities (the top option answers)."""
     probabilities = np.exp(log_probabilities)
-    hits = probabilities.argmax(axis=1) == np.asarray(correct)
+    hits = probabilities.argmax(axis=1) == np.asarray(labelled.correct)
     return fit_abstention(
-        probabilities.max(axis=1).tolist(), hits.tolist(), groups, precision
+        probabilities.max(axis=1).tolist(), hits.tolist(), labelled.groups, precision
     ).model_copy(update={"scope": "question"})
 
 
 def question_thresholds(
     keys: Sequence[str],
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     scales: Sequence[float],
     kept: Collection[str],
     precision: Mapping[str, float],
 ) -> dict[str, Abstention]:
     """The threshold for each question ``precision`` asks of, on its own labels scored as it is served
     (by its own map fitted on the other folds where ``kept``)."""
-    rows = rows_by_key(keys)
+    rows = rows_by_name(keys)
     fitted = {}
     for key, asked in precision.items():
         picked = rows.get(key, [])
-        read, answers, labelled = take(picked, scores, correct, groups)
-        if len(set(labelled)) < 2:
+        ours = labelled.rows(picked)
+        if len(set(ours.groups)) < 2:
             fitted[key] = abstains(
                 asked,
                 len(picked),
-                len(set(labelled)),
+                len(set(ours.groups)),
                 "the question's labels come from fewer than two groups, so none can be held "
                 "out to fit a threshold on",
             ).model_copy(update={"scope": "question"})
             continue
-        own, typed = held_out(read, answers, labelled, scales[picked[0]])
-        fitted[key] = held_out_threshold(
-            own if key in kept else typed, answers, labelled, asked
-        )
+        own, typed = held_out(ours, scales[picked[0]])
+        fitted[key] = held_out_threshold(own if key in kept else typed, ours, asked)
     return fitted

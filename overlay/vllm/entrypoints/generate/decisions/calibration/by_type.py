@@ -11,8 +11,8 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
     CalibrationResult,
+    Labelled,
     calibrate,
-    take,
 )
 
 
@@ -26,9 +26,7 @@ class TypeFit:
 def fit_types(
     names: Iterable[str],
     types: Sequence[str],
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     minimum: int,
 ) -> dict[str, TypeFit]:
     """A fit for each type; an edge T falls back to the server-wide T, here no failure."""
@@ -40,7 +38,7 @@ def fit_types(
             fits[name] = TypeFit(used, None, f"too few questions ({used} < {minimum})")
             continue
         try:
-            result = calibrate(*take(rows, scores, correct, groups))
+            result = calibrate(labelled.rows(rows))
         except ValueError as exc:
             fits[name] = TypeFit(used, None, str(exc))
             continue

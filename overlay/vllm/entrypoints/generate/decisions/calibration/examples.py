@@ -5,11 +5,13 @@ the examples', not a map's)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from vllm.entrypoints.generate.decisions.calibration.abstention import (
     held_out_threshold,
 )
+from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import (
     compared,
     fit_map,
@@ -43,25 +45,24 @@ def pick_examples(
 
 def measure_examples(
     examples: Sequence[ShownExample],
-    plain: Sequence[Sequence[float]],
+    plain: Labelled,
     shown: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
     scale: float,
     precision: float | None = None,
 ) -> QuestionExamples:
-    """``examples`` measured: ``shown`` read with examples from the other folds, ``plain`` without."""
-    base, _ = held_out(plain, correct, groups, scale)
-    with_examples, _ = held_out(shown, correct, groups, scale)
-    fitted_scale, fitted_bias = fit_map(shown, correct, scale)
+    """``examples`` measured: ``shown``, ``plain``'s labels read with examples from the other folds."""
+    read_with = dataclasses.replace(plain, scores=shown)
+    base, _ = held_out(plain, scale)
+    with_examples, _ = held_out(read_with, scale)
+    fitted_scale, fitted_bias = fit_map(shown, plain.correct, scale)
     return QuestionExamples(
         examples=list(examples),
         scale=fitted_scale,
         bias=fitted_bias,
         abstention=(
-            held_out_threshold(with_examples, correct, groups, precision)
+            held_out_threshold(with_examples, read_with, precision)
             if precision is not None
             else None
         ),
-        **compared(with_examples, base, correct, groups).model_dump(),
+        **compared(with_examples, base, plain).model_dump(),
     )

@@ -19,7 +19,11 @@ from vllm.entrypoints.generate.decisions.calibration.fitting import (
     corrected_scores,
     map_scale,
 )
-from vllm.entrypoints.generate.decisions.calibration.maths import FOLDS, fold_of_groups
+from vllm.entrypoints.generate.decisions.calibration.maths import (
+    FOLDS,
+    Labelled,
+    fold_of_groups,
+)
 from vllm.entrypoints.generate.decisions.calibration.question_map import MIN_LABELS
 from vllm.entrypoints.generate.decisions.calibration.record import CalibrationRecord
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
@@ -168,10 +172,8 @@ async def measure(
     return await asyncio.to_thread(
         measure_examples,
         [ShownExample(state=e.state, answer=e.answer) for e in served],
-        [scores for _, scores in rows],
+        Labelled([scores for _, scores in rows], [i.correct for i in items], groups),
         read_with,
-        [item.correct for item in items],
-        groups,
         map_scale(fits.reads, temperatures, items[0].question.qtype.name, key),
         next((i.precision for i in items if i.precision is not None), None),
     )

@@ -17,7 +17,7 @@ from vllm.entrypoints.generate.decisions.calibration.abstention import (
     type_thresholds,
 )
 from vllm.entrypoints.generate.decisions.calibration.deployment_lock import run_id
-from vllm.entrypoints.generate.decisions.calibration.maths import calibrate, take
+from vllm.entrypoints.generate.decisions.calibration.maths import Labelled, calibrate
 from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
 from vllm.entrypoints.generate.decisions.calibration.record import (
     CalibrationFailure,
@@ -67,11 +67,13 @@ async def fitted_record(
     answered = as_chosen(by_layout, reads)
     read_ids = {id(item) for item, _ in answered}
     skipped = [item.id for item in questions.questions if id(item) not in read_ids]
-    scores = [corrected_scores(item, read, reads) for item, read in answered]
-    correct = [item.correct for item, _ in answered]
-    groups = [item.group for item, _ in answered]
+    labelled = Labelled(
+        [corrected_scores(item, read, reads) for item, read in answered],
+        [item.correct for item, _ in answered],
+        [item.group for item, _ in answered],
+    )
     try:
-        result = await asyncio.to_thread(calibrate, scores, correct, groups)
+        result = await asyncio.to_thread(calibrate, labelled)
     except ValueError as exc:
         return failed(str(exc), full)
     # A first pass at the range's top, kept, is served: answers near uniform say the scores say next to
@@ -95,7 +97,7 @@ async def fitted_record(
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
     types = [item.question.qtype.name for item, _ in answered]
     fits = await asyncio.to_thread(
-        by_type.fit_types, names, types, scores, correct, groups, MIN_ANSWERED
+        by_type.fit_types, names, types, labelled, MIN_ANSWERED
     )
     applied = result.temperature if served_at_top else result.applied_temperature
     record = CalibrationRecord(
@@ -123,18 +125,22 @@ async def fitted_record(
     scales = [
         map_scale(reads, temperatures, t, k) for t, k in zip(types, keys, strict=True)
     ]
-    columns = (keys, scores, correct, groups, scales)
-    maps = await asyncio.to_thread(question_maps, *take(picked, *columns))
+    maps = await asyncio.to_thread(
+        question_maps,
+        [keys[i] for i in picked],
+        labelled.rows(picked),
+        [scales[i] for i in picked],
+    )
     # Each question labelled twice or more, kept for a labels file's refit to pool with.
     times = Counter(keys[i] for i in picked)
-    labelled = [
+    pooled = [
         LabelledRead(
             state_sha256=sha256_of(answered[i][0].state),
             question=keys[i],
-            scores=scores[i],
+            scores=list(labelled.scores[i]),
             scale=scales[i],
-            correct=correct[i],
-            group=groups[i],
+            correct=labelled.correct[i],
+            group=labelled.groups[i],
         )
         for i in picked
         if times[keys[i]] > 1
@@ -146,12 +152,17 @@ async def fitted_record(
         update={
             "question_maps": maps,
             "abstention": await asyncio.to_thread(
-                type_thresholds, types, scores, correct, groups, precisions
+                type_thresholds, types, labelled, precisions
             ),
             "question_abstention": await asyncio.to_thread(
-                question_thresholds, *columns, maps.keys(), questions.precisions()
+                question_thresholds,
+                keys,
+                labelled,
+                scales,
+                maps,
+                questions.precisions(),
             ),
-            "labelled": labelled,
+            "labelled": pooled,
         }
     )
 

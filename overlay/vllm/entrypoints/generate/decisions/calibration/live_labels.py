@@ -22,6 +22,7 @@ from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
     once_per_server,
 )
 from vllm.entrypoints.generate.decisions.calibration.fitting import question_name
+from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.read_context import (
@@ -191,17 +192,17 @@ class LiveLabels:
         startup = pooled(
             self.service.calibrated.labelled, [_key(item) for item, _ in rows]
         )
-        labelled = [(item.correct, item.group, read) for item, read in rows] + startup
-        columns = (
-            [read.question for _, _, read in labelled],
-            [read.scores for _, _, read in labelled],
-            [correct for correct, _, _ in labelled],
-            [group for _, group, _ in labelled],
-            [read.scale for _, _, read in labelled],
+        both = [(item.correct, item.group, read) for item, read in rows] + startup
+        keys = [read.question for _, _, read in both]
+        scales = [read.scale for _, _, read in both]
+        labelled = Labelled(
+            [read.scores for _, _, read in both],
+            [correct for correct, _, _ in both],
+            [group for _, group, _ in both],
         )
-        maps = await asyncio.to_thread(question_maps, *columns)
+        maps = await asyncio.to_thread(question_maps, keys, labelled, scales)
         thresholds = await asyncio.to_thread(
-            question_thresholds, *columns, maps.keys(), labels_file.precisions()
+            question_thresholds, keys, labelled, scales, maps, labels_file.precisions()
         )
         version = self.service.calibrated.maps_version + 1
         logger.info(

@@ -9,7 +9,6 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -64,8 +63,35 @@ def group_index(groups: Sequence[str]) -> tuple[IntArray, int]:
     return np.asarray(index, dtype=np.int64), len(number)
 
 
-def take(rows: Sequence[int], *columns: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple([column[i] for i in rows] for column in columns)
+@dataclass(frozen=True)
+class Labelled:
+    """Labelled reads, as columns: each question's option scores, the index of its right option, and
+    its group (a group's questions are not independent evidence: folds and resamples keep it whole)."""
+
+    scores: Sequence[Sequence[float]]
+    correct: Sequence[int]
+    groups: Sequence[str]
+
+    def __post_init__(self) -> None:
+        if len(self.groups) != len(self.correct):
+            raise ValueError(
+                f"got {len(self.correct)} labelled answers but {len(self.groups)} groups"
+            )
+
+    def rows(self, picked: Sequence[int]) -> Labelled:
+        return Labelled(
+            [self.scores[i] for i in picked],
+            [self.correct[i] for i in picked],
+            [self.groups[i] for i in picked],
+        )
+
+
+def rows_by_name(names: Sequence[str]) -> dict[str, list[int]]:
+    """The rows of each name (a type's, a question's key), in order of first appearance."""
+    rows: dict[str, list[int]] = {}
+    for index, name in enumerate(names):
+        rows.setdefault(name, []).append(index)
+    return rows
 
 
 def _log_softmax(matrix: FloatArray, real: BoolArray, temperature: float) -> FloatArray:
@@ -180,17 +206,11 @@ def fold_of_groups(
 
 
 def cross_validated_probabilities(
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
-    folds: int = FOLDS,
-    seed: int = 0,
+    labelled: Labelled, folds: int = FOLDS, seed: int = 0
 ) -> list[list[float]]:
     """Each question's probabilities under a T fitted on the other folds, for an honest ECE."""
-    matrix, real, answer = _pack(scores, correct)
-    if len(groups) != answer.size:
-        raise ValueError(f"got {answer.size} questions but {len(groups)} group labels")
-    fold = np.asarray(fold_of_groups(groups, folds, seed), dtype=np.int64)
+    matrix, real, answer = _pack(labelled.scores, labelled.correct)
+    fold = np.asarray(fold_of_groups(labelled.groups, folds, seed), dtype=np.int64)
     used = np.unique(fold)
     if used.size < 2:
         raise ValueError("cross-validation needs at least two distinct groups")
@@ -360,18 +380,17 @@ def top_and_hits(
 
 
 def calibrate(
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     seed: int = 0,
     *,
     folds: int = FOLDS,
     resamples: int = RESAMPLES,
 ) -> CalibrationResult:
     """Fit T, test it on held-out folds, and keep it only if the ECE gain is clearly real."""
-    matrix, real, answer = _pack(scores, correct)
+    correct, groups = labelled.correct, labelled.groups
+    matrix, real, answer = _pack(labelled.scores, correct)
     temperature = _fit(matrix, real, answer)
-    held_out = cross_validated_probabilities(scores, correct, groups, folds, seed)
+    held_out = cross_validated_probabilities(labelled, folds, seed)
     raw = _softmax_rows(matrix, real, 1.0)
 
     raw_top, raw_hits = top_and_hits(raw, correct)

@@ -13,10 +13,11 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
+    Labelled,
     fold_of_groups,
     gain_interval,
     newton_minimum,
-    take,
+    rows_by_name,
 )
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
     QuestionMap,
@@ -115,25 +116,21 @@ def fit_map(
 
 
 def measure_question_map(
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     scale: float,
     bias: Sequence[float] | None = None,
     folds: int = FOLDS,
 ) -> QuestionMap:
     """The question's map fitted on every label, with its held-out figures and the type's map's."""
-    own, typed = held_out(scores, correct, groups, scale, bias, folds)
-    final_scale, final_bias = fit_map(scores, correct, scale, bias)
-    figures = compared(own, typed, correct, groups)
+    own, typed = held_out(labelled, scale, bias, folds)
+    final_scale, final_bias = fit_map(labelled.scores, labelled.correct, scale, bias)
+    figures = compared(own, typed, labelled)
     return QuestionMap(**figures.model_dump(), scale=final_scale, bias=final_bias)
 
 
-def compared(
-    own: FloatArray, baseline: FloatArray, correct: Sequence[int], groups: Sequence[str]
-) -> MapFigures:
+def compared(own: FloatArray, baseline: FloatArray, labelled: Labelled) -> MapFigures:
     """The held-out figures of ``own``'s log-probabilities against ``baseline``'s."""
-    answer = np.asarray(correct, dtype=np.int64)
+    answer = np.asarray(labelled.correct, dtype=np.int64)
     rows = np.arange(answer.size)
     own_loss, base_loss = -own[rows, answer], -baseline[rows, answer]
     return MapFigures(
@@ -142,25 +139,21 @@ def compared(
         accuracy=float((own.argmax(axis=1) == answer).mean()),
         type_log_loss=float(base_loss.mean()),
         type_accuracy=float((baseline.argmax(axis=1) == answer).mean()),
-        gain=gain_interval((base_loss - own_loss).tolist(), list(groups)),
+        gain=gain_interval((base_loss - own_loss).tolist(), list(labelled.groups)),
     )
 
 
 def held_out(
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     scale: float,
     bias: Sequence[float] | None = None,
     folds: int = FOLDS,
 ) -> tuple[FloatArray, FloatArray]:
     """Each label's log-probabilities under its own map fitted on the other folds, and the type's."""
-    matrix = floored_scores(scores)
-    answer = _answers(correct, *matrix.shape)
-    if len(groups) != answer.size:
-        raise ValueError(f"got {answer.size} labelled answers but {len(groups)} groups")
+    matrix = floored_scores(labelled.scores)
+    answer = _answers(labelled.correct, *matrix.shape)
     type_scale, type_bias = _type_map(scale, bias, matrix.shape[1])
-    fold = np.asarray(fold_of_groups(groups, folds), dtype=np.int64)
+    fold = np.asarray(fold_of_groups(labelled.groups, folds), dtype=np.int64)
     if np.unique(fold).size < 2:
         raise ValueError("cross-validation needs labels from at least two groups")
     typed = log_softmax_rows(type_scale * matrix + type_bias)
@@ -175,42 +168,30 @@ def held_out(
 
 
 def choose_question_map(
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     scale: float,
     bias: Sequence[float] | None = None,
     folds: int = FOLDS,
 ) -> QuestionMap | None:
     """The question's own map where it is kept (labels from one group: None, nothing to hold out)."""
-    if folds < 2 or len(set(groups)) < 2:
+    if folds < 2 or len(set(labelled.groups)) < 2:
         return None
-    measured = measure_question_map(scores, correct, groups, scale, bias, folds)
+    measured = measure_question_map(labelled, scale, bias, folds)
     return measured if measured.kept else None
-
-
-def rows_by_key(keys: Sequence[str]) -> dict[str, list[int]]:
-    rows: dict[str, list[int]] = {}
-    for index, key in enumerate(keys):
-        rows.setdefault(key, []).append(index)
-    return rows
 
 
 def question_maps(
     keys: Sequence[str],
-    scores: Sequence[Sequence[float]],
-    correct: Sequence[int],
-    groups: Sequence[str],
+    labelled: Labelled,
     scales: Sequence[float],
     minimum: int = MIN_LABELS,
 ) -> dict[str, QuestionMap]:
     """The kept map of every question labelled at least ``minimum`` times."""
     maps = {}
-    for key, picked in rows_by_key(keys).items():
+    for key, picked in rows_by_name(keys).items():
         if len(picked) < minimum:
             continue
-        rows, answers, labelled = take(picked, scores, correct, groups)
-        kept = choose_question_map(rows, answers, labelled, scales[picked[0]])
+        kept = choose_question_map(labelled.rows(picked), scales[picked[0]])
         if kept is not None:
             maps[key] = kept
     return maps
