@@ -73,7 +73,7 @@ class Resolved:
             self.correction,
             self.layout,
             self.temperature,
-            self.question_map,
+            self.question_map.bias if self.question_map is not None else None,
         )
 
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,7 +15,6 @@ from vllm.entrypoints.generate.decisions.decide.backends.base import (
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import QuestionMap
 from vllm.entrypoints.generate.decisions.decide.reading.calls import (
     backend_read,
     checked_scores,
@@ -53,8 +52,8 @@ class ReadPlan:
     orders: list[list[int]]
     correction: Correction = NO_CORRECTION
     temperature: Temperature = DEFAULT
-    # The question's own map (its scale is the temperature; its bias is added here).
-    question_map: QuestionMap | None = None
+    # The question's own map's bias in logit units, added here (its scale is the temperature).
+    map_bias: Sequence[float] | None = None
 
     @property
     def rotated(self) -> bool:
@@ -87,7 +86,7 @@ def plan_read(
     correction: Correction = NO_CORRECTION,
     layout: str | None = None,
     temperature: Temperature = DEFAULT,
-    question_map: QuestionMap | None = None,
+    map_bias: Sequence[float] | None = None,
 ) -> ReadPlan:
     """``layout`` None: the options as the context has them."""
     return ReadPlan(
@@ -98,7 +97,7 @@ def plan_read(
         orders(question, debias, backend.order_independent),
         correction,
         temperature,
-        question_map,
+        map_bias,
     )
 
 
@@ -180,11 +179,11 @@ def with_correction(
             plan.correction,
             all(p.cached for p in priors) if priors else None,
         )
-    if plan.question_map is not None:
+    if plan.map_bias is not None:
         # softmax(scale * s + bias) as the temperature 1 / scale divides it: the bias in score units.
         temperature = plan.temperature.value
         done.corrected = [
             score + bias * temperature
-            for score, bias in zip(done.scores, plan.question_map.bias, strict=True)
+            for score, bias in zip(done.scores, plan.map_bias, strict=True)
         ]
     return done

@@ -395,8 +395,8 @@ class DecisionService:
             debias=done.debias,
             prior=done.prior,
             question_map=(
-                plan.question_map.audit(keys)
-                if plan.question_map is not None and how.examples is None
+                how.question_map.audit(keys)
+                if how.question_map is not None and how.examples is None
                 else None
             ),
             examples=how.examples.audit(keys) if how.examples is not None else None,
