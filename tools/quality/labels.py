@@ -24,7 +24,7 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
   rule kept it, else as in ``no labels``;
 - ``labels -> type T`` and ``labels -> type T + per-question map``: the labels as the server's
   calibration file: each type's T refitted on the drawn labels by the server's own rules
-  (``calibrate``, ``fit_types``; T = 1 where none is kept), then the two rows above at those T;
+  (``calibrate``, ``type_fits``; T = 1 where none is kept), then the two rows above at those T;
 - ``batch calibration``: accuracy.py's batch row on the held-out lines' uncorrected reads (each answer's
   log-softmax minus the mean over the held-out answers to its question): needs the whole batch first
   and no labels, so it does not vary with the split;

@@ -23,8 +23,10 @@ from tools.quality.accuracy_figures import (
 )
 from vllm.entrypoints.generate.decisions.calibration import question_file
 from vllm.entrypoints.generate.decisions.calibration.abstention import fit_abstention
-from vllm.entrypoints.generate.decisions.calibration.by_type import fit_types
-from vllm.entrypoints.generate.decisions.calibration.fitting import MIN_ANSWERED
+from vllm.entrypoints.generate.decisions.calibration.fitting import (
+    MIN_ANSWERED,
+    type_fits,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
@@ -37,7 +39,6 @@ from vllm.entrypoints.generate.decisions.calibration.question_map import (
     MIN_LABELS,
     choose_question_map,
 )
-from vllm.entrypoints.generate.decisions.calibration.record import TypeRecord
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
     Abstention,
@@ -107,11 +108,8 @@ def fitted_temperatures(labels: Lines, chosen: Sequence[int]) -> dict[str, float
     if len(rows) < MIN_ANSWERED:
         return dict.fromkeys(types, 1.0)
     server = calibrate(labelled(labels, rows)).applied_temperature
-    fits = fit_types(set(types), types, labelled(labels, rows), MIN_ANSWERED)
-    return {
-        name: TypeRecord.of(fit, server).applied_temperature
-        for name, fit in fits.items()
-    }
+    fits = type_fits(set(types), types, labelled(labels, rows), server)
+    return {name: fit.applied_temperature for name, fit in fits.items()}
 
 
 def at_temperatures(lines: Lines, temperatures: dict[str, float]) -> Lines:

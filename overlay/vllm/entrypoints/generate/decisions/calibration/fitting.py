@@ -7,17 +7,23 @@ import asyncio
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import vllm
-from vllm.entrypoints.generate.decisions.calibration import bias, by_type, question_file
+from vllm.entrypoints.generate.decisions.calibration import bias, question_file
 from vllm.entrypoints.generate.decisions.calibration.abstention import (
     question_thresholds,
     type_thresholds,
 )
 from vllm.entrypoints.generate.decisions.calibration.deployment_lock import run_id
-from vllm.entrypoints.generate.decisions.calibration.maths import Labelled, calibrate
+from vllm.entrypoints.generate.decisions.calibration.maths import (
+    HIGH_TEMPERATURE,
+    LOW_TEMPERATURE,
+    Labelled,
+    calibrate,
+    rows_by_name,
+)
 from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
 from vllm.entrypoints.generate.decisions.calibration.record import (
     CalibrationFailure,
@@ -96,14 +102,11 @@ async def fitted_record(
     # Every type in the file, in file order: one with no answered question is reported as too few.
     names = dict.fromkeys(item.question.qtype.name for item in questions.questions)
     types = [item.question.qtype.name for item, _ in answered]
-    fits = await asyncio.to_thread(
-        by_type.fit_types, names, types, labelled, MIN_ANSWERED
-    )
     applied = result.temperature if served_at_top else result.applied_temperature
     record = CalibrationRecord(
         **Fit.fields(result),
         applied_temperature=applied,
-        by_type={name: TypeRecord.of(fit, applied) for name, fit in fits.items()},
+        by_type=await asyncio.to_thread(type_fits, names, types, labelled, applied),
         reads=reads,
         questions=QuestionsUsed(
             file=questions.name,
@@ -165,6 +168,38 @@ async def fitted_record(
             "labelled": pooled,
         }
     )
+
+
+def type_fits(
+    names: Iterable[str], types: Sequence[str], labelled: Labelled, server: float
+) -> dict[str, TypeRecord]:
+    """A T per question type, as a model can be overconfident on choices and calibrated on yes/no;
+    a type with too few answers, or whose fit fails or ends at an edge, gets the ``server`` T."""
+    rows = rows_by_name(types)
+    fits = {}
+    for name in names:
+        picked = rows.get(name, [])
+        result, fallback = None, None
+        if len(picked) < MIN_ANSWERED:
+            fallback = f"too few questions ({len(picked)} < {MIN_ANSWERED})"
+        else:
+            try:
+                result = calibrate(labelled.rows(picked))
+            except ValueError as exc:
+                fallback = str(exc)
+        if result is not None and result.at_edge:
+            fallback = (
+                f"the fitted T={result.temperature:.3f} is at the edge of "
+                f"[{LOW_TEMPERATURE}, {HIGH_TEMPERATURE:g}]"
+            )
+        own = result if fallback is None else None
+        fits[name] = TypeRecord(
+            **Fit.fields(result),
+            applied_temperature=own.applied_temperature if own else server,
+            used=len(picked),
+            fallback=fallback,
+        )
+    return fits
 
 
 def choose_reads(

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from vllm.entrypoints.generate.decisions.calibration.by_type import TypeFit
 from vllm.entrypoints.generate.decisions.calibration.maths import CalibrationResult
 from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
     Abstention,
@@ -60,16 +59,6 @@ class TypeRecord(Fit):
     applied_temperature: PositiveT
     used: int
     fallback: str | None
-
-    @classmethod
-    def of(cls, fit: TypeFit, server_applied: float) -> TypeRecord:
-        own = fit.result if fit.fallback is None else None
-        return cls(
-            **Fit.fields(fit.result),
-            applied_temperature=own.applied_temperature if own else server_applied,
-            used=fit.used,
-            fallback=fit.fallback,
-        )
 
     def log_line(self, name: str) -> str:
         how = (
