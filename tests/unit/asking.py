@@ -14,6 +14,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
 )
 from vllm.entrypoints.generate.decisions.decide.reading.read import (
     QuestionRead,
+    Resolved,
     plan_read,
     read,
 )
@@ -45,4 +46,6 @@ async def read_question(
     correction: Correction = NO_CORRECTION,
 ) -> QuestionRead:
     """``question`` read as the service reads it: planned, then the plan run."""
-    return await read(plan_read(backend, question, context, debias, correction))
+    return await read(
+        plan_read(backend, question, context, debias, Resolved(correction))
+    )

@@ -16,15 +16,15 @@ from vllm.entrypoints.generate.decisions.calibration.abstention import (
     fit_abstention,
     question_thresholds,
 )
-from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
-from vllm.entrypoints.generate.decisions.calibration.question_map import fit_map
-from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
     Abstention,
     Calibrated,
     QuestionExamples,
     question_key,
 )
+from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
+from vllm.entrypoints.generate.decisions.calibration.question_map import fit_map
+from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     DEFAULT,
     Temperatures,

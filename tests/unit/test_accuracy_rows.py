@@ -21,7 +21,7 @@ from tools.quality.accuracy_rows import (
     served_scores,
 )
 from vllm.entrypoints.generate.decisions.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import QuestionMap
+from vllm.entrypoints.generate.decisions.calibration.in_force import QuestionMap
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
 KEYS = ['"a"', '"b"', '"c"']

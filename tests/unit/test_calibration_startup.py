@@ -12,7 +12,6 @@ import pytest
 from vllm.entrypoints.generate.decisions.calibration import (
     deployment_lock,
     question_file,
-    store,
 )
 from vllm.entrypoints.generate.decisions.calibration import record as saved_record
 from vllm.entrypoints.generate.decisions.calibration.calibrate import (
@@ -299,7 +298,7 @@ async def test_a_saved_single_temperature_result_is_not_reused(tmp_path):
     record = json.loads(saved.read_text())
     saved.unlink()
     old_key = {k: v for k, v in record.pop("key").items() if k != "scheme"}
-    store.save(
+    deployment_lock.save(
         tmp_path / "saved", old_key, {k: v for k, v in record.items() if k != "by_type"}
     )
     reads = []
@@ -416,12 +415,12 @@ def test_the_bundled_set_loads_and_maps_answers():
         assert 0 <= item.correct < len(item.question.options)
 
 
-def test_store_ignores_a_file_for_another_key(tmp_path):
-    store.save(tmp_path, {"a": 1}, {"temperature": 2.0})
-    assert store.load(tmp_path, {"a": 1})["temperature"] == 2.0
-    assert store.load(tmp_path, {"a": 2}) is None
-    store.path_for(tmp_path, {"a": 1}).write_text("{broken")
-    assert store.load(tmp_path, {"a": 1}) is None
+def test_a_saved_result_is_ignored_for_another_key(tmp_path):
+    deployment_lock.save(tmp_path, {"a": 1}, {"temperature": 2.0})
+    assert deployment_lock.load(tmp_path, {"a": 1})["temperature"] == 2.0
+    assert deployment_lock.load(tmp_path, {"a": 2}) is None
+    deployment_lock.path_for(tmp_path, {"a": 1}).write_text("{broken")
+    assert deployment_lock.load(tmp_path, {"a": 1}) is None
 
 
 async def test_configured_temperature_skips_calibration(tmp_path):

@@ -8,8 +8,8 @@ import asyncio
 import logging
 from types import SimpleNamespace
 
+from vllm.entrypoints.generate.decisions.calibration.in_force import Calibrated
 from vllm.entrypoints.generate.decisions.decide.engine.vllm_host import VllmHost
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.runtime.startup import (
     cut_short,

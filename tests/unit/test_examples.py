@@ -20,6 +20,10 @@ from vllm.entrypoints.generate.decisions.calibration.examples import (
     measure_examples,
     pick_examples,
 )
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    ShownExample,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     Labelled,
@@ -30,10 +34,6 @@ from vllm.entrypoints.generate.decisions.decide.backends.base import (
     Reading,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    ShownExample,
-    question_key,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.prior import fingerprint
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 

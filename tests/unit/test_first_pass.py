@@ -13,7 +13,7 @@ from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.calibration.calibrate import (
     startup_calibration,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
+from vllm.entrypoints.generate.decisions.calibration.in_force import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.prior import (
     NEUTRAL_INPUTS,
 )

@@ -31,7 +31,7 @@ from tools.quality.labels_figures import (
     with_maps,
 )
 from vllm.entrypoints.generate.decisions.calibration import question_file
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Abstention
+from vllm.entrypoints.generate.decisions.calibration.in_force import Abstention
 
 LEANING = {"type": "noul", "instructions": "Is it urgent?"}
 PLAIN = {"type": "noul", "instructions": "Is it about billing?"}

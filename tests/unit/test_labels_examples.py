@@ -25,7 +25,7 @@ from tools.quality.labels_examples import (
     split_examples,
 )
 from tools.quality.labels_figures import Lines, cross_validated, fit_maps, served
-from vllm.entrypoints.generate.decisions.calibration.examples_pass import ShownReader
+from vllm.entrypoints.generate.decisions.calibration.examples import ShownReader
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     fold_of_groups,

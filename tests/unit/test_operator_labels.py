@@ -17,12 +17,12 @@ from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.calibration.calibrate import (
     startup_calibration,
 )
+from vllm.entrypoints.generate.decisions.calibration.in_force import question_key
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
 )
 from vllm.entrypoints.generate.decisions.decide.questions import CHOICE, ChoiceQuestion
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import question_key
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 

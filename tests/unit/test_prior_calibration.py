@@ -20,6 +20,12 @@ from vllm.entrypoints.generate.decisions.calibration.bias import choose_layout
 from vllm.entrypoints.generate.decisions.calibration.calibrate import (
     startup_calibration,
 )
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    Calibrated,
+    Candidate,
+    ReadChoice,
+    TypeReads,
+)
 from vllm.entrypoints.generate.decisions.decide.backends.base import (
     DecisionBackend,
     Reading,
@@ -34,12 +40,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     ScoreQuestion,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    Calibrated,
-    Candidate,
-    ReadChoice,
-    TypeReads,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
     Corrections,
@@ -259,7 +259,7 @@ QUESTIONS = {
 }
 
 
-CALIBRATED = Calibrated(TEMPERATURES, READS)
+CALIBRATED = Calibrated(TEMPERATURES, reads=READS)
 
 
 def corrections(setting="auto"):
@@ -267,49 +267,49 @@ def corrections(setting="auto"):
 
 
 def test_auto_is_calibrations_choice_and_each_mode_gets_its_own_temperature():
-    how = corrections().resolve(QUESTIONS["choice"], AS_SET, CALIBRATED)
+    how = CALIBRATED.resolve(QUESTIONS["choice"], AS_SET, corrections())
     assert (how.correction.mode, how.correction.bias, how.layout) == (
         "content-free",
         None,
         None,
     )
     assert how.temperature == Temperature(0.7, "calibrated", "choice")
-    how = corrections().resolve(
-        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), CALIBRATED
+    how = CALIBRATED.resolve(
+        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), corrections()
     )
     assert how.correction.bias == [0.0, -1.0, -2.0] and how.temperature == Temperature(
         0.9, "calibrated", "choice:fitted"
     )
-    how = corrections().resolve(
-        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), CALIBRATED, 3.0
+    how = CALIBRATED.resolve(
+        QUESTIONS["choice"], Asked(AS_SET.debias, "fitted"), corrections(), 3.0
     )
     assert how.temperature == Temperature(3.0, "request", "request"), (
         "a request's T still wins"
     )
     # A type calibration chose nothing for: no correction, the server-wide T.
-    how = corrections().resolve(QUESTIONS["score"], AS_SET, CALIBRATED)
+    how = CALIBRATED.resolve(QUESTIONS["score"], AS_SET, corrections())
     assert (
         how.correction.mode == "off"
         and how.temperature == TEMPERATURES.server
         and how.layout is None
     )
     assert (
-        corrections("content-free")
-        .resolve(QUESTIONS["score"], AS_SET, CALIBRATED)
-        .correction.mode
+        CALIBRATED.resolve(
+            QUESTIONS["score"], AS_SET, corrections("content-free")
+        ).correction.mode
         == "content-free"
     )
     # Another backend than the one calibrated: none of calibration's choices.
     assert (
-        corrections()
-        .resolve(QUESTIONS["choice"], AS_SET, CALIBRATED, measured=False)
-        .correction.mode
+        CALIBRATED.resolve(
+            QUESTIONS["choice"], AS_SET, corrections(), measured=False
+        ).correction.mode
         == "off"
     )
 
 
 def test_a_type_is_read_in_the_layout_calibration_kept_unless_the_request_names_one():
-    how = corrections().resolve(QUESTIONS["noul"], AS_SET, CALIBRATED)
+    how = CALIBRATED.resolve(QUESTIONS["noul"], AS_SET, corrections())
     assert (how.layout, how.correction.mode, how.temperature.scope) == (
         "words",
         "off",
@@ -317,15 +317,15 @@ def test_a_type_is_read_in_the_layout_calibration_kept_unless_the_request_names_
     )
     # The request's own layout: the backend's options are left as the request has them, with that layout's
     # choice (content-free in letters) and its T.
-    how = corrections().resolve(
-        QUESTIONS["noul"], Asked(AS_SET.debias, None, "letters"), CALIBRATED
+    how = CALIBRATED.resolve(
+        QUESTIONS["noul"], Asked(AS_SET.debias, None, "letters"), corrections()
     )
     assert (how.layout, how.correction.mode) == (None, "content-free")
     assert how.temperature == Temperature(
         0.8, "calibrated", "noul:letters:content-free"
     )
-    how = corrections().resolve(
-        QUESTIONS["noul"], Asked(AS_SET.debias, "fitted"), CALIBRATED
+    how = CALIBRATED.resolve(
+        QUESTIONS["noul"], Asked(AS_SET.debias, "fitted"), corrections()
     )
     assert (
         how.correction.bias == [0.0, 0.5]
@@ -338,14 +338,14 @@ def test_a_fitted_mode_without_a_fitted_bias_is_refused_naming_the_setting():
         DecisionError,
         match=r"^extra\.prior='fitted': no position bias was fitted for score",
     ):
-        corrections().resolve(
-            QUESTIONS["score"], Asked(AS_SET.debias, "fitted"), CALIBRATED
+        CALIBRATED.resolve(
+            QUESTIONS["score"], Asked(AS_SET.debias, "fitted"), corrections()
         )
     with pytest.raises(
         DecisionError, match=r"^VLLM_TYPED_DECISIONS_PRIOR='content-free\+fitted'"
     ):
-        corrections("content-free+fitted").resolve(
-            QUESTIONS["score"], AS_SET, CALIBRATED
+        CALIBRATED.resolve(
+            QUESTIONS["score"], AS_SET, corrections("content-free+fitted")
         )
 
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from vllm.entrypoints.generate.decisions.calibration import question_map
+from vllm.entrypoints.generate.decisions.calibration.in_force import QuestionMap
 from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import (
     choose_question_map,
     fit_map,
     measure_question_map,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import QuestionMap
 
 TRUE_SCALE = 0.4
 TRUE_BIAS = [1.0, -0.5, -0.5]

@@ -15,11 +15,11 @@ from tests.unit.asking import ask
 from vllm.entrypoints.generate.decisions.calibration.calibrate import (
     startup_calibration,
 )
+from vllm.entrypoints.generate.decisions.calibration.in_force import question_key
 from vllm.entrypoints.generate.decisions.calibration.live_labels import (
     LiveLabels,
     watch,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import question_key
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.runtime.startup import start_service

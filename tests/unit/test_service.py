@@ -7,6 +7,7 @@ from http import HTTPStatus
 import pytest
 
 from tests.unit.asking import ask
+from vllm.entrypoints.generate.decisions.calibration.in_force import Calibrated
 from vllm.entrypoints.generate.decisions.decide.errors import (
     BackendUnavailable,
     DecisionError,
@@ -20,7 +21,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     NoulQuestion,
     ScoreQuestion,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.serving.service import (
     Answer,
     DecisionService,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm.entrypoints.generate.decisions.bulk.ray_data import Board
-from vllm.entrypoints.generate.decisions.calibration import deployment_lock, store
+from vllm.entrypoints.generate.decisions.calibration import deployment_lock
 from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
     once_per_server,
     share_records,
@@ -108,13 +108,13 @@ async def test_one_process_makes_the_record_and_another_with_its_own_folder_take
     assert all(record == {"t": 1.25} for record, _ in results)
     # each folder holds the record, so a restart on that node loads it from disk
     for n in range(2):
-        assert store.load(node(n), KEY, "calibration")["t"] == 1.25
+        assert deployment_lock.load(node(n), KEY, "calibration")["t"] == 1.25
 
 
 async def test_a_record_the_caller_cant_reuse_is_made_again(tmp_path, shared):
-    await shared.board.take(store.path_for(tmp_path, KEY, "startup").stem, 30)
+    await shared.board.take(deployment_lock.path_for(tmp_path, KEY, "startup").stem, 30)
     await shared.board.give(
-        store.path_for(tmp_path, KEY, "startup").stem, {"run": "another run"}
+        deployment_lock.path_for(tmp_path, KEY, "startup").stem, {"run": "another run"}
     )
 
     async def produce() -> dict:
@@ -137,7 +137,9 @@ async def test_a_maker_that_raises_gives_the_work_up(tmp_path, shared):
     assert shared.given == [None]
     # free to make
     assert (
-        await shared.board.take(store.path_for(tmp_path, KEY, "calibration").stem, 30)
+        await shared.board.take(
+            deployment_lock.path_for(tmp_path, KEY, "calibration").stem, 30
+        )
         is None
     )
 

@@ -37,7 +37,7 @@ never fitted on. Rows, per type and per question, mean ± sample standard deviat
   read.
 - ``labels -> examples + map`` and ``examples + map, always`` (with ``--examples N``;
   labels_examples.py): per question, the drawn labels read again with examples from the other folds,
-  measured against their plain reads (``calibration/examples_pass.measure``, the server's own code), then
+  measured against their plain reads (``calibration/examples.measure``, the server's own code), then
   the held-out lines read with the examples the server would serve; the first row serves those reads
   (under the examples' map) where the keep rule kept them, else as the map row (the issue's "both":
   per-question map and examples, each where kept; examples never go without their map, so there is no
@@ -117,7 +117,7 @@ from vllm.entrypoints.generate.decisions.calibration import (
     question_file,
     question_map,
 )
-from vllm.entrypoints.generate.decisions.calibration.examples_pass import ShownReader
+from vllm.entrypoints.generate.decisions.calibration.examples import ShownReader
 from vllm.entrypoints.generate.decisions.calibration.record import (
     CalibrationRecord,
 )

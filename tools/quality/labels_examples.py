@@ -3,7 +3,7 @@ buy, measured split by split as the server measures them.
 
 Examples change the reads themselves, so unlike the map rows these need the engine once per split:
 per question, each drawn label is read again with examples from the other folds of the drawn labels
-and the examples are measured against its plain read (calibration/examples_pass.measure, the server's own
+and the examples are measured against its plain read (calibration/examples.measure, the server's own
 code, through its ShownReader), then each held-out line of the question is read with the examples the
 server would serve (picked from all the drawn labels). The reads are cached by line and examples
 (``shown_key``), so a rerun, or the offline figures, ask nothing twice.
@@ -42,12 +42,18 @@ from tools.quality.labels_figures import (
     labelled,
     served,
 )
-from vllm.entrypoints.generate.decisions.calibration.examples import measure_examples
-from vllm.entrypoints.generate.decisions.calibration.examples_pass import (
+from vllm.entrypoints.generate.decisions.calibration.examples import (
     ShownReader,
     measure,
+    measure_examples,
 )
 from vllm.entrypoints.generate.decisions.calibration.fitting import map_scale
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    QuestionExamples,
+    QuestionMap,
+    TypeReads,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     fold_of_groups,
@@ -57,12 +63,6 @@ from vllm.entrypoints.generate.decisions.calibration.record import (
     CalibrationRecord,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import Example
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    QuestionExamples,
-    QuestionMap,
-    TypeReads,
-    question_key,
-)
 
 EXAMPLES = "labels -> examples + map"
 ALWAYS = "examples + map, always"

@@ -27,6 +27,10 @@ from vllm.entrypoints.generate.decisions.calibration.fitting import (
     MIN_ANSWERED,
     type_fits,
 )
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    Abstention,
+    QuestionMap,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
@@ -40,10 +44,6 @@ from vllm.entrypoints.generate.decisions.calibration.question_map import (
     choose_question_map,
 )
 from vllm.entrypoints.generate.decisions.decide.questions import top_index
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    Abstention,
-    QuestionMap,
-)
 from vllm.entrypoints.generate.decisions.decide.scoring import softmax
 
 NO_LABELS = "no labels"

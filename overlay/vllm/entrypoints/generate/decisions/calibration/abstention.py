@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
+from vllm.entrypoints.generate.decisions.calibration.in_force import Abstention
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     RESAMPLES,
     BoolArray,
@@ -20,7 +21,6 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     top_and_hits,
 )
 from vllm.entrypoints.generate.decisions.calibration.question_map import held_out
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Abstention
 
 # Fewer answered labels than this and a precision says too little: the Wilson bound's normal
 # approximation and the bootstrap both need a few dozen answers.

@@ -10,19 +10,19 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vllm.entrypoints.generate.decisions.calibration.maths import (
-    FOLDS,
-    fold_of_groups,
-    gain_interval,
-    newton_minimum,
-)
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
     SCORE_FLOOR,
     SINGLE,
     Candidate,
     ReadChoice,
     TypeReads,
     keeps,
+)
+from vllm.entrypoints.generate.decisions.calibration.maths import (
+    FOLDS,
+    fold_of_groups,
+    gain_interval,
+    newton_minimum,
 )
 from vllm.entrypoints.generate.decisions.decide.scoring import adjusted
 from vllm.entrypoints.generate.decisions.decide.settings import (

@@ -12,17 +12,20 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from vllm.entrypoints.generate.decisions.calibration import question_file, store
+from vllm.entrypoints.generate.decisions.calibration import question_file
 from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
+    load,
     once_per_server,
+    path_for,
     save,
     this_run,
 )
-from vllm.entrypoints.generate.decisions.calibration.examples_pass import (
+from vllm.entrypoints.generate.decisions.calibration.examples import (
     ShownReader,
     with_examples,
 )
 from vllm.entrypoints.generate.decisions.calibration.fitting import fitted_record, log
+from vllm.entrypoints.generate.decisions.calibration.in_force import Calibrated
 from vllm.entrypoints.generate.decisions.calibration.live_labels import restored
 from vllm.entrypoints.generate.decisions.calibration.reads import (
     Earlier,
@@ -40,7 +43,6 @@ from vllm.entrypoints.generate.decisions.calibration.record import (
     saved_outcome,
 )
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.prior import PriorCache
 from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
     NO_CORRECTION,
@@ -153,7 +155,7 @@ async def startup_calibration(
                 "decision calibration: the saved result for this deployment is a failure, "
                 "T=1.0 (default): %s; delete %s to measure again",
                 fits.failed,
-                store.path_for(Path(settings.calibration_dir), key),
+                path_for(Path(settings.calibration_dir), key),
             )
         return Calibrated(Temperatures(DEFAULT))
     if (problem := fits.temperature_problem(settings)) is not None:
@@ -223,9 +225,9 @@ def saved_first_pass(
     directory: Path, key: dict[str, Any], settings: Settings
 ) -> CalibrationRecord | None:
     """The first pass an earlier start saved, unless a full result is."""
-    if store.load(directory, key) is not None:
+    if load(directory, key) is not None:
         return None
-    saved = store.load(directory, key, FIRST_PASS_KIND)
+    saved = load(directory, key, FIRST_PASS_KIND)
     if saved is None or "failed" in saved or not reusable(saved, settings):
         return None
     return CalibrationRecord.model_validate(saved)
@@ -235,9 +237,9 @@ def calibrated(fits: CalibrationRecord, stage: str = FIRST_PASS) -> Calibrated:
     """The fits as answers apply them (a first pass's, or the full one's without what only it has)."""
     return Calibrated(
         fits.temperatures(),
-        fits.reads,
         stage,
         fits.question_reads,
+        fits.reads,
         fits.question_maps,
         fits.abstention,
         question_abstention=fits.question_abstention,

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Startup work done once per deployment, not per API-server process: under a ``flock`` (freed by a
-crash) beside the saved result, or through :class:`SharedRecords` where processes share no folder."""
+crash) beside the saved result, or through :class:`SharedRecords` where processes share no folder.
+Results are saved one JSON file per deployment and kind, reused only on an exact key match."""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,7 +16,6 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol
 
-from vllm.entrypoints.generate.decisions.calibration import store
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX
 from vllm.logger import init_logger
 
@@ -106,10 +108,10 @@ async def once_per_server(
     waiting: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The record of ``kind`` for ``key``, and whether it was loaded rather than produced here."""
-    path = store.path_for(directory, key, kind)
+    path = path_for(directory, key, kind)
     # The lock beside the saved result, held by the one API-server process producing it.
     async with exclusive(path.with_suffix(".lock"), wait_s, kind, waiting):
-        saved = store.load(directory, key, kind)
+        saved = load(directory, key, kind)
         if saved is not None and reusable(saved):
             return saved, True
         name = path.stem
@@ -135,14 +137,39 @@ async def once_per_server(
         return record, False
 
 
-def save(
-    directory: Path, key: dict[str, Any], record: dict[str, Any], kind: str
-) -> None:
-    """A folder that can't hold ``record`` is a warning, never a stop."""
+def path_for(directory: Path, key: dict[str, Any], kind: str = "calibration") -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
+    return directory / f"{kind}-{digest.hexdigest()[:20]}.json"
+
+
+def load(
+    directory: Path, key: dict[str, Any], kind: str = "calibration"
+) -> dict[str, Any] | None:
+    """The saved result for exactly this key, or None."""
     try:
-        logger.info(
-            "decision %s saved to %s", kind, store.save(directory, key, record, kind)
+        record = json.loads(path_for(directory, key, kind).read_text())
+    except (OSError, ValueError):
+        return None
+    same = json.loads(json.dumps(key, default=str))
+    return record if isinstance(record, dict) and record.get("key") == same else None
+
+
+def save(
+    directory: Path,
+    key: dict[str, Any],
+    record: dict[str, Any],
+    kind: str = "calibration",
+) -> None:
+    """Atomically, so a crash mid-write never leaves a half file to be trusted later; a folder that
+    can't hold ``record`` is a warning, never a stop."""
+    path = path_for(directory, key, kind)
+    temporary = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(
+            json.dumps({**record, "key": key}, indent=2, default=str) + "\n"
         )
+        temporary.replace(path)
     except OSError as exc:
         logger.warning(
             "decision %s not saved (%sCALIBRATION_DIR=%s): %s",
@@ -151,6 +178,8 @@ def save(
             directory,
             exc,
         )
+        return
+    logger.info("decision %s saved to %s", kind, path)
 
 
 def this_run(record: dict[str, Any]) -> bool:

@@ -17,6 +17,11 @@ from vllm.entrypoints.generate.decisions.calibration.abstention import (
     type_thresholds,
 )
 from vllm.entrypoints.generate.decisions.calibration.deployment_lock import run_id
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    LabelledRead,
+    TypeReads,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     HIGH_TEMPERATURE,
     LOW_TEMPERATURE,
@@ -34,11 +39,6 @@ from vllm.entrypoints.generate.decisions.calibration.record import (
     TypeRecord,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import sha256_of
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    LabelledRead,
-    TypeReads,
-    question_key,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.read import QuestionRead
 from vllm.entrypoints.generate.decisions.decide.settings import AUTO, uses_fitted
 from vllm.entrypoints.generate.decisions.decide.temperature import (

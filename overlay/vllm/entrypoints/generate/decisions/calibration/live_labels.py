@@ -14,14 +14,22 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from vllm.entrypoints.generate.decisions.calibration import question_file, store
+from vllm.entrypoints.generate.decisions.calibration import question_file
 from vllm.entrypoints.generate.decisions.calibration.abstention import (
     question_thresholds,
 )
 from vllm.entrypoints.generate.decisions.calibration.deployment_lock import (
+    load,
     once_per_server,
 )
 from vllm.entrypoints.generate.decisions.calibration.fitting import question_name
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    Abstention,
+    Calibrated,
+    LabelledRead,
+    QuestionMap,
+    question_key,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
@@ -29,15 +37,8 @@ from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
     sha256_of,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    Abstention,
-    Calibrated,
-    LabelledRead,
-    QuestionMap,
-    question_key,
-)
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import Asked
-from vllm.entrypoints.generate.decisions.decide.reading.read import read
+from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
 from vllm.entrypoints.generate.decisions.decide.reports import LABELS_FILE, STARTUP
 from vllm.entrypoints.generate.decisions.decide.serving.service import DecisionService
 from vllm.entrypoints.generate.decisions.decide.settings import PREFIX, Settings
@@ -65,7 +66,7 @@ def load_saved(settings: Settings, key: Any) -> SavedLabels | None:
     """The refit saved for this calibration ``key`` from this server's labels file, if any."""
     if not settings.labels or key is None:
         return None
-    raw = store.load(Path(settings.calibration_dir), key, KIND)
+    raw = load(Path(settings.calibration_dir), key, KIND)
     if raw is None:
         return None
     try:
@@ -105,14 +106,21 @@ class LiveLabels:
         self.fitted_sha256: str | None = None
         # Reads by (state's SHA-256, question key): each labelled line is read once.
         self.reads: dict[tuple[str, str], LabelledRead] = {}
-        saved = load_saved(service.settings, service.calibrated.key)
+        saved = load_saved(service.settings, self.calibrated.key)
         # Startup's thresholds: a refit's are laid over these, not over the last refit's.
-        self.startup_abstention = dict(service.calibrated.question_abstention)
+        self.startup_abstention = dict(self.calibrated.question_abstention)
         if saved is not None:
             self.fitted_sha256 = saved.sha256
             self.reads = {(r.state_sha256, r.question): r for r in saved.reads}
             for key in saved.abstention:
                 self.startup_abstention.pop(key, None)
+
+    @property
+    def calibrated(self) -> Calibrated:
+        """The record in force (``watch`` starts a watcher only where calibration put one there)."""
+        calibrated = self.service.calibrated
+        assert isinstance(calibrated, Calibrated)
+        return calibrated
 
     async def run(self) -> None:
         """Look at the file every ``poll_s`` seconds until cancelled; a fault is not fatal."""
@@ -150,7 +158,7 @@ class LiveLabels:
             return False
         if labels_file.sha256 == self.fitted_sha256:
             return False
-        calibrated = self.service.calibrated
+        calibrated = self.calibrated
         if calibrated.key is None:  # no saved calibration to share the refit under
             return self._apply(await self._refit(labels_file), loaded=False)
         settings = self.service.settings
@@ -189,9 +197,7 @@ class LiveLabels:
             if _key(item) in self.reads
         ]
         # A question the calibration file labelled too is refitted on its labels from both files.
-        startup = pooled(
-            self.service.calibrated.labelled, [_key(item) for item, _ in rows]
-        )
+        startup = pooled(self.calibrated.labelled, [_key(item) for item, _ in rows])
         both = [(item.correct, item.group, read) for item, read in rows] + startup
         keys = [read.question for _, _, read in both]
         scales = [read.scale for _, _, read in both]
@@ -204,7 +210,7 @@ class LiveLabels:
         thresholds = await asyncio.to_thread(
             question_thresholds, keys, labelled, scales, maps, labels_file.precisions()
         )
-        version = self.service.calibrated.maps_version + 1
+        version = self.calibrated.maps_version + 1
         logger.info(
             "decision labels: refit %d from %s: %d new lines read (%d in all, with %d labels of "
             "the same questions from the calibration file), %d question maps kept",
@@ -233,7 +239,7 @@ class LiveLabels:
 
     def _apply(self, refit: SavedLabels, loaded: bool) -> bool:
         """``refit`` over startup's maps and thresholds; ``loaded``: its reads are adopted."""
-        calibrated = self.service.calibrated
+        calibrated = self.calibrated
         startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
         self.service.calibrated = replace(
             calibrated,
@@ -256,13 +262,13 @@ class LiveLabels:
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
         """Each line read as a request reads it without a map (failures retried on the next change)."""
         service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
-        without_maps = replace(service.calibrated, maps={}, examples={})
+        without_maps = replace(self.calibrated, maps={}, examples={})
         asked = Asked(service.settings.debias)
         # Request ids unique to this refit: a later one, or another process, may read a line again.
         refit = uuid.uuid4().hex[:8]
 
         async def one(index: int, item: question_file.LabelledQuestion) -> None:
-            how = service.corrections.resolve(item.question, asked, without_maps)
+            how = without_maps.resolve(item.question, asked, service.corrections)
             if how.temperature.source != "calibrated":
                 return  # no map applies to this question's reads
             context = replace(
@@ -273,7 +279,7 @@ class LiveLabels:
                 ),
                 adapter=service.adapter,
             )
-            plan = how.plan(service.backend, item.question, context, asked.debias)
+            plan = plan_read(service.backend, item.question, context, asked.debias, how)
             async with gate:
                 try:
                     done = await read(plan)

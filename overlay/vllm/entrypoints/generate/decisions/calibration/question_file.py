@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vllm.entrypoints.generate.decisions.calibration.in_force import question_key
 from vllm.entrypoints.generate.decisions.decide.backends.registry import question_type
 from vllm.entrypoints.generate.decisions.decide.questions import (
     CHOICE,
@@ -27,7 +28,6 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     CompiledQuestion,
     content_text,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import question_key
 
 BUNDLED = "bundled"
 

@@ -9,6 +9,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
+    QuestionMap,
+    floored_scores,
+    log_softmax_rows,
+)
 from vllm.entrypoints.generate.decisions.calibration.maths import (
     FOLDS,
     HIGH_TEMPERATURE,
@@ -18,11 +23,6 @@ from vllm.entrypoints.generate.decisions.calibration.maths import (
     gain_interval,
     newton_minimum,
     rows_by_name,
-)
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
-    QuestionMap,
-    floored_scores,
-    log_softmax_rows,
 )
 from vllm.entrypoints.generate.decisions.decide.reports import MapFigures
 

@@ -17,6 +17,7 @@ from vllm.entrypoints.generate.decisions.decide.reading.prior_reads import (
 )
 from vllm.entrypoints.generate.decisions.decide.reading.read import (
     QuestionRead,
+    Resolved,
     plan_read,
     with_content_free,
 )
@@ -78,7 +79,9 @@ async def read_all(
             context = ReadContext.about(
                 item.state, f"decision-calibration-{index}{named}", options[layout]
             )
-            plan = plan_read(backend, item.question, context, debias, correction)
+            plan = plan_read(
+                backend, item.question, context, debias, Resolved(correction)
+            )
             if kept is not None:
                 return await with_content_free(plan, kept)
             return await run_plan(plan)

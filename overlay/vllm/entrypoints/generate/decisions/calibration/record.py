@@ -9,14 +9,14 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from vllm.entrypoints.generate.decisions.calibration.maths import CalibrationResult
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import (
+from vllm.entrypoints.generate.decisions.calibration.in_force import (
     Abstention,
     LabelledRead,
     QuestionExamples,
     QuestionMap,
     TypeReads,
 )
+from vllm.entrypoints.generate.decisions.calibration.maths import CalibrationResult
 from vllm.entrypoints.generate.decisions.decide.settings import Settings
 from vllm.entrypoints.generate.decisions.decide.temperature import (
     SERVER,

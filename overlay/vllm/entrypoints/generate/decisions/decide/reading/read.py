@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,7 +14,10 @@ from vllm.entrypoints.generate.decisions.decide.backends.base import (
 )
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
-from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
+from vllm.entrypoints.generate.decisions.decide.read_context import (
+    Example,
+    ReadContext,
+)
 from vllm.entrypoints.generate.decisions.decide.reading.calls import (
     backend_read,
     checked_scores,
@@ -32,7 +35,13 @@ from vllm.entrypoints.generate.decisions.decide.reading.rotation import (
     orders,
     reordered,
 )
-from vllm.entrypoints.generate.decisions.decide.reports import DebiasAudit, PriorAudit
+from vllm.entrypoints.generate.decisions.decide.reports import (
+    AbstentionReport,
+    DebiasAudit,
+    ExamplesAudit,
+    PriorAudit,
+    QuestionMapAudit,
+)
 from vllm.entrypoints.generate.decisions.decide.scoring import log_softmax
 from vllm.entrypoints.generate.decisions.decide.settings import (
     Debias,
@@ -78,26 +87,44 @@ class ReadPlan:
         ]
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """How one question is read, as the settings and the calibration in force resolved it
+    (``layout`` None: as the request has it), and what its answer reports of them."""
+
+    correction: Correction = NO_CORRECTION
+    layout: str | None = None
+    temperature: Temperature = DEFAULT
+    # A question's own map adds this bias (logit units) to the scores T divides.
+    map_bias: Sequence[float] | None = None
+    # Kept in-context examples, shown ahead of the input.
+    examples: tuple[Example, ...] = ()
+    question_map: QuestionMapAudit | None = None
+    examples_audit: ExamplesAudit | None = None
+    abstention: Callable[[float], AbstentionReport] | None = None
+
+
+AS_SENT = Resolved()
+
+
 def plan_read(
     backend: DecisionBackend,
     question: CompiledQuestion,
     context: ReadContext[Any],
     debias: Debias,
-    correction: Correction = NO_CORRECTION,
-    layout: str | None = None,
-    temperature: Temperature = DEFAULT,
-    map_bias: Sequence[float] | None = None,
+    how: Resolved = AS_SENT,
 ) -> ReadPlan:
-    """``layout`` None: the options as the context has them."""
+    if how.examples:
+        context = context.with_examples(how.examples)
     return ReadPlan(
         backend,
         question,
-        context.with_options(backend.with_layout(context.options, layout)),
+        context.with_options(backend.with_layout(context.options, how.layout)),
         debias,
         orders(question, debias, backend.order_independent),
-        correction,
-        temperature,
-        map_bias,
+        how.correction,
+        how.temperature,
+        how.map_bias,
     )
 
 

@@ -36,12 +36,12 @@ from vllm.entrypoints.generate.decisions.decide.questions import (
     QuestionType,
 )
 from vllm.entrypoints.generate.decisions.decide.read_context import ReadContext
-from vllm.entrypoints.generate.decisions.decide.reading.calibrated import Calibrated
 from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
     Asked,
+    Calibration,
     Corrections,
 )
-from vllm.entrypoints.generate.decisions.decide.reading.read import read
+from vllm.entrypoints.generate.decisions.decide.reading.read import plan_read, read
 from vllm.entrypoints.generate.decisions.decide.reports import (
     AuditRecord,
     BackendReport,
@@ -142,7 +142,7 @@ class DecisionService:
         if settings.temperature:
             server = Temperature(settings.temperature, "configured", SERVER)
         # The calibration in force, replaced as one object: a request takes it once, at its start.
-        self.calibrated = Calibrated(Temperatures(server))
+        self.calibrated = Calibration(Temperatures(server))
         self.corrections = Corrections(
             settings.prior, settings.prior_cache, settings.prior_cache_bytes
         )
@@ -154,7 +154,7 @@ class DecisionService:
             task.cancel()
 
     async def start(
-        self, calibrate: Callable[[], Awaitable[Calibrated]] | None = None
+        self, calibrate: Callable[[], Awaitable[Calibration]] | None = None
     ) -> None:
         """The backend's start, then calibration unless T is configured, each a readiness step."""
         try:
@@ -188,7 +188,7 @@ class DecisionService:
             raise
         self._ready("")
 
-    def use_first_pass(self, calibrated: Calibrated) -> None:
+    def use_first_pass(self, calibrated: Calibration) -> None:
         self.calibrated = calibrated
         self._ready(
             f" after calibration's first pass ({calibrated.question_reads} question reads; "
@@ -340,13 +340,13 @@ class DecisionService:
         context: ReadContext[Any],
         requested: float | None,
         asked: Asked,
-        calibrated: Calibrated,
+        calibrated: Calibration,
     ) -> Answer | Failure:
         try:
-            how = self.corrections.resolve(
-                question, asked, calibrated, requested, backend is self.backend
+            how = calibrated.resolve(
+                question, asked, self.corrections, requested, backend is self.backend
             )
-            plan = how.plan(backend, question, context, asked.debias)
+            plan = plan_read(backend, question, context, asked.debias, how)
             done = await read(plan)
         except EngineBusyError:
             raise
@@ -394,15 +394,9 @@ class DecisionService:
             backend=facts_json(reading.audit),
             debias=done.debias,
             prior=done.prior,
-            question_map=(
-                how.question_map.audit(keys)
-                if how.question_map is not None and how.examples is None
-                else None
-            ),
-            examples=how.examples.audit(keys) if how.examples is not None else None,
+            question_map=how.question_map,
+            examples=how.examples_audit,
         )
-        # The threshold is fitted on calibrated answers, so it applies only to a calibrated T.
-        abstention = calibrated.abstention_for(question, how.examples)
         return Answer(
             question=question,
             probabilities=probabilities,
@@ -417,8 +411,8 @@ class DecisionService:
             input_tokens=reading.input_tokens,
             cached_tokens=reading.cached_input_tokens,
             abstention=(
-                abstention.report(max(probabilities))
-                if abstention is not None and applied.source == "calibrated"
+                how.abstention(max(probabilities))
+                if how.abstention is not None
                 else None
             ),
         )

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The calibration record as a read applies it; ``calibration/`` fits and saves it, so it lives
-here, below both."""
+"""The calibration record as reads apply it: what each question type reads with, questions' own maps,
+examples and abstention rules, and how one question resolves against them.
+
+The temperature follows the scores it divides: the chosen pair's T, another pair's own
+(``type:layout:mode``), a question map's (``type:question``) or its kept examples' (``type:examples``);
+a request's or configured T overrides all, and drops the examples."""
 
 from __future__ import annotations
 
@@ -16,13 +20,21 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from vllm.entrypoints.generate.decisions.decide.questions import CompiledQuestion
 from vllm.entrypoints.generate.decisions.decide.read_context import Example
+from vllm.entrypoints.generate.decisions.decide.reading.corrections import (
+    Asked,
+    Calibration,
+    Corrections,
+)
+from vllm.entrypoints.generate.decisions.decide.reading.read import Resolved
 from vllm.entrypoints.generate.decisions.decide.reports import (
     AbstentionReport,
     ExamplesAudit,
     MapFigures,
     QuestionMapAudit,
 )
-from vllm.entrypoints.generate.decisions.decide.temperature import Temperatures
+from vllm.entrypoints.generate.decisions.decide.temperature import (
+    Temperature,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -306,14 +318,12 @@ class Abstention(BaseModel):
 
 
 @dataclass(frozen=True)
-class Calibrated:
-    """What calibration gives the server. ``stage``: FIRST_PASS, FULL or None (nothing calibrated);
-    ``question_reads``: the labelled reads answered (None in a record saved before it was counted)."""
+class Calibrated(Calibration):
+    """What calibration gives the server. ``stage``: FIRST_PASS, FULL or None (the full calibration
+    failed); ``question_reads``: the labelled reads answered (None in a record saved before it was
+    counted)."""
 
-    temperatures: Temperatures
     reads: Mapping[str, TypeReads] = field(default_factory=dict)
-    stage: str | None = None
-    question_reads: int | None = None
     # By question_key: questions' own maps from the operator's labels.
     maps: Mapping[str, QuestionMap] = field(default_factory=dict)
     abstention: Mapping[str, Abstention] = field(default_factory=dict)
@@ -337,3 +347,65 @@ class Calibrated:
             if own is not None:
                 return own
         return self.abstention.get(question.qtype.name)
+
+    def resolve(
+        self,
+        question: CompiledQuestion,
+        asked: Asked,
+        corrections: Corrections,
+        requested_t: float | None = None,
+        measured: bool = True,
+    ) -> Resolved:
+        qtype = question.qtype.name
+        reads = self.reads.get(qtype) if measured else None
+        layout = asked.layout or (reads.layout if reads is not None else None)
+        choice, own, key = None, False, None
+        if reads is not None:
+            if reads.questions or self.maps or self.examples:
+                key = question_key(question)
+            choice, own = reads.for_question(key, layout)
+        mode = corrections.mode(asked, choice.mode if choice is not None else "off")
+        candidate = choice.candidates.get(mode) if choice is not None else None
+        bias = candidate.bias if candidate is not None else None
+        correction = corrections.correction(qtype, asked, mode, bias)
+        applied = self.temperatures.applied(qtype, requested_t)
+        chosen = reads is not None and choice is reads.chosen and mode == choice.mode
+        if applied.source == "calibrated" and candidate is not None and not chosen:
+            scope = ":".join(
+                part for part in (qtype, "question" if own else layout, mode) if part
+            )
+            applied = Temperature(candidate.temperature, "calibrated", scope)
+        laid = layout if asked.layout is None and reads is not None else None
+        # A question's own map (and its examples) were fitted on its scores as calibration chose to
+        # read them, so they apply to those reads only, under no T set by the request or operator.
+        own_map, shown = None, None
+        if (
+            key is not None
+            and reads is not None
+            and layout == reads.layout
+            and choice is not None
+            and mode == choice.mode
+            and applied.source == "calibrated"
+        ):
+            shown = self.examples.get(key)
+            own_map = shown.map if shown is not None else self.maps.get(key)
+            if own_map is not None:
+                scope = "examples" if shown is not None else "question"
+                applied = Temperature(
+                    1.0 / own_map.scale, "calibrated", f"{qtype}:{scope}"
+                )
+        keys = [o.key for o in question.options]
+        # The threshold is fitted on calibrated answers, so it applies only to a calibrated T.
+        abstention = self.abstention_for(question, shown)
+        return Resolved(
+            correction,
+            laid,
+            applied,
+            own_map.bias if own_map is not None else None,
+            shown.context() if shown is not None else (),
+            own_map.audit(keys) if own_map is not None and shown is None else None,
+            shown.audit(keys) if shown is not None else None,
+            abstention.report
+            if abstention is not None and applied.source == "calibrated"
+            else None,
+        )
