@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.unit.asking import ask
-from vllm.entrypoints.generate.decisions.calibration import reads as calibration_reads
+from vllm.entrypoints.generate.decisions.calibration import calibrate
 from vllm.entrypoints.generate.decisions.calibration.bias import choose_layout
 from vllm.entrypoints.generate.decisions.calibration.calibrate import (
     startup_calibration,
@@ -559,7 +559,7 @@ async def test_a_questions_layouts_are_read_in_turn_and_the_order_of_reads_chang
             "letters",
             "words",
         ]
-    monkeypatch.setattr(calibration_reads, "CONCURRENCY", 1)
+    monkeypatch.setattr(calibrate, "CONCURRENCY", 1)
     second = await startup_calibration(
         narrow, settings(tmp_path / "b", source, prior="auto"), MODEL
     )

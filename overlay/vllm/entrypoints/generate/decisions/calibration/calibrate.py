@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,6 +29,8 @@ from vllm.entrypoints.generate.decisions.calibration.fitting import fitted_recor
 from vllm.entrypoints.generate.decisions.calibration.in_force import Calibrated
 from vllm.entrypoints.generate.decisions.calibration.live_labels import restored
 from vllm.entrypoints.generate.decisions.calibration.reads import (
+    CONCURRENCY,
+    WHILE_ANSWERING,
     Earlier,
     announce,
     answered_by_layout,
@@ -128,8 +131,9 @@ async def startup_calibration(
         progress = in_background()
 
     async def measured() -> dict[str, Any]:
+        first = early if answer_early else None
         outcome = await measure_and_fit(
-            backend, questions, settings, progress, early if answer_early else None
+            backend, questions, settings, progress, first, saved is not None
         )
         return outcome.model_dump(mode="json")
 
@@ -259,9 +263,11 @@ async def measure_and_fit(
     settings: Settings,
     progress: Readiness | None = None,
     first_pass: Callable[[Outcome], bool] | None = None,
+    answering: bool = False,
 ) -> Outcome:
     """The fits, or this run's failure. A ``first_pass`` reads the first layout only, without
-    content-free reads under auto (which only compares them); the full pass reuses its reads."""
+    content-free reads under auto (which only compares them); the full pass reuses its reads, one at a
+    time once decisions are ``answering`` on a first pass."""
     started = time.monotonic()
     debias, prior, precision = settings.debias, settings.prior, settings.precision
     layouts = backend.compared_layouts() or (None,)
@@ -281,28 +287,25 @@ async def measure_and_fit(
             backend, questions, debias, early, baseline, progress, only=subset
         )
         earlier = {(index, 0): rows[index][0] for index in subset}
-        record = await fitted_record(
-            answered_by_layout(questions, rows, baseline),
-            questions,
-            prior,
-            started,
-            full=False,
-            precision=precision,
+        answered = answered_by_layout(questions, rows, baseline)
+        record = await asyncio.to_thread(
+            fitted_record, answered, questions, prior, started, False, precision
         )
         if first_pass(record):
-            progress = in_background()
+            progress, answering = in_background(), True
     total = to_read(len(questions.questions), layouts, earlier, content_free)
     announce(
         questions, layouts, progress, reads=total if first_pass is not None else None
     )
+    at_once = WHILE_ANSWERING if answering else CONCURRENCY
     rows = await read_all(
-        backend, questions, debias, correction, layouts, progress, earlier
+        backend, questions, debias, correction, layouts, progress, earlier, at_once
     )
     by_layout = answered_by_layout(questions, rows, layouts)
-    record = await fitted_record(
-        by_layout, questions, prior, started, precision=precision
+    record = await asyncio.to_thread(
+        fitted_record, by_layout, questions, prior, started, True, precision
     )
     if settings.examples and isinstance(record, CalibrationRecord):
-        reader = ShownReader(backend, debias, prior)
+        reader = ShownReader(backend, debias, prior, at_once)
         record = await with_examples(record, by_layout, settings.examples, reader)
     return record

@@ -39,6 +39,7 @@ from vllm.entrypoints.generate.decisions.calibration.question_map import (
     fit_map,
     held_out,
 )
+from vllm.entrypoints.generate.decisions.calibration.reads import CONCURRENCY
 from vllm.entrypoints.generate.decisions.calibration.record import CalibrationRecord
 from vllm.entrypoints.generate.decisions.decide.backends import DecisionBackend
 from vllm.entrypoints.generate.decisions.decide.concurrency import gather_or_cancel
@@ -101,7 +102,6 @@ def measure_examples(
     )
 
 
-CONCURRENCY = 8  # reads in flight at once, as the calibration's own
 # Content-free reads kept: one per question, layout and set of examples.
 PRIOR_CACHE_SIZE = 1024
 
@@ -110,12 +110,16 @@ class ShownReader:
     """Reads with examples as requests read (content-free reads cached apart, keyed with them)."""
 
     def __init__(
-        self, backend: DecisionBackend, debias: Debias, prior: PriorSetting
+        self,
+        backend: DecisionBackend,
+        debias: Debias,
+        prior: PriorSetting,
+        concurrency: int = CONCURRENCY,
     ) -> None:
         self.backend = backend
         self.asked = Asked(debias)
         self.corrections = Corrections(prior, PRIOR_CACHE_SIZE)
-        self.gate = asyncio.Semaphore(CONCURRENCY)
+        self.gate = asyncio.Semaphore(concurrency)
         self.numbers = itertools.count()
 
     async def scores(

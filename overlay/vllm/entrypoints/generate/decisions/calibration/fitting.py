@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections import Counter, defaultdict
@@ -53,7 +52,7 @@ logger = init_logger(__name__)
 MIN_ANSWERED = 50  # for the server-wide fit, and for a question type's own
 
 
-async def fitted_record(
+def fitted_record(
     by_layout: dict[str | None, list[Any]],
     questions: question_file.QuestionFile,
     prior: str,
@@ -61,7 +60,8 @@ async def fitted_record(
     full: bool = True,
     precision: Mapping[str, float] | None = None,
 ) -> Outcome:
-    """The record fitted on ``by_layout``'s readings, or why none is (``full``: not a first pass)."""
+    """The record fitted on ``by_layout``'s readings, or why none is (``full``: not a first pass);
+    arithmetic only, which the caller runs off the event loop."""
     for layout, answered in by_layout.items():
         if len(answered) < MIN_ANSWERED:
             return failed(
@@ -69,7 +69,7 @@ async def fitted_record(
                 reason=f"only {len(answered)} of {len(questions.questions)} questions were answered "
                 f"(need {MIN_ANSWERED})" + (f" with {layout} labels" if layout else ""),
             )
-    reads = await asyncio.to_thread(choose_reads, by_layout, prior)
+    reads = choose_reads(by_layout, prior)
     answered = as_chosen(by_layout, reads)
     read_ids = {id(item) for item, _ in answered}
     skipped = [item.id for item in questions.questions if id(item) not in read_ids]
@@ -79,7 +79,7 @@ async def fitted_record(
         [item.group for item, _ in answered],
     )
     try:
-        result = await asyncio.to_thread(calibrate, labelled)
+        result = calibrate(labelled)
     except ValueError as exc:
         return failed(str(exc), full)
     # A first pass at the range's top, kept, is served: answers near uniform say the scores say next to
@@ -106,7 +106,7 @@ async def fitted_record(
     record = CalibrationRecord(
         **Fit.fields(result),
         applied_temperature=applied,
-        by_type=await asyncio.to_thread(type_fits, names, types, labelled, applied),
+        by_type=type_fits(names, types, labelled, applied),
         reads=reads,
         questions=QuestionsUsed(
             file=questions.name,
@@ -128,11 +128,8 @@ async def fitted_record(
     scales = [
         map_scale(reads, temperatures, t, k) for t, k in zip(types, keys, strict=True)
     ]
-    maps = await asyncio.to_thread(
-        question_maps,
-        [keys[i] for i in picked],
-        labelled.rows(picked),
-        [scales[i] for i in picked],
+    maps = question_maps(
+        [keys[i] for i in picked], labelled.rows(picked), [scales[i] for i in picked]
     )
     # Each question labelled twice or more, kept for a labels file's refit to pool with.
     times = Counter(keys[i] for i in picked)
@@ -154,16 +151,9 @@ async def fitted_record(
     return record.model_copy(
         update={
             "question_maps": maps,
-            "abstention": await asyncio.to_thread(
-                type_thresholds, types, labelled, precisions
-            ),
-            "question_abstention": await asyncio.to_thread(
-                question_thresholds,
-                keys,
-                labelled,
-                scales,
-                maps,
-                questions.precisions(),
+            "abstention": type_thresholds(types, labelled, precisions),
+            "question_abstention": question_thresholds(
+                keys, labelled, scales, maps, questions.precisions()
             ),
             "labelled": pooled,
         }

@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The calibration record as reads apply it: what each question type reads with, questions' own maps,
-examples and abstention rules, and how one question resolves against them.
-
-The temperature follows the scores it divides: the chosen pair's T, another pair's own
-(``type:layout:mode``), a question map's (``type:question``) or its kept examples' (``type:examples``);
-a request's or configured T overrides all, and drops the examples."""
+examples and abstention rules, and how one question resolves against them. Its T follows the scores it
+divides: the chosen pair's, another pair's own (``type:layout:mode``), a question map's
+(``type:question``) or its examples' (``type:examples``); a request's or configured T overrides all and
+drops the examples."""
 
 from __future__ import annotations
 

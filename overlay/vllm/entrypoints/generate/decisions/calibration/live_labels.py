@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from vllm.entrypoints.generate.decisions.calibration.in_force import (
 )
 from vllm.entrypoints.generate.decisions.calibration.maths import Labelled
 from vllm.entrypoints.generate.decisions.calibration.question_map import question_maps
+from vllm.entrypoints.generate.decisions.calibration.reads import WHILE_ANSWERING
 from vllm.entrypoints.generate.decisions.decide.errors import DecisionError
 from vllm.entrypoints.generate.decisions.decide.read_context import (
     ReadContext,
@@ -47,7 +48,6 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 POLL_S = 5.0  # how often the file's size and mtime are looked at
-CONCURRENCY = 8  # label reads in flight at once
 KIND = "labels"  # the saved file: labels-<the calibration key's digest>.json
 
 
@@ -88,11 +88,19 @@ def restored(calibrated: Calibrated, settings: Settings) -> Calibrated:
         saved.version,
         settings.labels,
     )
+    return with_refit(calibrated, saved, calibrated.question_abstention)
+
+
+def with_refit(
+    calibrated: Calibrated, refit: SavedLabels, startup: Mapping[str, Abstention]
+) -> Calibrated:
+    """``refit``'s maps and thresholds over startup's (``startup``: its thresholds)."""
+    maps = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
     return replace(
         calibrated,
-        maps={**calibrated.maps, **saved.maps},
-        maps_version=saved.version,
-        question_abstention={**calibrated.question_abstention, **saved.abstention},
+        maps={**maps, **refit.maps},
+        maps_version=refit.version,
+        question_abstention={**startup, **refit.abstention},
     )
 
 
@@ -239,13 +247,8 @@ class LiveLabels:
 
     def _apply(self, refit: SavedLabels, loaded: bool) -> bool:
         """``refit`` over startup's maps and thresholds; ``loaded``: its reads are adopted."""
-        calibrated = self.calibrated
-        startup = {k: m for k, m in calibrated.maps.items() if m.source == STARTUP}
-        self.service.calibrated = replace(
-            calibrated,
-            maps={**startup, **refit.maps},
-            maps_version=refit.version,
-            question_abstention={**self.startup_abstention, **refit.abstention},
+        self.service.calibrated = with_refit(
+            self.calibrated, refit, self.startup_abstention
         )
         self.fitted_sha256 = refit.sha256
         if loaded:
@@ -261,7 +264,7 @@ class LiveLabels:
 
     async def _read(self, items: list[question_file.LabelledQuestion]) -> None:
         """Each line read as a request reads it without a map (failures retried on the next change)."""
-        service, gate = self.service, asyncio.Semaphore(CONCURRENCY)
+        service, gate = self.service, asyncio.Semaphore(WHILE_ANSWERING)
         without_maps = replace(self.calibrated, maps={}, examples={})
         asked = Asked(service.settings.debias)
         # Request ids unique to this refit: a later one, or another process, may read a line again.

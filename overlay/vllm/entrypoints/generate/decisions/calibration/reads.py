@@ -35,10 +35,12 @@ from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
+# Reads in flight at once; one while decisions are answered (a full calibration behind a first pass,
+# the examples pass, live labels), as the engine prefills all that wait in one step, each request too.
 CONCURRENCY = 8
+WHILE_ANSWERING = 1
 # A first pass reads about this many questions (a share of each type), in the first layout only: 104
-# reads of the bundled set, where half of it in both layouts (414) kept a 1.5B model's first answer
-# 343 s after /health on two cores.
+# of the bundled set (414, half of it in both layouts, kept a 1.5B model's answers 343 s away).
 FIRST_PASS_QUESTIONS = 100
 
 
@@ -55,11 +57,12 @@ async def read_all(
     layouts: tuple[str | None, ...] = (None,),
     progress: Readiness | None = None,
     earlier: Earlier | None = None,
+    concurrency: int = CONCURRENCY,
     only: Collection[int] | None = None,
 ) -> list[Row]:
     """Each question's reading in each layout, a question's layouts one after the other so the later
     find their shared prefix in the engine's cache; ``earlier``: a first pass's, reused."""
-    gate = asyncio.Semaphore(CONCURRENCY)
+    gate = asyncio.Semaphore(concurrency)
     reused: Earlier = earlier or {}
     options = {
         layout: backend.with_layout(backend.options, layout) for layout in layouts
