@@ -102,15 +102,15 @@ async def test_a_parse_cancelled_before_its_turn_never_runs_and_holds_nothing():
 @pytest.mark.skipif(
     sys.platform != "linux", reason="a thread's own nice value is Linux's"
 )
-async def test_large_bodies_parse_at_the_lowest_cpu_priority():
-    """The parsing thread yields the CPU to the engine and the event loop; nothing else is lowered."""
+async def test_large_bodies_parse_at_the_loops_cpu_priority():
+    """Not lower: the parsing thread holds the GIL inside C's JSON parser, and a thread the OS leaves
+    waiting while the engine's cores are busy would hold the event loop with it (nice 19 beside two
+    busy cores: the loop lagged up to 1.3 s, and CI's /health poll waited 421 ms)."""
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    before = nice()
-    assert await parsed_off_the_loop(nice) == 19
-    assert await off_the_loop(nice) == before == nice()
+    assert await parsed_off_the_loop(nice) == await off_the_loop(nice) == nice()
 
 
 async def test_a_parse_whose_caller_left_keeps_the_turn_until_the_thread_is_done(
@@ -161,7 +161,7 @@ async def test_a_refused_parse_is_freed_without_the_collector():
         with contextlib.suppress(ValueError):
             await parsed_off_the_loop(refuse)
         # the parsing thread drops its own reference to the refusal a moment after handing it
-        # over (at nice 19, a while on a busy machine): wait for its next job, then for the
+        # over (a while on a busy machine): wait for its next job, then for the
         # futures' done callbacks, which run on the next turns of the loop
         await parsed_off_the_loop(lambda: None)
         for _ in range(3):
