@@ -105,7 +105,7 @@ async def test_a_parse_cancelled_before_its_turn_never_runs_and_holds_nothing():
 async def test_large_bodies_parse_at_the_loops_cpu_priority():
     """Not lower: the parsing thread holds the GIL inside C's JSON parser, and a thread the OS leaves
     waiting while the engine's cores are busy would hold the event loop with it (nice 19 beside two
-    busy cores: the loop lagged up to 1.3 s, and CI's /health poll waited 421 ms)."""
+    busy processes: the loop lagged up to 1.3 s, 27 ms at nice 0)."""
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
